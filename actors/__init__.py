@@ -1,0 +1,17 @@
+"""actors: the Ray runtime: host actors, channels and credits, routing, the controller, submit() and Job."""
+
+from .config import JobConfig
+from .errors import ChirayError, JobCancelledError, JobFailedError, OperatorError
+from .job import Job, JobStatistics, JobStatus, submit
+
+__all__ = [
+    "submit",
+    "Job",
+    "JobConfig",
+    "JobStatus",
+    "JobStatistics",
+    "ChirayError",
+    "OperatorError",
+    "JobFailedError",
+    "JobCancelledError",
+]

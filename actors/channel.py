@@ -1,0 +1,210 @@
+"""channel.py: a bounded FIFO channel and its credit accounting, sender and receiver sides.
+
+The sender (:class:`OutputChannel`) numbers messages and spends one batch
+credit and the batch's bytes per ``Data`` message; the receiver
+(:class:`InputChannel`) puts deliveries back in sequence (Ray does not order
+calls to async actors), drops duplicates and returns credit as its instance
+consumes. So a channel never holds more than its capacity of data, in flight
+plus buffered, and a sender without credit holds its messages back.
+
+Each side is touched only by the host that owns its instance.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from typing import Any
+
+from .messages import Data, Envelope, Grant
+
+__all__ = ["WouldBlock", "ChannelError", "OutputChannel", "InputChannel", "ChannelStatistics"]
+
+
+class WouldBlock(Exception):
+    """``send_nowait`` found no credit (or older messages still waiting)."""
+
+
+class ChannelError(RuntimeError):
+    """A broken channel invariant (a gap that cannot close, a credit overflow)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ChannelStatistics:
+    """A snapshot of one channel as its sender sees it.
+
+    Attributes:
+        channel: the channel id.
+        outstanding_batches: data messages sent and not yet consumed (in flight or buffered).
+        outstanding_bytes: their bytes.
+        pending: messages waiting at the sender for credit.
+        capacity_batches / capacity_bytes: the bounds.
+        sent_batches: data messages sent so far.
+    """
+
+    channel: int
+    outstanding_batches: int
+    outstanding_bytes: int
+    pending: int
+    capacity_batches: int
+    capacity_bytes: int
+    sent_batches: int
+
+
+class OutputChannel:
+    """Sender side: sequence numbers, credit, and messages waiting for credit.
+
+    A ``Data`` message may be sent when one batch credit is left and its bytes
+    fit in the byte credit, or when nothing is outstanding (so one batch
+    larger than the byte bound still goes, alone). Other messages need no
+    credit but never overtake data queued before them.
+    """
+
+    def __init__(self, channel: int, capacity_batches: int, capacity_bytes: int):
+        if capacity_batches < 1 or capacity_bytes < 1:
+            raise ValueError(
+                f"channel {channel}: capacity must be >= 1 batch and >= 1 byte, "
+                f"got {capacity_batches} batches, {capacity_bytes} bytes"
+            )
+        self.channel = channel
+        self.capacity_batches = capacity_batches
+        self.capacity_bytes = capacity_bytes
+        self.credit_batches = capacity_batches
+        self.credit_bytes = capacity_bytes
+        self.pending: collections.deque[Any] = collections.deque()
+        self.next_seq = 0
+        self.sent_batches = 0
+
+    @property
+    def blocked(self) -> bool:
+        """True while messages wait for credit: the sending instance is not runnable."""
+        return bool(self.pending)
+
+    def _can_send(self, message: Any) -> bool:
+        if not isinstance(message, Data):
+            return True
+        if self.credit_batches < 1:
+            return False
+        nbytes = message.batch.nbytes
+        return nbytes <= self.credit_bytes or self.credit_bytes == self.capacity_bytes
+
+    def _wrap(self, message: Any) -> Envelope:
+        charge = 0
+        if isinstance(message, Data):
+            charge = min(message.batch.nbytes, self.credit_bytes)
+            self.credit_batches -= 1
+            self.credit_bytes -= charge
+            self.sent_batches += 1
+        env = Envelope(self.channel, self.next_seq, message, charge)
+        self.next_seq += 1
+        return env
+
+    def send_nowait(self, message: Any) -> Envelope:
+        """Wrap ``message`` for sending now.
+
+        Raises:
+            WouldBlock: no credit, or older messages are still waiting.
+        """
+        if self.pending or not self._can_send(message):
+            raise WouldBlock(f"channel {self.channel}: no credit")
+        return self._wrap(message)
+
+    def enqueue(self, message: Any) -> None:
+        """Queue ``message``; :meth:`drain` releases it when credit allows."""
+        self.pending.append(message)
+
+    def drain(self) -> list[Envelope]:
+        """Envelopes for the queued messages that credit allows, in order."""
+        out: list[Envelope] = []
+        while self.pending and self._can_send(self.pending[0]):
+            out.append(self._wrap(self.pending.popleft()))
+        return out
+
+    def grant(self, batches: int, nbytes: int) -> None:
+        """Credit returned by the receiver."""
+        self.credit_batches += batches
+        self.credit_bytes += nbytes
+        if self.credit_batches > self.capacity_batches or self.credit_bytes > self.capacity_bytes:
+            raise ChannelError(
+                f"bug in credit accounting: channel {self.channel} has credit "
+                f"{self.credit_batches}/{self.capacity_batches} batches, "
+                f"{self.credit_bytes}/{self.capacity_bytes} bytes"
+            )
+
+    def statistics(self) -> ChannelStatistics:
+        return ChannelStatistics(
+            self.channel,
+            self.capacity_batches - self.credit_batches,
+            self.capacity_bytes - self.credit_bytes,
+            len(self.pending),
+            self.capacity_batches,
+            self.capacity_bytes,
+            self.sent_batches,
+        )
+
+
+class InputChannel:
+    """Receiver side: a reorder buffer that releases messages strictly in sequence.
+
+    Deliveries with a sequence number already seen are dropped (counted in
+    ``duplicates``). ``blocked`` is set by control alignment to hold the
+    channel's messages back. Lifecycle: ``OPEN -> ENDED`` once ``End`` is taken.
+    """
+
+    def __init__(self, channel: int, input_index: int, max_out_of_order: int = 1 << 16):
+        self.channel = channel
+        self.input_index = input_index
+        self.max_out_of_order = max_out_of_order
+        self.next_seq = 0
+        self._reorder: dict[int, Envelope] = {}
+        self.queue: collections.deque[Envelope] = collections.deque()
+        self.blocked = False
+        self.ended = False
+        self.duplicates = 0
+
+    def offer(self, env: Envelope) -> bool:
+        """Accept a delivery; returns False for a duplicate.
+
+        Raises:
+            ChannelError: more than ``max_out_of_order`` messages wait for a gap to close.
+        """
+        if env.seq < self.next_seq or env.seq in self._reorder:
+            self.duplicates += 1
+            return False
+        if env.seq != self.next_seq:
+            if len(self._reorder) >= self.max_out_of_order:
+                raise ChannelError(
+                    f"channel {self.channel}: expected seq {self.next_seq}, received {env.seq} "
+                    f"with {len(self._reorder)} messages already waiting for the gap"
+                )
+            self._reorder[env.seq] = env
+            return True
+        self.queue.append(env)
+        self.next_seq += 1
+        while self.next_seq in self._reorder:
+            self.queue.append(self._reorder.pop(self.next_seq))
+            self.next_seq += 1
+        return True
+
+    def ready(self) -> bool:
+        """A message can be taken now."""
+        return bool(self.queue) and not self.blocked
+
+    def take(self) -> Envelope:
+        """The next message in sequence (call :meth:`ready` first)."""
+        return self.queue.popleft()
+
+    def buffered(self) -> tuple[int, int]:
+        """(data messages, bytes) buffered here, in order or waiting for a gap."""
+        batches = nbytes = 0
+        for env in (*self.queue, *self._reorder.values()):
+            if isinstance(env.message, Data):
+                batches += 1
+                nbytes += env.message.batch.nbytes
+        return batches, nbytes
+
+    def grant_for(self, env: Envelope) -> Grant | None:
+        """The credit to return once ``env`` is consumed (None for non-data)."""
+        if isinstance(env.message, Data):
+            return Grant(self.channel, 1, env.charge)
+        return None

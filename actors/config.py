@@ -1,0 +1,51 @@
+"""config.py: the options of a job's runtime: channel bounds, host resources, placement.
+
+Example:
+    >>> from actors.config import JobConfig
+    >>> JobConfig(channel_capacity=4).channel_capacity
+    4
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+__all__ = ["JobConfig"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class JobConfig:
+    """Runtime options of one job (pass as ``submit(flow, config=...)`` or as keywords).
+
+    Attributes:
+        channel_capacity: data messages a channel may hold, in flight plus
+            buffered (the initial credit); about 8 keeps Ray's 2-3 ms call cost hidden.
+        channel_capacity_bytes: bytes a channel may hold (one larger batch still goes alone).
+        num_hosts: host actors to start; default: the largest operator parallelism.
+        host_num_cpus: CPUs each host actor requests (fractions allowed) so that
+            Ray spreads hosts over nodes by resources.
+        host_resources: extra custom resources each host requests.
+        host_options: extra ``ray.remote`` options for hosts (e.g. a scheduling strategy).
+        poll_interval_s: how often the controller checks that hosts are alive.
+    """
+
+    channel_capacity: int = 8
+    channel_capacity_bytes: int = 64 << 20
+    num_hosts: int | None = None
+    host_num_cpus: float = 0.5
+    host_resources: dict[str, float] = dataclasses.field(default_factory=dict)
+    host_options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    poll_interval_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.channel_capacity < 1:
+            raise ValueError(f"JobConfig: channel_capacity must be >= 1, got {self.channel_capacity}")
+        if self.channel_capacity_bytes < 1:
+            raise ValueError(
+                f"JobConfig: channel_capacity_bytes must be >= 1, got {self.channel_capacity_bytes}"
+            )
+        if self.num_hosts is not None and self.num_hosts < 1:
+            raise ValueError(f"JobConfig: num_hosts must be >= 1 or None, got {self.num_hosts}")
+        if self.host_num_cpus < 0:
+            raise ValueError(f"JobConfig: host_num_cpus must be >= 0, got {self.host_num_cpus}")

@@ -1,0 +1,126 @@
+"""host.py: the ``OperatorHost`` Ray actor, a thin async shell around ``mailbox.HostCore``.
+
+One asyncio event loop and one thread of operator code per host (Chi's
+single-threaded operator): ``deliver()`` and ``grant()`` only enqueue and wake
+the run loop; the run loop lets one runnable instance process one message,
+sends what it produced, and yields to the event loop between messages so
+deliveries keep flowing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import traceback
+from typing import Any
+
+import ray
+
+from .config import JobConfig
+from .errors import JobFailedError, OperatorError, portable
+from .instance import OperatorFailure
+from .mailbox import HostCore
+from .transport import Transport
+
+__all__ = ["OperatorHost"]
+
+log = logging.getLogger(__name__)
+
+
+@ray.remote
+class OperatorHost:
+    """Hosts operator instances of one job (the Orleans "silo"; instances are its grains).
+
+    Lifecycle: ``CREATED --setup()--> READY --start()--> RUNNING --> DONE | FAILED | ABORTED``.
+    """
+
+    def __init__(self, host_id: int, job_name: str):
+        self.host_id = host_id
+        self.job_name = job_name
+        self.core: HostCore | None = None
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        self._stopped = False
+
+    async def setup(self, plan: Any, placement: dict, config: JobConfig, peers: dict, controller: Any) -> int:
+        self.core = HostCore(self.host_id, plan, placement, config)
+        self.controller = controller
+        self.transport = Transport(peers, self._peer_failed)
+        return len(self.core.instances)
+
+    async def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def deliver(self, envelopes: list) -> None:
+        assert self.core is not None, "bug: deliver() before setup()"
+        self.core.deliver(envelopes)
+        self._wake.set()
+
+    async def grant(self, grants: list) -> None:
+        assert self.core is not None, "bug: grant() before setup()"
+        self.core.grant(grants)
+        self._wake.set()
+
+    async def ping(self) -> int:
+        return self.host_id
+
+    async def statistics(self) -> list:
+        return self.core.statistics() if self.core is not None else []
+
+    async def abort(self) -> None:
+        """Stop the loop and abort unfinished sinks. Idempotent."""
+        self._stopped = True
+        self._wake.set()
+        if self.core is not None:
+            self.core.close()
+
+    def _peer_failed(self, host: int, exc: BaseException) -> None:
+        if not self._stopped:
+            self.controller.host_error.remote(host, f"a call from host {self.host_id} to host {host} failed: {exc!r}")
+
+    async def _run(self) -> None:
+        core = self.core
+        assert core is not None
+        while not self._stopped:
+            self._wake.clear()
+            try:
+                progressed = core.run_step()
+            except OperatorFailure as failure:
+                self._report_failure(failure)
+                return
+            except Exception as exc:
+                self._stopped = True
+                self.controller.host_error.remote(
+                    self.host_id, f"bug in host {self.host_id}: {traceback.format_exc()}")
+                log.exception("host %s failed", self.host_id)
+                return
+            self._report_finished()
+            outbox = core.take_outbox()
+            if outbox:
+                self.transport.send(outbox)
+            if progressed:
+                await asyncio.sleep(0)
+                continue
+            await self._idle(core.next_wakeup())
+
+    async def _idle(self, wake_at: float | None) -> None:
+        timeout = None if wake_at is None else max(0.0, wake_at - time.monotonic())
+        try:
+            await asyncio.wait_for(self._wake.wait(), timeout)
+        except asyncio.TimeoutError:
+            pass
+
+    def _report_finished(self) -> None:
+        for inst in self.core.take_finished():  # type: ignore[union-attr]
+            self.controller.instance_finished.remote(inst.info.operator, inst.info.index, inst.sink_result())
+
+    def _report_failure(self, failure: OperatorFailure) -> None:
+        self._stopped = True
+        cause = failure.cause
+        tb = "".join(traceback.format_exception(type(cause), cause, cause.__traceback__))
+        error = OperatorError(failure.info.operator, failure.info.index, portable(cause), tb)
+        self.controller.instance_failed.remote(failure.info.operator, failure.info.index, error)
+        if self.core is not None:
+            self.core.close()

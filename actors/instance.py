@@ -1,0 +1,234 @@
+"""instance.py: one operator instance: its input and output channels, its dispatcher and its statistics.
+
+The dispatcher is the one place that branches on a message's type: ``Data``
+goes to the operator logic, ``End`` closes an input. An instance is
+*runnable* when none of its output channels holds messages waiting for
+credit and it has input it may take (a source: its next batch is due).
+
+Lifecycle: ``RUNNING -> FINISHED`` (all inputs ended, final output and
+``End`` queued on every output) ``-> CLOSED``. Only the owning host touches it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Sequence
+
+import pyarrow as pa
+
+from operators.endpoints import SinkLogic, SourceLogic
+from operators.logic import InstanceInfo, OperatorLogic
+
+from .channel import InputChannel, OutputChannel
+from .messages import Data, End, Envelope, Grant
+from .router import Router
+
+__all__ = ["OperatorInstance", "InstanceStatistics", "OperatorFailure"]
+
+
+class OperatorFailure(Exception):
+    """Raised by :meth:`OperatorInstance.step` when the operator's code raised."""
+
+    def __init__(self, info: InstanceInfo, cause: BaseException):
+        super().__init__(f"{info}: {type(cause).__name__}: {cause}")
+        self.info = info
+        self.cause = cause
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class InstanceStatistics:
+    """A snapshot of one instance.
+
+    Attributes:
+        operator / index: the instance's name.
+        host: the host actor's id.
+        records_in / records_out / batches_in / batches_out: counts so far.
+        queued_batches / queued_bytes: data buffered in its input channels.
+        pending_out: messages waiting for credit on its output channels.
+        backpressured_s: time it had work but no credit on an output.
+        finished: all inputs ended and final output queued.
+        outputs: per output channel, its ``ChannelStatistics``.
+    """
+
+    operator: str
+    index: int
+    host: int
+    records_in: int
+    records_out: int
+    batches_in: int
+    batches_out: int
+    queued_batches: int
+    queued_bytes: int
+    pending_out: int
+    backpressured_s: float
+    finished: bool
+    outputs: tuple = ()
+
+
+class OperatorInstance:
+    """An operator instance and its channels.
+
+    Args:
+        info: its identity.
+        logic: an ``OperatorLogic`` or, for sources, a ``SourceLogic``.
+        inputs: its input channels.
+        outputs: per output edge, the channels by target position.
+        routers: per output edge, its router.
+    """
+
+    def __init__(self, info: InstanceInfo, logic: OperatorLogic | SourceLogic,
+                 inputs: Sequence[InputChannel], outputs: Sequence[Sequence[OutputChannel]],
+                 routers: Sequence[Router], host: int = 0):
+        self.info = info
+        self.logic = logic
+        self.inputs = list(inputs)
+        self.outputs = [list(chs) for chs in outputs]
+        self.routers = list(routers)
+        self.host = host
+        self.is_source = isinstance(logic, SourceLogic)
+        self.finished = False
+        self._next_input = 0
+        self._bp_since: float | None = None
+        self.backpressured_s = 0.0
+        self.records_in = self.records_out = self.batches_in = self.batches_out = 0
+        self.logic.open(info)
+
+    # -- scheduling ---------------------------------------------------------------
+
+    def output_channels(self) -> list[OutputChannel]:
+        return [ch for chs in self.outputs for ch in chs]
+
+    def _outputs_blocked(self) -> bool:
+        return any(ch.blocked for chs in self.outputs for ch in chs)
+
+    def has_work(self, now: float) -> bool:
+        if self.finished:
+            return False
+        if self.is_source:
+            ready = self.logic.ready_at()  # type: ignore[union-attr]
+            return ready is None or ready <= now
+        return any(ch.ready() for ch in self.inputs)
+
+    def runnable(self, now: float) -> bool:
+        """Work to do and credit on every output; tracks back-pressured time."""
+        if not self.has_work(now):
+            self._end_backpressure(now)
+            return False
+        if self._outputs_blocked():
+            if self._bp_since is None:
+                self._bp_since = now
+            return False
+        self._end_backpressure(now)
+        return True
+
+    def _end_backpressure(self, now: float) -> None:
+        if self._bp_since is not None:
+            self.backpressured_s += now - self._bp_since
+            self._bp_since = None
+
+    def wake_time(self) -> float | None:
+        """For a paced source: when its next batch is due."""
+        if self.is_source and not self.finished:
+            return self.logic.ready_at()  # type: ignore[union-attr]
+        return None
+
+    # -- one step -----------------------------------------------------------------
+
+    def step(self) -> list[Grant]:
+        """Process one message (a source: read one batch); return the credit to give back.
+
+        Raises:
+            OperatorFailure: the operator's code raised.
+        """
+        if self.is_source:
+            self._step_source()
+            return []
+        env = self._take_input()
+        grant = self.inputs[self._current].grant_for(env)
+        self._dispatch(env, self.inputs[self._current])
+        return [grant] if grant is not None else []
+
+    def _take_input(self) -> Envelope:
+        n = len(self.inputs)
+        for k in range(n):
+            i = (self._next_input + k) % n
+            if self.inputs[i].ready():
+                self._current = i
+                self._next_input = (i + 1) % n
+                return self.inputs[i].take()
+        raise AssertionError(f"bug in scheduler: {self.info} stepped without input")
+
+    def _dispatch(self, env: Envelope, channel: InputChannel) -> None:
+        message = env.message
+        if isinstance(message, Data):
+            self.records_in += message.batch.num_rows
+            self.batches_in += 1
+            self._emit(self._call(self.logic.process, message.batch, channel.input_index))
+        elif isinstance(message, End):
+            channel.ended = True
+            if all(ch.ended for ch in self.inputs):
+                self._finish()
+        else:
+            raise TypeError(f"bug: {self.info} received an unknown message {type(message).__name__}")
+
+    def _step_source(self) -> None:
+        batch = self._call(self.logic.poll)  # type: ignore[union-attr]
+        if batch is None:
+            self._finish()
+            return
+        self.records_in += batch.num_rows
+        self.batches_in += 1
+        self._emit([batch])
+
+    def _finish(self) -> None:
+        if not self.is_source:
+            self._emit(self._call(self.logic.finish))  # type: ignore[union-attr]
+        for ch in self.output_channels():
+            ch.enqueue(End())
+        self.finished = True
+
+    def _call(self, fn: Any, *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except Exception as exc:  # the user's code: report it, with its operator
+            raise OperatorFailure(self.info, exc) from exc
+
+    def _emit(self, batches: Sequence[pa.RecordBatch]) -> None:
+        for batch in batches:
+            if batch.num_rows == 0:
+                continue
+            self.records_out += batch.num_rows
+            for edge, router in enumerate(self.routers):
+                try:
+                    routed = router.route(batch)
+                except Exception as exc:
+                    raise OperatorFailure(self.info, exc) from exc
+                for target, part in routed:
+                    self.outputs[edge][target].enqueue(Data(part))
+                    self.batches_out += 1
+
+    # -- results and statistics ---------------------------------------------------
+
+    def sink_result(self) -> Any:
+        return self.logic.result if isinstance(self.logic, SinkLogic) else None
+
+    @property
+    def drained(self) -> bool:
+        """Finished and every output message has left."""
+        return self.finished and not self._outputs_blocked()
+
+    def close(self) -> None:
+        self.logic.close()
+
+    def statistics(self) -> InstanceStatistics:
+        queued = [ch.buffered() for ch in self.inputs]
+        return InstanceStatistics(
+            self.info.operator, self.info.index, self.host,
+            self.records_in, self.records_out, self.batches_in, self.batches_out,
+            sum(q[0] for q in queued), sum(q[1] for q in queued),
+            sum(len(ch.pending) for ch in self.output_channels()),
+            self.backpressured_s + (time.monotonic() - self._bp_since if self._bp_since else 0.0),
+            self.finished,
+            tuple(ch.statistics() for ch in self.output_channels()),
+        )

@@ -1,0 +1,203 @@
+"""mailbox.py: the host's mailbox loop as a plain class: deliveries in, one step at a time, sends out.
+
+:class:`HostCore` makes every decision of an ``OperatorHost`` and is driven
+without Ray in tests: ``deliver()`` and ``grant()`` only enqueue;
+``run_step()`` lets one runnable instance process one message; ``take_outbox()``
+hands the envelopes and credit grants bound for other hosts to the shell.
+Channels between two instances of the same host are handed over in memory.
+
+Lifecycle: ``RUNNING -> DONE`` (every instance drained) or ``FAILED``.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import time
+from typing import Any, Iterable
+
+from operators.endpoints import SinkLogic, SourceLogic, assign_splits
+from operators.graph import OperatorKind, PhysicalPlan
+from operators.logic import InstanceInfo
+
+from .channel import InputChannel, OutputChannel
+from .config import JobConfig
+from .instance import InstanceStatistics, OperatorInstance
+from .messages import Envelope, Grant
+from .router import make_router
+
+__all__ = ["HostCore", "Outbox", "build_instance"]
+
+
+@dataclasses.dataclass(slots=True)
+class Outbox:
+    """What a host must send to other hosts after some steps."""
+
+    envelopes: dict[int, list[Envelope]] = dataclasses.field(default_factory=lambda: collections.defaultdict(list))
+    grants: dict[int, list[Grant]] = dataclasses.field(default_factory=lambda: collections.defaultdict(list))
+
+    def __bool__(self) -> bool:
+        return bool(self.envelopes) or bool(self.grants)
+
+
+def build_instance(plan: PhysicalPlan, name: tuple[str, int], config: JobConfig, host: int = 0,
+                   source_offsets: dict[str, Any] | None = None) -> OperatorInstance:
+    """Create one instance of ``plan`` with its channels and routers."""
+    node = plan.graph.nodes[name[0]]
+    info = InstanceInfo(node.name, name[1], node.parallelism, node.num_bins)
+    if node.kind is OperatorKind.SOURCE:
+        assert node.source is not None
+        splits = assign_splits(node.source.splits(), node.parallelism, name[1])
+        logic: Any = SourceLogic(node.source, splits, source_offsets)
+    else:
+        assert node.make_logic is not None
+        logic = node.make_logic()
+    inputs = [InputChannel(c.channel_id, c.input_index) for c in plan.inputs_of(name)]
+    outs = plan.outputs_of(name)
+    outputs, routers = [], []
+    for edge_index, (down, _, edge) in enumerate(plan.output_edges[node.name]):
+        chans = sorted((c for c in outs if c.edge_index == edge_index), key=lambda c: c.dst[1])
+        outputs.append([OutputChannel(c.channel_id, config.channel_capacity, config.channel_capacity_bytes)
+                        for c in chans])
+        routers.append(make_router(edge, len(chans), plan.bin_tables.get(down), down, name[1]))
+    return OperatorInstance(info, logic, inputs, outputs, routers, host)
+
+
+class HostCore:
+    """The decisions of one host actor.
+
+    Args:
+        host_id: this host's id.
+        plan: the job's physical plan.
+        placement: (operator, index) -> host id, for every instance of the job.
+        config: channel capacities and friends.
+    """
+
+    def __init__(self, host_id: int, plan: PhysicalPlan, placement: dict[tuple[str, int], int],
+                 config: JobConfig):
+        self.host_id = host_id
+        self.config = config
+        self.instances: list[OperatorInstance] = [
+            build_instance(plan, name, config, host_id)
+            for name in plan.instances if placement[name] == host_id
+        ]
+        self._inputs: dict[int, tuple[OperatorInstance, InputChannel]] = {}
+        self._outputs: dict[int, OutputChannel] = {}
+        self._owner: dict[int, OperatorInstance] = {}
+        for inst in self.instances:
+            for ch in inst.inputs:
+                self._inputs[ch.channel] = (inst, ch)
+            for och in inst.output_channels():
+                self._outputs[och.channel] = och
+                self._owner[och.channel] = inst
+        self._dst_host = {c.channel_id: placement[c.dst] for c in plan.channels}
+        self._src_host = {c.channel_id: placement[c.src] for c in plan.channels}
+        self._dirty: set[int] = {c for c in self._outputs}
+        self._next = 0
+        self.outbox = Outbox()
+        self.finished_events: list[OperatorInstance] = []
+        self._reported: set[int] = set()
+
+    # -- inputs from other hosts -----------------------------------------------------
+
+    def deliver(self, envelopes: Iterable[Envelope]) -> None:
+        """Accept envelopes from other hosts (any order, possibly duplicated)."""
+        for env in envelopes:
+            entry = self._inputs.get(env.channel)
+            if entry is None:
+                raise RuntimeError(f"bug: host {self.host_id} received channel {env.channel} it does not own")
+            entry[1].offer(env)
+
+    def grant(self, grants: Iterable[Grant]) -> None:
+        """Credit returned by receivers on other hosts."""
+        for g in grants:
+            self._outputs[g.channel].grant(g.batches, g.nbytes)
+            self._dirty.add(g.channel)
+
+    # -- the loop ---------------------------------------------------------------
+
+    def run_step(self, now: float | None = None) -> bool:
+        """Let one runnable instance process one message; False if none could.
+
+        Raises:
+            OperatorFailure: an operator's code raised.
+        """
+        now = time.monotonic() if now is None else now
+        self._flush()
+        n = len(self.instances)
+        for k in range(n):
+            inst = self.instances[(self._next + k) % n]
+            if inst.runnable(now):
+                self._next = (self._next + k + 1) % n
+                grants = inst.step()
+                self._return_credit(grants)
+                self._dirty.update(ch.channel for ch in inst.output_channels())
+                if inst.finished and id(inst) not in self._reported:
+                    self._reported.add(id(inst))
+                    self.finished_events.append(inst)
+                self._flush()
+                return True
+        return False
+
+    def _return_credit(self, grants: list[Grant]) -> None:
+        for g in grants:
+            src = self._src_host[g.channel]
+            if src == self.host_id:
+                self._outputs[g.channel].grant(g.batches, g.nbytes)
+                self._dirty.add(g.channel)
+            else:
+                self.outbox.grants[src].append(g)
+
+    def _flush(self) -> None:
+        """Move sendable envelopes of dirty output channels to their receivers or the outbox."""
+        while self._dirty:
+            channel = self._dirty.pop()
+            envs = self._outputs[channel].drain()
+            if not envs:
+                continue
+            dst = self._dst_host[channel]
+            if dst == self.host_id:
+                inst, ich = self._inputs[channel]
+                for env in envs:
+                    ich.offer(env)
+            else:
+                self.outbox.envelopes[dst].extend(envs)
+
+    def take_outbox(self) -> Outbox:
+        """What to send to other hosts now; the core forgets it."""
+        out, self.outbox = self.outbox, Outbox()
+        return out
+
+    def take_finished(self) -> list[OperatorInstance]:
+        """Instances that finished since the last call (to report to the controller)."""
+        out, self.finished_events = self.finished_events, []
+        return out
+
+    def next_wakeup(self) -> float | None:
+        """The earliest time a paced source becomes runnable, if any."""
+        times = [t for t in (i.wake_time() for i in self.instances) if t is not None]
+        return min(times) if times else None
+
+    @property
+    def done(self) -> bool:
+        """Every instance finished and its output left this host."""
+        return all(i.drained for i in self.instances) and not self.outbox
+
+    def run_until_idle(self, max_steps: int = 1_000_000) -> int:
+        """Test helper: step until nothing is runnable; returns the number of steps."""
+        steps = 0
+        while steps < max_steps and self.run_step():
+            steps += 1
+        return steps
+
+    def statistics(self) -> list[InstanceStatistics]:
+        return [i.statistics() for i in self.instances]
+
+    def sink_results(self) -> dict[tuple[str, int], Any]:
+        return {(i.info.operator, i.info.index): i.sink_result()
+                for i in self.instances if isinstance(i.logic, SinkLogic)}
+
+    def close(self) -> None:
+        """Close every instance (aborts unfinished sinks). Idempotent."""
+        for inst in self.instances:
+            inst.close()

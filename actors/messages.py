@@ -1,0 +1,53 @@
+"""messages.py: the typed, frozen messages that travel on channels, and their envelope.
+
+Only the dispatcher (``instance.py``) branches on a message's type. Control
+messages (``control.message``) travel in the same envelopes, never consume
+credit and are never dropped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pyarrow as pa
+
+__all__ = ["Data", "End", "Envelope", "Grant"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Data:
+    """A batch of records."""
+
+    batch: pa.RecordBatch
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class End:
+    """End of input on a channel: nothing follows it."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Envelope:
+    """A message on its way through one channel.
+
+    Attributes:
+        channel: the channel's id.
+        seq: the message's sequence number on that channel (0, 1, 2, ...).
+        message: a ``Data``, ``End`` or control message.
+        charge: bytes of credit the sender spent on it (0 for non-data).
+    """
+
+    channel: int
+    seq: int
+    message: Any
+    charge: int = 0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Grant:
+    """Credit returned by a receiver to the sender of ``channel``."""
+
+    channel: int
+    batches: int
+    nbytes: int

@@ -1,0 +1,110 @@
+"""router.py: splits an instance's output batches over the channels of one output edge.
+
+``forward`` (1:1), ``rebalance`` (round robin, per batch) and ``hash`` (by the
+stable hash of a key column through a bin -> instance table). Rescale and
+migration only ever replace a hash router's table.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from operators.graph import InputEdge, Partition
+from operators.hashing import bins_of
+
+__all__ = ["Router", "ForwardRouter", "RebalanceRouter", "HashRouter", "make_router", "KeyColumnError"]
+
+
+class KeyColumnError(KeyError):
+    """A batch reaching a hash edge lacks the key column."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class Router:
+    """Maps a batch to ``[(target position, batch), ...]`` over ``num_targets`` channels."""
+
+    num_targets: int
+
+    def route(self, batch: pa.RecordBatch) -> list[tuple[int, pa.RecordBatch]]:
+        raise NotImplementedError
+
+
+class ForwardRouter(Router):
+    num_targets = 1
+
+    def route(self, batch: pa.RecordBatch) -> list[tuple[int, pa.RecordBatch]]:
+        return [(0, batch)]
+
+
+class RebalanceRouter(Router):
+    def __init__(self, num_targets: int, start: int = 0):
+        self.num_targets = num_targets
+        self._next = start % num_targets
+
+    def route(self, batch: pa.RecordBatch) -> list[tuple[int, pa.RecordBatch]]:
+        target = self._next
+        self._next = (self._next + 1) % self.num_targets
+        return [(target, batch)]
+
+
+class HashRouter(Router):
+    """Routes each row by ``table[bins_of(batch[key], num_bins)]``.
+
+    Args:
+        key: the key column.
+        table: bin -> target position (length = number of bins, a power of two).
+        operator: the downstream operator's name, for messages.
+    """
+
+    def __init__(self, key: str, table: Sequence[int], operator: str = ""):
+        self.key = key
+        self.table = np.asarray(table, dtype=np.int64)
+        self.num_bins = len(self.table)
+        self.num_targets = int(self.table.max()) + 1 if len(self.table) else 1
+        self.operator = operator
+
+    def set_table(self, table: Sequence[int], num_targets: int) -> None:
+        """Replace the routing table (rescale / migration)."""
+        self.table = np.asarray(table, dtype=np.int64)
+        self.num_targets = num_targets
+
+    def route(self, batch: pa.RecordBatch) -> list[tuple[int, pa.RecordBatch]]:
+        try:
+            keys = batch.column(self.key)
+        except KeyError:
+            raise KeyColumnError(
+                f"operator {self.operator!r}: key column {self.key!r} is missing from its input; "
+                f"the batch has columns {batch.schema.names}"
+            ) from None
+        dest = self.table[bins_of(keys, self.num_bins)]
+        if len(dest) == 0:
+            return []
+        first = dest[0]
+        if (dest == first).all():
+            return [(int(first), batch)]
+        order = np.argsort(dest, kind="stable")
+        counts = np.bincount(dest, minlength=self.num_targets)
+        taken = batch.take(pa.array(order))
+        out: list[tuple[int, pa.RecordBatch]] = []
+        offset = 0
+        for target, count in enumerate(counts.tolist()):
+            if count:
+                out.append((target, taken.slice(offset, count)))
+                offset += count
+        return out
+
+
+def make_router(edge: InputEdge, num_targets: int, table: Sequence[int] | None, operator: str,
+                index: int = 0) -> Router:
+    """The router for one output edge of an upstream instance ``index``."""
+    if edge.partition is Partition.FORWARD:
+        return ForwardRouter()
+    if edge.partition is Partition.REBALANCE:
+        return RebalanceRouter(num_targets, start=index)
+    assert table is not None and edge.key is not None, "bug in make_router: hash edge without table"
+    return HashRouter(edge.key, table, operator)

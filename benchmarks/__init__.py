@@ -1,0 +1,1 @@
+"""benchmarks: runnable measurements; each ends with one JSON line."""

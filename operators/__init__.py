@@ -1,0 +1,28 @@
+"""operators: the user API (Dataflow, Stream), the operator library, sources, sinks and keyed state.
+
+Pure Python over pyarrow and NumPy; nothing here imports Ray.
+"""
+
+from .dataflow import Dataflow, KeyedStream, Stream
+from .logic import InstanceInfo, OperatorLogic, Sink, SinkWriter, Source, SourceSplit, SplitReader
+from .sinks import collect, to_parquet
+from .sources import from_arrow, from_items, from_parquet, generate
+
+__all__ = [
+    "Dataflow",
+    "Stream",
+    "KeyedStream",
+    "from_items",
+    "from_arrow",
+    "from_parquet",
+    "generate",
+    "collect",
+    "to_parquet",
+    "Source",
+    "SourceSplit",
+    "SplitReader",
+    "Sink",
+    "SinkWriter",
+    "OperatorLogic",
+    "InstanceInfo",
+]

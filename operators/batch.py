@@ -1,0 +1,64 @@
+"""batch.py: small helpers over ``pyarrow.RecordBatch`` shared by operators."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Sequence
+
+import pyarrow as pa
+
+__all__ = ["empty_batch", "to_batches", "batch_nbytes", "concat_batches"]
+
+
+def empty_batch(schema: pa.Schema) -> pa.RecordBatch:
+    """A batch with ``schema`` and no rows."""
+    return pa.RecordBatch.from_pylist([], schema=schema)
+
+
+def batch_nbytes(batch: pa.RecordBatch) -> int:
+    """Bytes a batch occupies in its buffers (what credits and bounds count)."""
+    return int(batch.nbytes)
+
+
+def to_batches(value: Any, schema: pa.Schema | None = None) -> list[pa.RecordBatch]:
+    """Normalise what a user function returned into a list of RecordBatches.
+
+    Accepts ``None``, a RecordBatch, a Table, a list of dicts (rows) or an
+    iterable of RecordBatches / Tables.
+
+    Raises:
+        TypeError: for anything else, naming the type received.
+    """
+    if value is None:
+        return []
+    if isinstance(value, pa.RecordBatch):
+        return [value]
+    if isinstance(value, pa.Table):
+        return value.to_batches()
+    if isinstance(value, dict):
+        raise TypeError("expected a RecordBatch, a Table, or a list of rows; got a dict")
+    if isinstance(value, (list, tuple)) and value and isinstance(value[0], dict):
+        return [pa.RecordBatch.from_pylist(list(value), schema=schema)]
+    if isinstance(value, (list, tuple)) and not value:
+        return []
+    if isinstance(value, Iterable):
+        out: list[pa.RecordBatch] = []
+        for item in value:
+            if isinstance(item, pa.RecordBatch):
+                out.append(item)
+            elif isinstance(item, pa.Table):
+                out.extend(item.to_batches())
+            else:
+                raise TypeError(
+                    f"expected an iterable of RecordBatch or Table, got an item of type {type(item).__name__}"
+                )
+        return out
+    raise TypeError(f"expected a RecordBatch, a Table, or a list of rows; got {type(value).__name__}")
+
+
+def concat_batches(batches: Sequence[pa.RecordBatch], schema: pa.Schema | None = None) -> pa.Table:
+    """Concatenate batches into a Table (an empty table if there are none and a schema is given)."""
+    if not batches:
+        if schema is None:
+            return pa.table({})
+        return schema.empty_table()
+    return pa.Table.from_batches(list(batches))

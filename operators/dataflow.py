@@ -1,0 +1,343 @@
+"""dataflow.py: the user API: ``Dataflow``, ``Stream`` and ``KeyedStream``, with build-time validation.
+
+Example:
+    >>> from operators import Dataflow, from_items, collect
+    >>> flow = Dataflow("demo")
+    >>> (flow.source(from_items([{"w": "a"}, {"w": "b"}, {"w": "a"}]))
+    ...      .key_by("w").count(name="count")
+    ...      .sink(collect()))
+    >>> job = flow.submit()          # doctest: +SKIP
+    >>> job.wait(); job.result()     # doctest: +SKIP
+
+Misuse is caught when the graph is built (unknown column, non-positive
+parallelism, duplicate names) or at ``submit()`` (a stream nobody consumes),
+with a message that names the operator.
+"""
+
+from __future__ import annotations
+
+import importlib
+import itertools
+from typing import Any, Callable
+
+import pyarrow as pa
+
+from . import keyed, stateless
+from .endpoints import SinkLogic
+from .graph import (
+    InputEdge,
+    LogicalGraph,
+    OperatorKind,
+    OperatorNode,
+    Partition,
+    describe_callable,
+)
+from .hashing import DEFAULT_NUM_BINS, check_num_bins
+from .logic import Sink, Source
+
+__all__ = ["Dataflow", "Stream", "KeyedStream"]
+
+
+def _check_parallelism(name: str, parallelism: Any) -> int:
+    if isinstance(parallelism, bool) or not isinstance(parallelism, int) or parallelism < 1:
+        raise ValueError(
+            f"operator {name!r}: parallelism must be a positive integer, got {parallelism!r}"
+        )
+    return parallelism
+
+
+def _check_callable(verb: str, fn: Any) -> None:
+    if not callable(fn):
+        raise TypeError(f"{verb}(): expected a function, got {type(fn).__name__}")
+
+
+class Dataflow:
+    """A dataflow under construction: sources, operators and sinks.
+
+    Args:
+        name: the job's name.
+        num_bins: default number of key bins per keyed operator (a power of two).
+    """
+
+    def __init__(self, name: str, *, num_bins: int = DEFAULT_NUM_BINS):
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"Dataflow: name must be a non-empty string, got {name!r}")
+        self.name = name
+        self.num_bins = check_num_bins(num_bins)
+        self.graph = LogicalGraph(name)
+        self._counter = itertools.count(1)
+
+    def _name(self, verb: str, name: str | None) -> str:
+        if name is not None:
+            if not isinstance(name, str) or not name:
+                raise ValueError(f"{verb}(): name must be a non-empty string, got {name!r}")
+            return name
+        while True:
+            candidate = f"{verb}-{next(self._counter)}"
+            if candidate not in self.graph.nodes:
+                return candidate
+
+    def _add(self, node: OperatorNode) -> "Stream":
+        _check_parallelism(node.name, node.parallelism)
+        self.graph.add(node)
+        return Stream(self, node)
+
+    def source(self, source: Source, *, parallelism: int = 1, name: str | None = None) -> "Stream":
+        """Add a source. Its splits are spread over ``parallelism`` instances."""
+        if not isinstance(source, Source):
+            raise TypeError(
+                f"Dataflow.source(): expected a Source (from_items, from_arrow, from_parquet, "
+                f"generate, from_spark...), got {type(source).__name__}"
+            )
+        node = OperatorNode(
+            self._name("source", name), OperatorKind.SOURCE, parallelism,
+            source=source, schema=source.schema(), origin=source.describe(),
+        )
+        return self._add(node)
+
+    def validate(self) -> None:
+        """Check the whole graph; called by ``submit()``.
+
+        Raises:
+            ValueError: no source, no sink, or an operator whose output nobody consumes.
+        """
+        nodes = self.graph.nodes.values()
+        if not any(n.kind is OperatorKind.SOURCE for n in nodes):
+            raise ValueError(f"dataflow {self.name!r} has no source; add one with flow.source(...)")
+        if not any(n.kind is OperatorKind.SINK for n in nodes):
+            raise ValueError(f"dataflow {self.name!r} has no sink; end a stream with .sink(...) or .collect()")
+        for node in nodes:
+            if node.kind is not OperatorKind.SINK and not self.graph.consumers(node.name):
+                raise ValueError(
+                    f"dataflow {self.name!r}: the output of {node.describe()} is not consumed by "
+                    "any operator or sink; add a .sink(...) or remove it"
+                )
+
+    def submit(self, **options: Any) -> Any:
+        """Deploy on Ray and start running; returns a ``Job`` (see ``actors.submit``)."""
+        # operators/ stays free of Ray: the runtime is looked up by name only here.
+        runtime = importlib.import_module("actors")
+        return runtime.submit(self, **options)
+
+
+class Stream:
+    """The output of an operator; each method adds a downstream operator."""
+
+    def __init__(self, flow: Dataflow, node: OperatorNode):
+        self.flow = flow
+        self.node = node
+
+    @property
+    def name(self) -> str:
+        return self.node.name
+
+    @property
+    def schema(self) -> pa.Schema | None:
+        """The schema of this stream's batches, if known at build time."""
+        return self.node.schema
+
+    def _transform(self, verb: str, fn: Any, make: Callable[[], Any], *, name: str | None,
+                   parallelism: int | None, schema: pa.Schema | None) -> "Stream":
+        _check_callable(verb, fn)
+        node = OperatorNode(
+            self.flow._name(verb, name), OperatorKind.TRANSFORM,
+            self.node.parallelism if parallelism is None else parallelism,
+            inputs=[InputEdge(self.node.name, Partition.FORWARD)],
+            make_logic=make, schema=schema, origin=describe_callable(fn),
+        )
+        return self.flow._add(node)
+
+    def map(self, fn: Callable[[pa.RecordBatch], Any], *, name: str | None = None,
+            parallelism: int | None = None, schema: pa.Schema | None = None) -> "Stream":
+        """``fn(batch) -> RecordBatch | Table``, vectorised (the fast path)."""
+        return self._transform("map", fn, lambda: stateless.MapLogic(fn, schema),
+                               name=name, parallelism=parallelism, schema=schema)
+
+    def filter(self, fn: Callable[[pa.RecordBatch], Any], *, name: str | None = None,
+               parallelism: int | None = None) -> "Stream":
+        """``fn(batch) -> boolean mask``; keeps the rows where it is true."""
+        return self._transform("filter", fn, lambda: stateless.FilterLogic(fn),
+                               name=name, parallelism=parallelism, schema=self.schema)
+
+    def flat_map(self, fn: Callable[[pa.RecordBatch], Any], *, name: str | None = None,
+                 parallelism: int | None = None, schema: pa.Schema | None = None) -> "Stream":
+        """``fn(batch) -> iterable of RecordBatch / Table`` (or one, or None)."""
+        return self._transform("flat_map", fn, lambda: stateless.FlatMapLogic(fn, schema),
+                               name=name, parallelism=parallelism, schema=schema)
+
+    def map_records(self, fn: Callable[[dict], dict], *, name: str | None = None,
+                    parallelism: int | None = None, schema: pa.Schema | None = None) -> "Stream":
+        """Slow path: ``fn(row: dict) -> dict`` per record."""
+        return self._transform("map_records", fn, lambda: stateless.MapRecordsLogic(fn, schema),
+                               name=name, parallelism=parallelism, schema=schema)
+
+    def filter_records(self, fn: Callable[[dict], bool], *, name: str | None = None,
+                       parallelism: int | None = None) -> "Stream":
+        """Slow path: ``fn(row: dict) -> bool`` per record."""
+        return self._transform("filter_records", fn, lambda: stateless.FilterRecordsLogic(fn),
+                               name=name, parallelism=parallelism, schema=self.schema)
+
+    def flat_map_records(self, fn: Callable[[dict], Any], *, name: str | None = None,
+                         parallelism: int | None = None, schema: pa.Schema | None = None) -> "Stream":
+        """Slow path: ``fn(row: dict) -> iterable of dicts`` per record."""
+        return self._transform("flat_map_records", fn,
+                               lambda: stateless.FlatMapRecordsLogic(fn, schema),
+                               name=name, parallelism=parallelism, schema=schema)
+
+    def key_by(self, column: str, *, num_bins: int | None = None) -> "KeyedStream":
+        """Partition by the stable hash of ``column``; the next operator is keyed."""
+        if not isinstance(column, str) or not column:
+            raise ValueError(f"key_by() after operator {self.name!r}: expected a column name, got {column!r}")
+        _require_column(self, column, "key column")
+        bins = self.flow.num_bins if num_bins is None else check_num_bins(num_bins)
+        return KeyedStream(self, column, bins)
+
+    def union(self, *others: "Stream", name: str | None = None,
+              parallelism: int | None = None) -> "Stream":
+        """Merge this stream with ``others`` (same schema) into one stream."""
+        streams = (self, *others)
+        for s in others:
+            if not isinstance(s, Stream) or s.flow is not self.flow:
+                raise TypeError("union(): expected streams of the same Dataflow")
+        known = [s.schema for s in streams if s.schema is not None]
+        for s in streams:
+            if s.schema is not None and not s.schema.equals(known[0]):
+                raise ValueError(
+                    f"union(): stream {s.name!r} has schema {s.schema} but {streams[0].name!r} "
+                    f"has {known[0]}; union needs one schema"
+                )
+        node = OperatorNode(
+            self.flow._name("union", name), OperatorKind.TRANSFORM,
+            parallelism or max(s.node.parallelism for s in streams),
+            inputs=[InputEdge(s.name, Partition.FORWARD) for s in streams],
+            make_logic=stateless.IdentityLogic, schema=known[0] if known else None,
+        )
+        return self.flow._add(node)
+
+    def sink(self, sink: Sink, *, name: str | None = None, parallelism: int | None = None) -> "Stream":
+        """End this stream in ``sink`` (``collect()``, ``to_parquet(dir)``...)."""
+        if not isinstance(sink, Sink):
+            raise TypeError(f"sink(): expected a Sink (collect(), to_parquet(...)), got {type(sink).__name__}")
+        node = OperatorNode(
+            self.flow._name("sink", name), OperatorKind.SINK,
+            self.node.parallelism if parallelism is None else parallelism,
+            inputs=[InputEdge(self.node.name, Partition.FORWARD)],
+            make_logic=lambda: SinkLogic(sink), sink=sink, schema=self.schema,
+            origin=sink.describe(),
+        )
+        return self.flow._add(node)
+
+    def collect(self, *, name: str | None = None) -> "Stream":
+        """Sugar for ``sink(collect())``: the job's ``result()`` returns the records."""
+        from .sinks import collect
+
+        return self.sink(collect(), name=name, parallelism=1)
+
+
+def _require_column(stream: Stream, column: str, what: str, operator: str | None = None) -> None:
+    schema = stream.schema
+    if schema is not None and column not in schema.names:
+        where = f"operator {operator!r}" if operator else f"key_by() after operator {stream.name!r}"
+        raise ValueError(
+            f"{where}: unknown {what} {column!r}; the input has columns {schema.names}"
+        )
+
+
+class KeyedStream:
+    """A stream partitioned by a key column; its methods add keyed, stateful operators."""
+
+    def __init__(self, stream: Stream, key: str, num_bins: int):
+        self.stream = stream
+        self.key = key
+        self.num_bins = num_bins
+
+    def _keyed(self, verb: str, make: Callable[[], Any], *, name: str | None,
+               parallelism: int | None, schema: pa.Schema | None, origin: str = "") -> Stream:
+        flow = self.stream.flow
+        node = OperatorNode(
+            flow._name(verb, name), OperatorKind.KEYED,
+            self.stream.node.parallelism if parallelism is None else parallelism,
+            inputs=[InputEdge(self.stream.name, Partition.HASH, self.key, self.num_bins)],
+            make_logic=make, schema=schema, key=self.key, num_bins=self.num_bins, origin=origin,
+        )
+        return flow._add(node)
+
+    def agg(self, *, name: str | None = None, parallelism: int | None = None,
+            emit: str = "final", **aggregates: tuple[str | None, str]) -> Stream:
+        """Several aggregations at once: ``agg(n=(None, "count"), total=("v", "sum"))``.
+
+        Output columns: the key, then one per aggregate, in the order given.
+        ``emit="final"`` emits at end of input; ``"updates"`` emits the new
+        values of the keys each input batch touched.
+        """
+        op_name = self.stream.flow._name("agg", name)
+        if emit not in ("final", "updates"):
+            raise ValueError(f"operator {op_name!r}: emit must be 'final' or 'updates', got {emit!r}")
+        if not aggregates:
+            raise ValueError(f"operator {op_name!r}: agg() needs at least one aggregate")
+        specs = []
+        for out_name, spec in aggregates.items():
+            if not (isinstance(spec, tuple) and len(spec) == 2):
+                raise TypeError(
+                    f"operator {op_name!r}: aggregate {out_name!r} must be (column, func), got {spec!r}"
+                )
+            column, func = spec
+            if column is not None:
+                _require_column(self.stream, column, "column", op_name)
+            specs.append(keyed.AggSpec(out_name, func, column))
+        schema = None
+        if self.stream.schema is not None:
+            try:
+                schema = keyed.aggregate_output_schema(self.stream.schema, self.key, specs)
+            except (TypeError, ValueError) as exc:
+                raise type(exc)(f"operator {op_name!r}: {exc}") from None
+        key, bins = self.key, self.num_bins
+        return self._keyed("agg", lambda: keyed.AggregateLogic(key, specs, bins, emit),
+                           name=op_name, parallelism=parallelism, schema=schema)
+
+    def count(self, *, name: str | None = None, parallelism: int | None = None,
+              emit: str = "final") -> Stream:
+        """Records per key: columns (key, ``count``)."""
+        return self.agg(name=name or self.stream.flow._name("count", None),
+                        parallelism=parallelism, emit=emit, count=(None, "count"))
+
+    def sum(self, column: str, **kwargs: Any) -> Stream:
+        """Sum of ``column`` per key: columns (key, ``sum``)."""
+        return self._one("sum", column, **kwargs)
+
+    def min(self, column: str, **kwargs: Any) -> Stream:
+        """Minimum of ``column`` per key: columns (key, ``min``)."""
+        return self._one("min", column, **kwargs)
+
+    def max(self, column: str, **kwargs: Any) -> Stream:
+        """Maximum of ``column`` per key: columns (key, ``max``)."""
+        return self._one("max", column, **kwargs)
+
+    def mean(self, column: str, **kwargs: Any) -> Stream:
+        """Mean of ``column`` per key: columns (key, ``mean``)."""
+        return self._one("mean", column, **kwargs)
+
+    def _one(self, func: str, column: str, *, name: str | None = None,
+             parallelism: int | None = None, emit: str = "final") -> Stream:
+        return self.agg(name=name or self.stream.flow._name(func, None),
+                        parallelism=parallelism, emit=emit, **{func: (column, func)})
+
+    def reduce(self, fn: Callable[[dict, dict], dict], *, name: str | None = None,
+               parallelism: int | None = None, emit: str = "final") -> Stream:
+        """General keyed reduce (slow path): ``fn(acc: dict, row: dict) -> dict`` per record."""
+        _check_callable("reduce", fn)
+        key, bins = self.key, self.num_bins
+        return self._keyed("reduce", lambda: keyed.ReduceLogic(key, fn, bins, emit), name=name,
+                           parallelism=parallelism, schema=self.stream.schema,
+                           origin=describe_callable(fn))
+
+    def process(self, fn: Callable[..., Any], *, name: str | None = None,
+                parallelism: int | None = None, schema: pa.Schema | None = None) -> Stream:
+        """Keyed process with per-key state: ``fn(key, rows: RecordBatch, state) -> output``.
+
+        ``state.value`` is the key's state (``None`` at first); assign to update it.
+        """
+        _check_callable("process", fn)
+        key, bins = self.key, self.num_bins
+        return self._keyed("process", lambda: keyed.ProcessLogic(key, fn, bins, schema), name=name,
+                           parallelism=parallelism, schema=schema, origin=describe_callable(fn))

@@ -1,0 +1,114 @@
+"""endpoints.py: what source and sink instances run: split reading with offsets, sink writing.
+
+:class:`SourceLogic` reads the splits assigned to one source instance, one
+batch per call, and remembers each split's offset so that a later issue's
+checkpoints can record and replay them. :class:`SinkLogic` feeds a
+:class:`~operators.logic.SinkWriter`.
+
+Only the owning instance touches these objects.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import pyarrow as pa
+
+from .logic import InstanceInfo, OperatorLogic, Sink, SinkWriter, Source, SourceSplit, SplitReader
+
+__all__ = ["SourceLogic", "SinkLogic", "assign_splits"]
+
+
+def assign_splits(splits: Sequence[SourceSplit], parallelism: int, index: int) -> list[SourceSplit]:
+    """Split ``i`` goes to source instance ``i % parallelism``."""
+    return [s for i, s in enumerate(splits) if i % parallelism == index]
+
+
+class SourceLogic:
+    """Reads assigned splits in order, one batch per :meth:`poll`.
+
+    Lifecycle: ``READING -> EXHAUSTED``. ``offsets()`` maps each split id to the
+    offset after the last batch returned (``None`` for splits not started).
+    """
+
+    def __init__(self, source: Source, splits: Sequence[SourceSplit], offsets: dict[str, Any] | None = None):
+        self.source = source
+        self.splits = list(splits)
+        self._offsets: dict[str, Any] = dict(offsets or {})
+        self._done: set[str] = set()
+        self._position = 0
+        self._reader: SplitReader | None = None
+        self.info: InstanceInfo | None = None
+
+    def open(self, info: InstanceInfo) -> None:
+        self.info = info
+
+    @property
+    def exhausted(self) -> bool:
+        return self._position >= len(self.splits)
+
+    def ready_at(self) -> float | None:
+        """Monotonic time before which :meth:`poll` would produce nothing, if paced."""
+        if self.exhausted:
+            return None
+        return self._current_reader().ready_at()
+
+    def _current_reader(self) -> SplitReader:
+        if self._reader is None:
+            split = self.splits[self._position]
+            self._reader = self.source.open_split(split, self._offsets.get(split.split_id))
+        return self._reader
+
+    def poll(self) -> pa.RecordBatch | None:
+        """Read the next batch; ``None`` once every split is exhausted."""
+        while not self.exhausted:
+            reader = self._current_reader()
+            batch = reader.read()
+            split_id = self.splits[self._position].split_id
+            self._offsets[split_id] = reader.offset()
+            if batch is not None:
+                return batch
+            reader.close()
+            self._done.add(split_id)
+            self._reader = None
+            self._position += 1
+        return None
+
+    def offsets(self) -> dict[str, Any]:
+        return dict(self._offsets)
+
+    def close(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+
+
+class SinkLogic(OperatorLogic):
+    """Writes every batch to the sink's writer; ``finish()`` yields the writer's result."""
+
+    def __init__(self, sink: Sink):
+        self.sink = sink
+        self.writer: SinkWriter | None = None
+        self.result: Any = None
+        self.finished = False
+
+    def open(self, info: InstanceInfo) -> None:
+        super().open(info)
+        self.writer = self.sink.create_writer(info)
+
+    def process(self, batch: pa.RecordBatch, input_index: int) -> Sequence[pa.RecordBatch]:
+        assert self.writer is not None, "bug in SinkLogic: process() before open()"
+        if batch.num_rows:
+            self.writer.write(batch)
+        return ()
+
+    def finish(self) -> Sequence[pa.RecordBatch]:
+        assert self.writer is not None, "bug in SinkLogic: finish() before open()"
+        self.result = self.writer.finish()
+        self.finished = True
+        return ()
+
+    def close(self) -> None:
+        if self.writer is not None and not self.finished:
+            self.writer.abort()
+        self.writer = None

@@ -1,0 +1,213 @@
+"""graph.py: the logical dataflow graph and its physical plan (instances and channels).
+
+A :class:`LogicalGraph` holds :class:`OperatorNode`s connected by
+:class:`InputEdge`s. :func:`physical_plan` expands it into operator instances
+and the channels between them: one channel per (upstream instance,
+downstream instance, input) pair that can carry records. Placement of
+instances on host actors is the runtime's business, not this module's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Any, Callable
+
+import pyarrow as pa
+
+from .logic import OperatorLogic, Sink, Source
+
+__all__ = [
+    "Partition",
+    "OperatorKind",
+    "InputEdge",
+    "OperatorNode",
+    "LogicalGraph",
+    "ChannelSpec",
+    "PhysicalPlan",
+    "physical_plan",
+    "initial_bin_table",
+]
+
+
+class Partition(str, enum.Enum):
+    """How records of an edge are distributed over the downstream instances."""
+
+    FORWARD = "forward"  # instance i -> instance i (equal parallelism)
+    REBALANCE = "rebalance"  # round robin over all downstream instances
+    HASH = "hash"  # by the stable hash of a key column, through a bin table
+
+
+class OperatorKind(str, enum.Enum):
+    SOURCE = "source"
+    TRANSFORM = "transform"
+    KEYED = "keyed"
+    SINK = "sink"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class InputEdge:
+    """One logical input of an operator.
+
+    Attributes:
+        upstream: the upstream operator's name.
+        partition: how records are distributed.
+        key: the key column for ``HASH`` edges.
+        num_bins: the number of bins of the hash edge (the downstream operator's).
+    """
+
+    upstream: str
+    partition: Partition
+    key: str | None = None
+    num_bins: int = 0
+
+
+@dataclasses.dataclass(slots=True)
+class OperatorNode:
+    """A logical operator.
+
+    Attributes:
+        name: unique within the dataflow.
+        kind: source, transform, keyed or sink.
+        parallelism: the number of instances.
+        inputs: the logical inputs, in input-index order.
+        make_logic: builds the per-instance logic (transforms and keyed operators).
+        source: the source (sources only).
+        sink: the sink (sinks only).
+        schema: the output schema if known at build time.
+        key: the key column (keyed operators).
+        num_bins: the number of key bins (keyed operators).
+        origin: the user function and where it was defined, for messages.
+    """
+
+    name: str
+    kind: OperatorKind
+    parallelism: int
+    inputs: list[InputEdge] = dataclasses.field(default_factory=list)
+    make_logic: Callable[[], OperatorLogic] | None = None
+    source: Source | None = None
+    sink: Sink | None = None
+    schema: pa.Schema | None = None
+    key: str | None = None
+    num_bins: int = 0
+    origin: str = ""
+
+    @property
+    def stateful(self) -> bool:
+        return self.kind is OperatorKind.KEYED
+
+    def describe(self) -> str:
+        return f"operator {self.name!r}" + (f" ({self.origin})" if self.origin else "")
+
+
+@dataclasses.dataclass(slots=True)
+class LogicalGraph:
+    """Operators in the order they were added (a topological order)."""
+
+    name: str
+    nodes: dict[str, OperatorNode] = dataclasses.field(default_factory=dict)
+
+    def add(self, node: OperatorNode) -> OperatorNode:
+        if node.name in self.nodes:
+            raise ValueError(
+                f"dataflow {self.name!r}: duplicate operator name {node.name!r}; "
+                "operator names must be unique (pass name=... to tell them apart)"
+            )
+        self.nodes[node.name] = node
+        return node
+
+    def consumers(self, name: str) -> list[str]:
+        return [n.name for n in self.nodes.values() if any(e.upstream == name for e in n.inputs)]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ChannelSpec:
+    """A physical channel from one upstream instance to one downstream instance.
+
+    Attributes:
+        channel_id: unique in the job.
+        src: (operator, index) of the sender.
+        dst: (operator, index) of the receiver.
+        input_index: which logical input of the receiver this channel feeds.
+        edge_index: the position of the receiver's edge among the sender's output edges.
+    """
+
+    channel_id: int
+    src: tuple[str, int]
+    dst: tuple[str, int]
+    input_index: int
+    edge_index: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PhysicalPlan:
+    """Instances and channels of a job.
+
+    Attributes:
+        graph: the logical graph.
+        instances: every (operator, index), operators in topological order.
+        channels: every channel.
+        output_edges: per operator, its consumers' (operator, input index, edge) in order.
+        bin_tables: per keyed operator, the initial bin -> instance table.
+    """
+
+    graph: LogicalGraph
+    instances: list[tuple[str, int]]
+    channels: list[ChannelSpec]
+    output_edges: dict[str, list[tuple[str, int, InputEdge]]]
+    bin_tables: dict[str, list[int]]
+
+    def inputs_of(self, instance: tuple[str, int]) -> list[ChannelSpec]:
+        return [c for c in self.channels if c.dst == instance]
+
+    def outputs_of(self, instance: tuple[str, int]) -> list[ChannelSpec]:
+        return [c for c in self.channels if c.src == instance]
+
+
+def initial_bin_table(num_bins: int, parallelism: int) -> list[int]:
+    """Contiguous ranges of bins per instance: bin b -> b * parallelism // num_bins."""
+    return [b * parallelism // num_bins for b in range(num_bins)]
+
+
+def _edge_pairs(edge: InputEdge, up_p: int, down_p: int) -> list[tuple[int, int]]:
+    if edge.partition is Partition.FORWARD and up_p == down_p:
+        return [(i, i) for i in range(up_p)]
+    return [(i, j) for i in range(up_p) for j in range(down_p)]
+
+
+def physical_plan(graph: LogicalGraph) -> PhysicalPlan:
+    """Expand ``graph`` into instances and channels.
+
+    A ``FORWARD`` edge between operators of different parallelism becomes a
+    ``REBALANCE`` edge.
+    """
+    instances = [(n.name, i) for n in graph.nodes.values() for i in range(n.parallelism)]
+    output_edges: dict[str, list[tuple[str, int, InputEdge]]] = {n: [] for n in graph.nodes}
+    channels: list[ChannelSpec] = []
+    for node in graph.nodes.values():
+        for input_index, edge in enumerate(node.inputs):
+            up = graph.nodes[edge.upstream]
+            if edge.partition is Partition.FORWARD and up.parallelism != node.parallelism:
+                edge = dataclasses.replace(edge, partition=Partition.REBALANCE)
+                node.inputs[input_index] = edge
+            edge_index = len(output_edges[up.name])
+            output_edges[up.name].append((node.name, input_index, edge))
+            for i, j in _edge_pairs(edge, up.parallelism, node.parallelism):
+                channels.append(
+                    ChannelSpec(len(channels), (up.name, i), (node.name, j), input_index, edge_index)
+                )
+    bin_tables = {
+        n.name: initial_bin_table(n.num_bins, n.parallelism)
+        for n in graph.nodes.values()
+        if n.kind is OperatorKind.KEYED
+    }
+    return PhysicalPlan(graph, instances, channels, output_edges, bin_tables)
+
+
+def describe_callable(fn: Any) -> str:
+    """``qualname (file:line)`` of a user function, for error messages."""
+    name = getattr(fn, "__qualname__", None) or type(fn).__name__
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return str(name)
+    return f"{name} at {code.co_filename}:{code.co_firstlineno}"

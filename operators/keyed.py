@@ -1,0 +1,335 @@
+"""keyed.py: keyed operator logics: built-in aggregations, keyed reduce and keyed process.
+
+Every logic here keeps its state per key *bin*, the bin being
+``hashing.bins_of(key, num_bins)``, the function the router uses too, so an
+instance only ever sees keys of the bins routed to it and its state can move
+bin by bin (``logic.state``).
+
+* :class:`AggregateLogic`: count / sum / min / max / mean per key, vectorised
+  over whole batches into a :class:`~operators.state.ColumnarAggState` (the
+  fast path: a few million rows/s per instance, see ``_benchmark``).
+* :class:`ReduceLogic`: ``fn(acc, row) -> acc`` per record (slow path).
+* :class:`ProcessLogic`: ``fn(key, rows, state)`` per key and batch, with a
+  per-key :class:`ValueState` (slow-ish path: one Python call per key and batch).
+
+Null semantics are SQL's: a null key is a key of its own; sum, min, max and
+mean skip null values and give null for a key with no non-null value;
+``count`` is never null. NaN is a value (it propagates), not a null.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from .batch import to_batches
+from .hashing import bins_of, check_num_bins, encode_keys
+from .logic import InstanceInfo, OperatorLogic
+from .state import Accumulator, ColumnarAggState, DictState
+
+__all__ = [
+    "AGG_FUNCS",
+    "AggSpec",
+    "aggregate_output_schema",
+    "AggregateLogic",
+    "ReduceLogic",
+    "ProcessLogic",
+    "ValueState",
+]
+
+AGG_FUNCS = ("count", "sum", "min", "max", "mean")
+"""The built-in aggregate functions."""
+
+_EMITS = ("final", "updates")
+_MAX_OUTPUT_ROWS = 1 << 16  # rows per output batch of finish()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class AggSpec:
+    """One output column of an aggregation.
+
+    Attributes:
+        name: the output column's name.
+        func: one of :data:`AGG_FUNCS`.
+        column: the input column; ``None`` only for ``count`` (count rows);
+            ``count`` of a column counts its non-null values.
+    """
+
+    name: str
+    func: str
+    column: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"aggregate name must be a non-empty string, got {self.name!r}")
+        if self.func not in AGG_FUNCS:
+            raise ValueError(f"aggregate {self.name!r}: func must be one of {AGG_FUNCS}, got {self.func!r}")
+        if self.column is None and self.func != "count":
+            raise ValueError(f"aggregate {self.name!r}: {self.func} needs a column (only count may have none)")
+
+
+def aggregate_output_schema(input_schema: pa.Schema, key: str, aggs: Sequence[AggSpec]) -> pa.Schema:
+    """The schema an aggregation emits: the key, then one column per aggregate.
+
+    count -> int64; sum of integers -> int64, of floats -> float64; min / max
+    -> the input type; mean -> float64. sum and mean take integer or floating
+    columns; min and max also take booleans and temporal types (not strings).
+
+    Raises:
+        ValueError: a column is missing, or an output name is repeated.
+        TypeError: a column's type does not suit its aggregate.
+    """
+    names = input_schema.names
+    if key not in names:
+        raise ValueError(f"key column {key!r} is not in the input columns {names}")
+    out = [input_schema.field(key)]
+    seen = {key}
+    for agg in aggs:
+        if agg.name in seen:
+            raise ValueError(f"aggregate output name {agg.name!r} is used twice (the key is {key!r})")
+        seen.add(agg.name)
+        if agg.column is not None and agg.column not in names:
+            raise ValueError(f"aggregate {agg.name!r}: column {agg.column!r} is not in the input columns {names}")
+        value_type = None if agg.column is None else input_schema.field(agg.column).type
+        out.append(pa.field(agg.name, _output_type(agg, value_type)))
+    return pa.schema(out)
+
+
+def _output_type(agg: AggSpec, t: pa.DataType | None) -> pa.DataType:
+    if agg.func == "count":
+        return pa.int64()
+    assert t is not None
+    numeric = pa.types.is_integer(t) or pa.types.is_floating(t)
+    if agg.func in ("sum", "mean"):
+        if not numeric:
+            raise TypeError(
+                f"aggregate {agg.name!r}: {agg.func} needs an integer or floating column; "
+                f"column {agg.column!r} has type {t}"
+            )
+        return pa.int64() if agg.func == "sum" and pa.types.is_integer(t) else pa.float64()
+    if not (numeric or pa.types.is_boolean(t) or _is_temporal(t)):
+        raise TypeError(
+            f"aggregate {agg.name!r}: {agg.func} needs a numeric, boolean or temporal column "
+            f"(strings are not supported); column {agg.column!r} has type {t}"
+        )
+    return t
+
+
+def _is_temporal(t: pa.DataType) -> bool:
+    return pa.types.is_temporal(t) and t.bit_width in (32, 64)
+
+
+def _state_dtype(t: pa.DataType) -> str:
+    """The NumPy dtype that holds sums or extremes of a column of type ``t``."""
+    if pa.types.is_floating(t):
+        return "float64"
+    return "uint64" if pa.types.is_uint64(t) else "int64"
+
+
+def _accumulators(input_schema: pa.Schema, aggs: Sequence[AggSpec]) -> list[Accumulator]:
+    """The state columns the aggregates need (shared where two aggregates need the same)."""
+    accs: dict[str, Accumulator] = {}
+    for agg in aggs:
+        if agg.column is None:
+            accs["rows"] = Accumulator("rows", "sum", "int64")
+            continue
+        t = input_schema.field(agg.column).type
+        accs[f"nn:{agg.column}"] = Accumulator(f"nn:{agg.column}", "sum", "int64")
+        if agg.func in ("sum", "mean"):
+            dtype = "float64" if pa.types.is_floating(t) else "int64"
+            accs[f"sum:{agg.column}"] = Accumulator(f"sum:{agg.column}", "sum", dtype)
+        elif agg.func in ("min", "max"):
+            name = f"{agg.func}:{agg.column}"
+            accs[name] = Accumulator(name, agg.func, _state_dtype(t))
+    return list(accs.values())
+
+
+class _KeyedLogic(OperatorLogic):
+    """What every keyed logic shares: the key column and the number of bins."""
+
+    def __init__(self, key: str, num_bins: int) -> None:
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"key must be a column name, got {key!r}")
+        self.key = key
+        self.num_bins = check_num_bins(num_bins)
+
+    def open(self, info: InstanceInfo) -> None:
+        if info.num_bins and info.num_bins != self.num_bins:
+            raise ValueError(
+                f"bug in planning: {info} was built with {self.num_bins} bins but opened with {info.num_bins}"
+            )
+        super().open(info)
+
+    def _key_column(self, batch: pa.RecordBatch) -> pa.Array:
+        index = batch.schema.get_field_index(self.key)
+        if index < 0:
+            raise ValueError(f"key column {self.key!r} is not in the input columns {batch.schema.names}")
+        return batch.column(index)
+
+
+def _check_emit(emit: str) -> str:
+    if emit not in _EMITS:
+        raise ValueError(f"emit must be one of {_EMITS}, got {emit!r}")
+    return emit
+
+
+def _check_fn(fn: Any, what: str) -> None:
+    if not callable(fn):
+        raise TypeError(f"{what} needs a callable, got {type(fn).__name__}")
+
+
+def _fn_name(fn: Any) -> str:
+    return getattr(fn, "__qualname__", None) or repr(fn)
+
+
+class AggregateLogic(_KeyedLogic):
+    """Built-in aggregations per key, vectorised over whole batches (the fast path).
+
+    Per batch: group the key column (:func:`~operators.hashing.encode_keys`),
+    compute per-key partials with NumPy (``bincount``, ``ufunc.at``), and
+    combine them into the :class:`~operators.state.ColumnarAggState` by slot.
+
+    ``emit="final"``: ``process`` returns nothing and ``finish`` returns every
+    key's result. ``emit="updates"``: each ``process`` returns the new result
+    of every key the batch touched (an upsert changelog by key); ``finish``
+    returns nothing.
+
+    Example:
+        >>> logic = AggregateLogic("k", [AggSpec("n", "count"), AggSpec("s", "sum", "v")], 16)
+        >>> _ = logic.process(pa.record_batch({"k": ["a", "b", "a"], "v": [1, None, 3]}), 0)
+        >>> logic.finish()[0].to_pylist()
+        [{'k': 'a', 'n': 2, 's': 4}, {'k': 'b', 'n': 1, 's': None}]
+    """
+
+    def __init__(self, key: str, aggs: Sequence[AggSpec], num_bins: int, emit: str = "final") -> None:
+        """Create the logic (no state is built before the first batch or install).
+
+        Raises:
+            ValueError: no aggregates, an invalid ``emit`` or ``num_bins``.
+            TypeError: an aggregate that is not an :class:`AggSpec`.
+        """
+        super().__init__(key, num_bins)
+        self.aggs = tuple(aggs)
+        if not self.aggs:
+            raise ValueError("an aggregation needs at least one AggSpec")
+        for agg in self.aggs:
+            if not isinstance(agg, AggSpec):
+                raise TypeError(f"aggregates must be AggSpec, got {type(agg).__name__}: {agg!r}")
+        self.emit = _check_emit(emit)
+        self._state = ColumnarAggState(self.num_bins)
+        self._input_schema: pa.Schema | None = None
+        self._output_schema: pa.Schema | None = None
+
+    @property
+    def state(self) -> ColumnarAggState:
+        """The keyed state (bins can be snapshotted, extracted and installed)."""
+        return self._state
+
+    @property
+    def output_schema(self) -> pa.Schema | None:
+        """The output schema, once known (from a batch or from installed bins)."""
+        if self._output_schema is None and self._state.configured:
+            self._output_schema = pa.ipc.read_schema(pa.py_buffer(self._state.layout[2]))
+        return self._output_schema
+
+    def process(self, batch: pa.RecordBatch, input_index: int = 0) -> list[pa.RecordBatch]:
+        self._prepare(batch.schema)
+        if batch.num_rows == 0:
+            return []
+        uniques, codes = encode_keys(self._key_column(batch))
+        slots = self._state.update(uniques, self._partials(batch, codes, len(uniques)))
+        if self.emit == "updates":
+            return [self._result(uniques, slots)]
+        return []
+
+    def finish(self) -> list[pa.RecordBatch]:
+        if self.emit != "final" or self.output_schema is None:
+            return []
+        slots = self._state.slots()
+        parts = [slots[i:i + _MAX_OUTPUT_ROWS] for i in range(0, len(slots), _MAX_OUTPUT_ROWS)]
+        return [self._result(self._state.keys_at(part), part) for part in parts]
+
+    def _prepare(self, schema: pa.Schema) -> None:
+        """Check a batch's schema; on the first one, configure the state."""
+        if self._input_schema is not None and (schema is self._input_schema or schema.equals(self._input_schema)):
+            return
+        out = aggregate_output_schema(schema, self.key, self.aggs)
+        if self.output_schema is not None and not out.equals(self._output_schema):
+            raise ValueError(
+                f"input schema changed: the aggregation's output would be {out}, "
+                f"but its state holds output {self._output_schema}"
+            )
+        self._state.configure(schema.field(self.key).type, _accumulators(schema, self.aggs),
+                              out.serialize().to_pybytes())
+        self._input_schema, self._output_schema = schema, out
+
+    def _partials(self, batch: pa.RecordBatch, codes: np.ndarray, n: int) -> dict[str, np.ndarray]:
+        rows = np.bincount(codes, minlength=n)
+        valid: dict[str, np.ndarray | None] = {}
+        partials = {}
+        for acc in self._state.layout[1]:
+            kind, _, column = acc.name.partition(":")
+            if kind == "rows":
+                partials[acc.name] = rows
+                continue
+            arr = batch.column(column)
+            if column not in valid:
+                valid[column] = ~arr.is_null().to_numpy(zero_copy_only=False) if arr.null_count else None
+            ok = valid[column]
+            if kind == "nn":
+                partials[acc.name] = rows if ok is None else np.bincount(codes[ok], minlength=n)
+                continue
+            values = _values(arr, acc.dtype, ok, acc.identity())
+            if kind == "sum" and acc.dtype == "float64":
+                partials[acc.name] = np.bincount(codes, weights=values, minlength=n)
+                continue
+            out = np.full(n, acc.identity(), dtype=acc.dtype)
+            {"sum": np.add, "min": np.minimum, "max": np.maximum}[kind].at(out, codes, values)
+            partials[acc.name] = out
+        return partials
+
+    def _result(self, keys: pa.Array, slots: np.ndarray) -> pa.RecordBatch:
+        schema = self._output_schema
+        assert schema is not None
+        values = self._state.values(slots)
+        key_type = schema.field(0).type
+        arrays = [keys if keys.type == key_type else keys.cast(key_type)]
+        arrays += [_finalise(agg, field.type, values) for agg, field in zip(self.aggs, list(schema)[1:])]
+        return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def _values(arr: pa.Array, dtype: str, valid: np.ndarray | None, fill: Any) -> np.ndarray:
+    """A column as NumPy ``dtype``, nulls replaced by ``fill``."""
+    t = arr.type
+    if pa.types.is_boolean(t):
+        arr = arr.cast(pa.int8())
+    elif _is_temporal(t):
+        arr = arr.view(pa.int32() if t.bit_width == 32 else pa.int64())
+    if arr.null_count:
+        arr = arr.fill_null(0)
+    values = arr.to_numpy().astype(dtype, copy=False)
+    return values if valid is None else np.where(valid, values, fill)
+
+
+def _finalise(agg: AggSpec, t: pa.DataType, values: dict[str, np.ndarray]) -> pa.Array:
+    """One aggregate's output column from the accumulators at some slots."""
+    if agg.func == "count":
+        return pa.array(values["rows" if agg.column is None else f"nn:{agg.column}"], pa.int64())
+    nn = values[f"nn:{agg.column}"]
+    empty = nn == 0
+    mask = empty if empty.any() else None
+    if agg.func == "sum":
+        return pa.array(values[f"sum:{agg.column}"], t, mask=mask)
+    if agg.func == "mean":
+        sums = values[f"sum:{agg.column}"].astype(np.float64)
+        return pa.array(np.divide(sums, nn, out=np.zeros(len(nn)), where=~empty), t, mask=mask)
+    extreme = values[f"{agg.func}:{agg.column}"]
+    if pa.types.is_boolean(t):
+        return pa.array(extreme.astype(bool), mask=mask)
+    if _is_temporal(t):
+        physical = np.int32 if t.bit_width == 32 else np.int64
+        return pa.array(extreme.astype(physical), mask=mask).view(t)
+    return pa.array(extreme, mask=mask).cast(t, safe=False)

@@ -1,0 +1,174 @@
+"""logic.py: what one operator instance runs, and what sources and sinks offer.
+
+These are the pure contracts between the user-facing operator library and the
+runtime in ``actors/``. Nothing here knows about Ray: a logic object is created
+inside a host actor from its (cloudpickled) spec and driven one message at a
+time by the host's mailbox loop.
+
+Lifecycle of an :class:`OperatorLogic`::
+
+    CREATED --open()--> OPEN --process()*--> finish() --> FINISHED --close()--> CLOSED
+
+Only the instance that owns a logic object touches it; it is never shared
+between threads.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from typing import Any, Iterable, Sequence
+
+import pyarrow as pa
+
+__all__ = [
+    "InstanceInfo",
+    "OperatorLogic",
+    "Source",
+    "SourceSplit",
+    "SplitReader",
+    "Sink",
+    "SinkWriter",
+]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class InstanceInfo:
+    """Identity of one operator instance.
+
+    Attributes:
+        operator: the logical operator's unique name.
+        index: this instance's index in ``range(parallelism)``.
+        parallelism: how many instances the operator has.
+        num_bins: the operator's number of key bins (keyed operators), else 0.
+    """
+
+    operator: str
+    index: int
+    parallelism: int
+    num_bins: int = 0
+
+    def __str__(self) -> str:
+        return f"{self.operator}[{self.index}]"
+
+
+class OperatorLogic(abc.ABC):
+    """The per-instance behaviour of an operator: batches in, batches out.
+
+    ``process`` receives whole ``pyarrow.RecordBatch``es and returns the
+    batches to emit (possibly none). Built-in operators are vectorised.
+    """
+
+    info: InstanceInfo
+
+    def open(self, info: InstanceInfo) -> None:
+        """Called once before the first batch, inside the host actor."""
+        self.info = info
+
+    @abc.abstractmethod
+    def process(self, batch: pa.RecordBatch, input_index: int) -> Sequence[pa.RecordBatch]:
+        """Process one input batch from input ``input_index``; return output batches."""
+
+    def finish(self) -> Sequence[pa.RecordBatch]:
+        """All inputs have ended: return any final output (e.g. final aggregates)."""
+        return ()
+
+    def close(self) -> None:
+        """Release resources. Idempotent."""
+
+    @property
+    def state(self) -> Any | None:
+        """The instance's keyed state (a ``state.BinnedState``) or ``None`` if stateless."""
+        return None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SourceSplit:
+    """One replayable unit of a source's input.
+
+    Attributes:
+        split_id: unique within the source, stable across runs.
+        payload: whatever the source needs to read the split (a path and a
+            row group, a slice of batches, a seed...). Must be picklable.
+    """
+
+    split_id: str
+    payload: Any
+
+
+class SplitReader(abc.ABC):
+    """Reads one split, batch by batch, resumable from an offset."""
+
+    @abc.abstractmethod
+    def read(self) -> pa.RecordBatch | None:
+        """Return the next batch, or ``None`` when the split is exhausted."""
+
+    @abc.abstractmethod
+    def offset(self) -> Any:
+        """The position after the last batch returned (picklable, for checkpoints)."""
+
+    def ready_at(self) -> float | None:
+        """``time.monotonic()`` before which ``read`` must not be called, or ``None``.
+
+        Rate-controlled sources use this to pace themselves without sleeping
+        inside the host's loop.
+        """
+        return None
+
+    def close(self) -> None:
+        """Release resources. Idempotent."""
+
+
+class Source(abc.ABC):
+    """A pull-based, replayable source: a set of splits, each read from an offset.
+
+    ``splits()`` is called once on the driver at ``submit()``; split ``i`` goes
+    to source instance ``i % parallelism``.
+    """
+
+    @abc.abstractmethod
+    def schema(self) -> pa.Schema | None:
+        """The schema of every batch, if known before running."""
+
+    @abc.abstractmethod
+    def splits(self) -> list[SourceSplit]:
+        """The splits of this source (computed on the driver)."""
+
+    @abc.abstractmethod
+    def open_split(self, split: SourceSplit, offset: Any = None) -> SplitReader:
+        """Open ``split`` positioned at ``offset`` (``None``: from the start)."""
+
+    def describe(self) -> str:
+        """A short name for messages."""
+        return type(self).__name__
+
+
+class SinkWriter(abc.ABC):
+    """Writes the batches that reach one sink instance."""
+
+    @abc.abstractmethod
+    def write(self, batch: pa.RecordBatch) -> None:
+        """Accept one batch."""
+
+    def finish(self) -> Any:
+        """End of input: make output final; return a picklable result for the job."""
+        return None
+
+    def abort(self) -> None:
+        """The job failed or was cancelled: discard uncommitted output. Idempotent."""
+
+
+class Sink(abc.ABC):
+    """A sink: creates one writer per sink instance and combines their results."""
+
+    @abc.abstractmethod
+    def create_writer(self, info: InstanceInfo) -> SinkWriter:
+        """Create the writer for one sink instance (called inside the host)."""
+
+    def combine(self, results: Iterable[Any]) -> Any:
+        """Combine the per-instance ``finish()`` results on the driver."""
+        return list(results)
+
+    def describe(self) -> str:
+        """A short name for messages."""
+        return type(self).__name__

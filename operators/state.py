@@ -1,0 +1,461 @@
+"""state.py: keyed state stored per bin, the unit of migration and checkpointing.
+
+A key's *bin* is ``hashing.bins_of(key, num_bins)``, the same function the
+router uses, so the instance that receives a key is the one whose state holds
+it. Every keyed state implements :class:`BinnedState`: it lists its bins,
+serialises chosen bins (``snapshot_bins`` copies, ``extract_bins`` moves them
+out) and merges bins serialised by another instance of the same kind
+(``install_bins``), possibly in another process.
+
+Two implementations:
+
+* :class:`DictState`: ``bin -> {key: value}`` of Python objects (keyed
+  ``reduce`` and ``process``); bins travel as cloudpickle.
+* :class:`ColumnarAggState`: the fast path of built-in aggregations; keys map
+  to dense *slots* (a :class:`~operators.hashing.KeyIndex`), accumulators are
+  NumPy columns indexed by slot; bins travel as Arrow IPC streams.
+
+Versions: each bin has a counter, incremented by every write to it. It travels
+with the bin: ``install_bins`` sets it to the larger of the local and the
+carried value, so a bin's version never decreases on one instance and a
+replica can tell whether it is current.
+
+Only the instance that owns a state object touches it (single thread).
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import json
+import sys
+from typing import Any, Iterable, Iterator, Mapping, Sequence
+
+import cloudpickle
+import numpy as np
+import pyarrow as pa
+
+from .hashing import KeyIndex, bins_from_hashes, bins_of, check_num_bins
+
+__all__ = [
+    "BinnedState",
+    "DictState",
+    "Accumulator",
+    "ColumnarAggState",
+]
+
+_DICT_FORMAT = "chiray.DictState/1"
+_COLUMNAR_FORMAT = "chiray.ColumnarAggState/1"
+
+
+class BinnedState(abc.ABC):
+    """Keyed state partitioned into ``num_bins`` bins (the contract all keyed state offers)."""
+
+    def __init__(self, num_bins: int) -> None:
+        self._num_bins = check_num_bins(num_bins)
+        self._versions = np.zeros(self._num_bins, dtype=np.int64)
+
+    @property
+    def num_bins(self) -> int:
+        """The number of bins (a power of two, fixed for the state's life)."""
+        return self._num_bins
+
+    def version(self, bin: int) -> int:
+        """The write counter of ``bin`` (0 if it was never written nor installed here)."""
+        return int(self._versions[self._check_bin(bin)])
+
+    @abc.abstractmethod
+    def bins(self) -> list[int]:
+        """The bins that hold at least one key, ascending."""
+
+    @abc.abstractmethod
+    def bin_key_counts(self) -> dict[int, int]:
+        """Number of keys per non-empty bin."""
+
+    @abc.abstractmethod
+    def bin_sizes(self) -> dict[int, int]:
+        """Approximate bytes per non-empty bin."""
+
+    @abc.abstractmethod
+    def snapshot_bins(self, bins: Iterable[int]) -> dict[int, bytes]:
+        """Serialise ``bins`` (a copy: the state keeps them). Empty bins give empty payloads."""
+
+    @abc.abstractmethod
+    def extract_bins(self, bins: Iterable[int]) -> dict[int, bytes]:
+        """Serialise ``bins`` and remove them from this state."""
+
+    @abc.abstractmethod
+    def install_bins(self, data: Mapping[int, bytes]) -> None:
+        """Merge bins serialised by a state of the same kind.
+
+        Raises:
+            ValueError: if a bin is already present here and non-empty, or a
+                payload is of another kind, layout or number of bins. Nothing
+                is installed when an error is raised.
+        """
+
+    def _check_bin(self, bin: int) -> int:
+        if not 0 <= bin < self._num_bins:
+            raise ValueError(f"bin must be in [0, {self._num_bins}), got {bin!r}")
+        return int(bin)
+
+    def _check_bins(self, bins: Iterable[int]) -> list[int]:
+        return sorted({self._check_bin(b) for b in bins})
+
+    def _carry_version(self, bin: int, version: int) -> None:
+        self._versions[bin] = max(int(self._versions[bin]), int(version))
+
+
+class DictState(BinnedState):
+    """General keyed state: ``bin -> {key: value}`` of Python objects.
+
+    Keys are Python values (``Array.to_pylist()`` items); values are any
+    cloudpickle-able objects.
+
+    Example:
+        >>> s = DictState(4)
+        >>> s.put("a", 1, 10); s.get("a", 1), s.version(1), s.bins()
+        (10, 1, [1])
+    """
+
+    def __init__(self, num_bins: int) -> None:
+        super().__init__(num_bins)
+        self._bins: dict[int, dict[Any, Any]] = {}
+
+    def get(self, key: Any, bin: int, default: Any = None) -> Any:
+        """The value of ``key`` (in ``bin``), or ``default``."""
+        entries = self._bins.get(bin)
+        return default if entries is None else entries.get(key, default)
+
+    def put(self, key: Any, bin: int, value: Any) -> None:
+        """Set the value of ``key`` (in ``bin``); a write to ``bin``."""
+        entries = self._bins.get(bin)
+        if entries is None:
+            entries = self._bins[self._check_bin(bin)] = {}
+        entries[key] = value
+        self._versions[bin] += 1
+
+    def delete(self, key: Any, bin: int) -> None:
+        """Remove ``key`` (in ``bin``) if present; a write to ``bin`` if it was."""
+        entries = self._bins.get(bin)
+        if entries is None or key not in entries:
+            return
+        del entries[key]
+        self._versions[bin] += 1
+        if not entries:
+            del self._bins[bin]
+
+    def items(self) -> Iterator[tuple[Any, Any]]:
+        """Every ``(key, value)``, bin by bin in ascending bin order."""
+        for b in sorted(self._bins):
+            yield from self._bins[b].items()
+
+    def __len__(self) -> int:
+        return sum(len(entries) for entries in self._bins.values())
+
+    def bins(self) -> list[int]:
+        return sorted(self._bins)
+
+    def bin_key_counts(self) -> dict[int, int]:
+        return {b: len(self._bins[b]) for b in sorted(self._bins)}
+
+    def bin_sizes(self) -> dict[int, int]:
+        """Approximate bytes per non-empty bin (shallow sizes of keys and values; O(keys))."""
+        size = sys.getsizeof
+        return {b: sum(size(k) + size(v) for k, v in e.items()) for b, e in sorted(self._bins.items())}
+
+    def snapshot_bins(self, bins: Iterable[int]) -> dict[int, bytes]:
+        return {b: self._encode(b) for b in self._check_bins(bins)}
+
+    def extract_bins(self, bins: Iterable[int]) -> dict[int, bytes]:
+        out = self.snapshot_bins(bins)
+        for b in out:
+            self._bins.pop(b, None)
+        return out
+
+    def install_bins(self, data: Mapping[int, bytes]) -> None:
+        decoded = {self._check_bin(b): self._decode(b, payload) for b, payload in data.items()}
+        for b, (_, entries) in decoded.items():
+            if entries and self._bins.get(b):
+                raise ValueError(f"cannot install bin {b}: it is already present here with {len(self._bins[b])} keys")
+        for b, (version, entries) in decoded.items():
+            if entries:
+                self._bins[b] = entries
+            self._carry_version(b, version)
+
+    def _encode(self, b: int) -> bytes:
+        doc = {"format": _DICT_FORMAT, "num_bins": self._num_bins, "bin": b,
+               "version": int(self._versions[b]), "items": dict(self._bins.get(b, {}))}
+        return cloudpickle.dumps(doc)
+
+    def _decode(self, b: int, payload: bytes) -> tuple[int, dict[Any, Any]]:
+        try:
+            doc = cloudpickle.loads(payload)
+        except Exception as exc:
+            raise ValueError(f"bin {b}: payload is not a DictState bin ({exc})") from exc
+        if not isinstance(doc, dict) or doc.get("format") != _DICT_FORMAT:
+            raise ValueError(f"bin {b}: payload is not a DictState bin (format {_DICT_FORMAT!r} expected)")
+        if doc["num_bins"] != self._num_bins or doc["bin"] != b:
+            raise ValueError(
+                f"bin {b}: payload is bin {doc['bin']} of a state with {doc['num_bins']} bins; "
+                f"this state has {self._num_bins} bins"
+            )
+        return int(doc["version"]), doc["items"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Accumulator:
+    """One NumPy state column of a :class:`ColumnarAggState`.
+
+    Attributes:
+        name: unique within the state.
+        op: how partials combine: ``"sum"``, ``"min"`` or ``"max"``.
+        dtype: ``"int64"``, ``"uint64"`` or ``"float64"``.
+    """
+
+    name: str
+    op: str
+    dtype: str
+
+    def __post_init__(self) -> None:
+        if self.op not in ("sum", "min", "max"):
+            raise ValueError(f"accumulator {self.name!r}: op must be sum, min or max, got {self.op!r}")
+        if self.dtype not in ("int64", "uint64", "float64"):
+            raise ValueError(f"accumulator {self.name!r}: dtype must be int64, uint64 or float64, got {self.dtype!r}")
+
+    def identity(self) -> Any:
+        """The neutral value of ``op`` (what a new slot starts with, what null partials use)."""
+        dtype = np.dtype(self.dtype)
+        if self.op == "sum":
+            return dtype.type(0)
+        if dtype.kind == "f":
+            return dtype.type(np.inf if self.op == "min" else -np.inf)
+        info = np.iinfo(dtype)
+        return dtype.type(info.max if self.op == "min" else info.min)
+
+
+class ColumnarAggState(BinnedState):
+    """Columnar keyed state for built-in aggregations (the fast path).
+
+    Keys live in dense *slots* of a :class:`~operators.hashing.KeyIndex`;
+    each :class:`Accumulator` is a NumPy column indexed by slot, grown
+    geometrically, beside the bin of every slot. Extracting bins compacts the
+    slots, so slot numbers change only then; a key extracted and seen again
+    gets a new slot.
+
+    Lifecycle: ``UNCONFIGURED --configure() or install_bins()--> CONFIGURED``.
+    The owner (an aggregation logic) configures the key type and accumulators
+    on its first batch; a fresh instance may instead learn them from the bins
+    it installs. ``meta`` is opaque bytes the owner attaches (e.g. its output
+    schema); it travels with every bin.
+
+    Example:
+        >>> s = ColumnarAggState(8)
+        >>> s.configure(pa.string(), [Accumulator("n", "sum", "int64")])
+        >>> slots = s.update(pa.array(["a", "b"]), {"n": np.array([2, 3])})
+        >>> s.keys_at(s.slots()).to_pylist(), s.values(s.slots())["n"].tolist()
+        (['a', 'b'], [2, 3])
+    """
+
+    def __init__(self, num_bins: int, *, index_hash_bits: int = 64) -> None:
+        """Create an empty, unconfigured state.
+
+        Args:
+            num_bins: a power of two.
+            index_hash_bits: hash bits the key index's table uses; lower it
+                only to exercise the hash-collision path in tests.
+        """
+        super().__init__(num_bins)
+        self._index_hash_bits = index_hash_bits
+        self._key_type: pa.DataType | None = None
+        self._accs: tuple[Accumulator, ...] = ()
+        self._meta = b""
+        self._reset(0)
+
+    def configure(self, key_type: pa.DataType, accumulators: Sequence[Accumulator], meta: bytes = b"") -> None:
+        """Set the key type, the accumulators and the owner's metadata (again only identically).
+
+        Raises:
+            ValueError: if already configured differently, or names repeat.
+        """
+        accs = tuple(accumulators)
+        if len({a.name for a in accs}) != len(accs):
+            raise ValueError(f"accumulator names must be unique, got {[a.name for a in accs]}")
+        if self._key_type is not None:
+            if self.layout != (key_type, accs, bytes(meta)):
+                raise ValueError(
+                    f"state already configured with key type {self._key_type} and accumulators "
+                    f"{list(self._accs)}; got key type {key_type} and accumulators {list(accs)}"
+                )
+            return
+        self._key_type, self._accs, self._meta = key_type, accs, bytes(meta)
+        self._reset(0)
+
+    @property
+    def configured(self) -> bool:
+        """Whether the key type and accumulators are known."""
+        return self._key_type is not None
+
+    @property
+    def layout(self) -> tuple[pa.DataType | None, tuple[Accumulator, ...], bytes]:
+        """``(key_type, accumulators, meta)``; the key type is ``None`` until configured."""
+        return self._key_type, self._accs, self._meta
+
+    def __len__(self) -> int:
+        return self._n
+
+    def update(self, keys: pa.Array, partials: Mapping[str, np.ndarray]) -> np.ndarray:
+        """Combine per-key partial accumulators into the state (a write to their bins).
+
+        Args:
+            keys: distinct keys (as :func:`~operators.hashing.encode_keys` returns them).
+            partials: per accumulator name, one value per key (the
+                accumulator's identity where a key contributes nothing).
+
+        Returns:
+            The slot of each key (new keys get new slots).
+        """
+        if self._key_type is None:
+            raise ValueError("ColumnarAggState.update() called before configure()")
+        if set(partials) != {a.name for a in self._accs}:
+            raise ValueError(f"partials given for {sorted(partials)}; expected {[a.name for a in self._accs]}")
+        slots, new = self._index.upsert(keys)
+        if new.size:
+            self._grow(slots[new])
+        for acc in self._accs:
+            column, part = self._cols[acc.name], partials[acc.name]
+            if acc.op == "sum":
+                column[slots] += part
+            elif acc.op == "min":
+                column[slots] = np.minimum(column[slots], part)
+            else:
+                column[slots] = np.maximum(column[slots], part)
+        self._versions += np.bincount(self._bin[slots], minlength=self._num_bins) > 0
+        return slots
+
+    def slots(self) -> np.ndarray:
+        """Every slot in use, ascending (slot order is key insertion order)."""
+        return np.arange(self._n)
+
+    def values(self, slots: np.ndarray) -> dict[str, np.ndarray]:
+        """A copy of each accumulator at ``slots``."""
+        return {a.name: self._cols[a.name][slots] for a in self._accs}
+
+    def keys_at(self, slots: np.ndarray) -> pa.Array:
+        """The keys at ``slots``."""
+        return self._index.keys_at(slots)
+
+    def _grow(self, new_slots: np.ndarray) -> None:
+        """Make room for consecutive new slots; set their bin and identity values."""
+        start, end = self._n, self._n + len(new_slots)
+        if end > len(self._bin):
+            capacity = max(end, 2 * len(self._bin))
+            self._bin = _resized(self._bin, capacity, start)
+            self._cols = {name: _resized(col, capacity, start) for name, col in self._cols.items()}
+        self._bin[start:end] = bins_from_hashes(self._index.hashes(new_slots), self._num_bins)
+        for acc in self._accs:
+            self._cols[acc.name][start:end] = acc.identity()
+        self._n = end
+
+    def _reset(self, capacity: int) -> None:
+        self._n = 0
+        self._bin = np.zeros(capacity, dtype=np.int32)
+        self._cols = {a.name: np.zeros(capacity, dtype=a.dtype) for a in self._accs}
+        self._index = KeyIndex(self._key_type or pa.null(), table_hash_bits=self._index_hash_bits)
+
+    def _bin_counts(self) -> np.ndarray:
+        return np.bincount(self._bin[: self._n], minlength=self._num_bins)
+
+    def bins(self) -> list[int]:
+        return np.flatnonzero(self._bin_counts()).tolist()
+
+    def bin_key_counts(self) -> dict[int, int]:
+        counts = self._bin_counts()
+        return {int(b): int(counts[b]) for b in np.flatnonzero(counts)}
+
+    def bin_sizes(self) -> dict[int, int]:
+        """Approximate bytes per non-empty bin (keys counted at their average size)."""
+        per_slot = 12 + sum(np.dtype(a.dtype).itemsize for a in self._accs)
+        per_slot += self._index.keys_nbytes() / max(self._n, 1)
+        return {b: int(round(n * per_slot)) for b, n in self.bin_key_counts().items()}
+
+    def snapshot_bins(self, bins: Iterable[int]) -> dict[int, bytes]:
+        wanted = self._check_bins(bins)
+        members = np.flatnonzero(np.isin(self._bin[: self._n], wanted))
+        members = members[np.argsort(self._bin[members], kind="stable")]
+        bounds = np.searchsorted(self._bin[members], wanted + [self._num_bins])
+        return {b: self._encode(b, members[bounds[i]:bounds[i + 1]]) for i, b in enumerate(wanted)}
+
+    def extract_bins(self, bins: Iterable[int]) -> dict[int, bytes]:
+        out = self.snapshot_bins(bins)
+        keep = np.flatnonzero(~np.isin(self._bin[: self._n], list(out)))
+        if len(keep) < self._n:
+            self._index.compact(keep)
+            self._bin = self._bin[keep]
+            self._cols = {name: col[keep] for name, col in self._cols.items()}
+            self._n = len(keep)
+        return out
+
+    def install_bins(self, data: Mapping[int, bytes]) -> None:
+        decoded = [self._decode(self._check_bin(b), payload) for b, payload in data.items()]
+        counts = self._bin_counts()
+        layouts = {layout for _, _, layout, table in decoded if table.num_rows}
+        if self.configured:
+            layouts.add(self.layout)
+        for b, _, _, table in decoded:
+            if table.num_rows and counts[b]:
+                raise ValueError(f"cannot install bin {b}: it is already present here with {counts[b]} keys")
+            if table.num_rows and (bins_of(table.column(0), self._num_bins) != b).any():
+                raise ValueError(f"cannot install bin {b}: the payload holds keys of other bins")
+        if len(layouts) > 1:
+            raise ValueError(f"cannot install bins: key types or accumulators differ: {sorted(map(str, layouts))}")
+        for b, version, layout, table in decoded:
+            if table.num_rows:
+                self.configure(*layout)
+                self._install_rows(b, table)
+            self._carry_version(b, version)
+
+    def _install_rows(self, b: int, table: pa.Table) -> None:
+        slots = self._index.add(table.column(0).combine_chunks())
+        self._grow(slots)
+        for i, acc in enumerate(self._accs, start=1):
+            self._cols[acc.name][slots] = table.column(i).to_numpy()
+
+    def _encode(self, b: int, slots: np.ndarray) -> bytes:
+        header = {"num_bins": self._num_bins, "bin": b, "version": int(self._versions[b]),
+                  "accumulators": [[a.name, a.op, a.dtype] for a in self._accs]}
+        metadata = {b"format": _COLUMNAR_FORMAT.encode(), b"header": json.dumps(header).encode(),
+                    b"meta": self._meta}
+        fields = [pa.field("key", self._key_type or pa.null())]
+        fields += [pa.field(f"acc{i}", a.dtype) for i, a in enumerate(self._accs)]
+        arrays = [self.keys_at(slots) if self.configured else pa.nulls(0)]
+        arrays += [pa.array(self._cols[a.name][slots]) for a in self._accs]
+        table = pa.Table.from_arrays(arrays, schema=pa.schema(fields, metadata=metadata))
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, table.schema) as writer:
+            writer.write_table(table)
+        return sink.getvalue().to_pybytes()
+
+    def _decode(self, b: int, payload: bytes) -> tuple[int, int, tuple[Any, ...], pa.Table]:
+        try:
+            table = pa.ipc.open_stream(payload).read_all()
+            metadata = table.schema.metadata or {}
+            if metadata.get(b"format") != _COLUMNAR_FORMAT.encode():
+                raise ValueError(f"format {_COLUMNAR_FORMAT!r} expected")
+            header = json.loads(metadata[b"header"])
+        except (pa.ArrowInvalid, ValueError, KeyError) as exc:
+            raise ValueError(f"bin {b}: payload is not a ColumnarAggState bin ({exc})") from exc
+        if header["num_bins"] != self._num_bins or header["bin"] != b:
+            raise ValueError(
+                f"bin {b}: payload is bin {header['bin']} of a state with {header['num_bins']} bins; "
+                f"this state has {self._num_bins} bins"
+            )
+        accs = tuple(Accumulator(*spec) for spec in header["accumulators"])
+        layout = (table.schema.field(0).type, accs, metadata.get(b"meta", b""))
+        return b, int(header["version"]), layout, table
+
+
+def _resized(array: np.ndarray, capacity: int, used: int) -> np.ndarray:
+    grown = np.zeros(capacity, dtype=array.dtype)
+    grown[:used] = array[:used]
+    return grown

@@ -1,0 +1,128 @@
+"""stateless.py: the stateless operator logics: map, filter, flat_map (batch and record level), union.
+
+Batch-level functions receive a whole ``pyarrow.RecordBatch`` and are the fast
+path. Record-level variants (``*_records``) call the user function once per
+row on Python dicts: convenient, and one to two orders of magnitude slower.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from .batch import to_batches
+from .logic import OperatorLogic
+
+__all__ = [
+    "MapLogic",
+    "FilterLogic",
+    "FlatMapLogic",
+    "MapRecordsLogic",
+    "FilterRecordsLogic",
+    "FlatMapRecordsLogic",
+    "IdentityLogic",
+]
+
+
+class MapLogic(OperatorLogic):
+    """``fn(batch) -> RecordBatch | Table | rows``; empty input batches are skipped."""
+
+    def __init__(self, fn: Callable[[pa.RecordBatch], Any], schema: pa.Schema | None = None):
+        self.fn = fn
+        self.schema = schema
+
+    def process(self, batch: pa.RecordBatch, input_index: int) -> Sequence[pa.RecordBatch]:
+        if batch.num_rows == 0:
+            return ()
+        return to_batches(self.fn(batch), self.schema)
+
+
+class FilterLogic(OperatorLogic):
+    """``fn(batch) -> mask`` (a boolean Arrow array, NumPy array or list); keeps rows where true."""
+
+    def __init__(self, fn: Callable[[pa.RecordBatch], Any]):
+        self.fn = fn
+
+    def process(self, batch: pa.RecordBatch, input_index: int) -> Sequence[pa.RecordBatch]:
+        if batch.num_rows == 0:
+            return ()
+        mask = self.fn(batch)
+        if isinstance(mask, pa.ChunkedArray):
+            mask = mask.combine_chunks()
+        if not isinstance(mask, pa.Array):
+            mask = pa.array(np.asarray(mask, dtype=bool))
+        if len(mask) != batch.num_rows:
+            raise ValueError(
+                f"filter function returned a mask of length {len(mask)} for a batch of {batch.num_rows} rows"
+            )
+        out = batch.filter(mask)
+        return (out,) if out.num_rows else ()
+
+
+class FlatMapLogic(OperatorLogic):
+    """``fn(batch) -> iterable of RecordBatch / Table`` (or one of them, or None)."""
+
+    def __init__(self, fn: Callable[[pa.RecordBatch], Any], schema: pa.Schema | None = None):
+        self.fn = fn
+        self.schema = schema
+
+    def process(self, batch: pa.RecordBatch, input_index: int) -> Sequence[pa.RecordBatch]:
+        if batch.num_rows == 0:
+            return ()
+        return [b for b in to_batches(self.fn(batch), self.schema) if b.num_rows]
+
+
+def _rows_to_batches(rows: list[dict], schema: pa.Schema | None) -> Sequence[pa.RecordBatch]:
+    if not rows:
+        return ()
+    return (pa.RecordBatch.from_pylist(rows, schema=schema),)
+
+
+class MapRecordsLogic(OperatorLogic):
+    """Slow path: ``fn(row: dict) -> dict`` per record."""
+
+    def __init__(self, fn: Callable[[dict], dict], schema: pa.Schema | None = None):
+        self.fn = fn
+        self.schema = schema
+
+    def process(self, batch: pa.RecordBatch, input_index: int) -> Sequence[pa.RecordBatch]:
+        return _rows_to_batches([self.fn(row) for row in batch.to_pylist()], self.schema)
+
+
+class FilterRecordsLogic(OperatorLogic):
+    """Slow path: ``fn(row: dict) -> bool`` per record."""
+
+    def __init__(self, fn: Callable[[dict], bool]):
+        self.fn = fn
+
+    def process(self, batch: pa.RecordBatch, input_index: int) -> Sequence[pa.RecordBatch]:
+        if batch.num_rows == 0:
+            return ()
+        mask = pa.array([bool(self.fn(row)) for row in batch.to_pylist()], type=pa.bool_())
+        out = batch.filter(mask)
+        return (out,) if out.num_rows else ()
+
+
+class FlatMapRecordsLogic(OperatorLogic):
+    """Slow path: ``fn(row: dict) -> iterable of dicts`` per record."""
+
+    def __init__(self, fn: Callable[[dict], Iterable[dict]], schema: pa.Schema | None = None):
+        self.fn = fn
+        self.schema = schema
+
+    def process(self, batch: pa.RecordBatch, input_index: int) -> Sequence[pa.RecordBatch]:
+        rows: list[dict] = []
+        for row in batch.to_pylist():
+            out = self.fn(row)
+            if out is not None:
+                rows.extend(out)
+        return _rows_to_batches(rows, self.schema)
+
+
+class IdentityLogic(OperatorLogic):
+    """Passes batches through unchanged (``union`` and explicit repartitioning)."""
+
+    def process(self, batch: pa.RecordBatch, input_index: int) -> Sequence[pa.RecordBatch]:
+        return (batch,) if batch.num_rows else ()

@@ -1,0 +1,27 @@
+"""Shared fixtures: one Ray instance per test session, started and stopped here."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("RAY_ENABLE_AUTO_CONNECT", "0")
+os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """A private local Ray instance for the whole session (never attaches to another cluster)."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(
+            num_cpus=4,
+            include_dashboard=False,
+            logging_level="WARNING",
+            log_to_driver=True,
+            object_store_memory=512 * 1024 * 1024,
+        )
+    yield ray
+    ray.shutdown()

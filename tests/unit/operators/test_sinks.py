@@ -1,0 +1,151 @@
+"""Unit tests for operators/sinks.py: collect and the staged/committed Parquet sink."""
+
+from __future__ import annotations
+
+import os
+
+import cloudpickle
+import pandas as pd
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+import pytest
+
+from operators.logic import InstanceInfo
+from operators.sinks import collect, to_parquet
+
+
+def batch(start: int, n: int) -> pa.RecordBatch:
+    return pa.record_batch({"i": list(range(start, start + n)), "s": [f"v{j}" for j in range(start, start + n)]})
+
+
+def writer(sink, index=0, parallelism=2, op="out"):
+    sink = cloudpickle.loads(cloudpickle.dumps(sink))  # as in a host actor
+    return sink.create_writer(InstanceInfo(op, index, parallelism))
+
+
+# --------------------------------------------------------------------------- collect
+
+
+def test_collect_combines_in_instance_order():
+    sink = collect()
+    w0, w1 = writer(sink, 0), writer(sink, 1)
+    w1.write(batch(100, 3))
+    w0.write(batch(0, 2))
+    w0.write(batch(2, 4))
+    results = [w0.finish(), w1.finish()]
+    assert all(isinstance(b, pa.RecordBatch) for r in results for b in r)
+    table = sink.combine(results)
+    expected = pd.DataFrame({"i": [0, 1, 2, 3, 4, 5, 100, 101, 102]})
+    expected["s"] = [f"v{i}" for i in expected["i"]]
+    pd.testing.assert_frame_equal(table.to_pandas(), expected)
+
+
+def test_collect_empty_results():
+    assert collect().combine([[], []]).equals(pa.table({}))
+    schema = pa.schema([("i", pa.int64())])
+    assert collect(schema).combine([[]]).schema == schema
+    w = writer(collect())
+    w.write(batch(0, 0))
+    table = collect().combine([w.finish()])
+    assert table.num_rows == 0 and table.schema == batch(0, 0).schema
+
+
+def test_collect_schema_mismatch():
+    w = writer(collect())
+    w.write(batch(0, 1))
+    with pytest.raises(ValueError, match="expected:\n.*i: int64") as info:
+        w.write(pa.record_batch({"i": ["x"]}))
+    assert "out[0]" in str(info.value) and "string" in str(info.value)
+
+
+def test_collect_abort_discards():
+    w = writer(collect())
+    w.write(batch(0, 3))
+    w.abort()
+    assert w.finish() == []
+
+
+# --------------------------------------------------------------------------- to_parquet
+
+
+def visible_parquet(directory) -> list[str]:
+    return sorted(f for f in os.listdir(directory) if not f.startswith("."))
+
+
+def test_parquet_files_appear_only_after_finish(tmp_path):
+    out = tmp_path / "out"
+    sink = to_parquet(str(out), max_rows_per_file=5)
+    w0, w1 = writer(sink, 0), writer(sink, 1)
+    written = {0: [batch(0, 3), batch(3, 4), batch(7, 6)], 1: [batch(100, 2)]}
+    for b in written[0]:
+        w0.write(b)
+    w1.write(written[1][0])
+    assert out.is_dir() and visible_parquet(out) == []
+    assert any(f.endswith(".inprogress") for f in os.listdir(out))
+
+    paths = sink.combine([w0.finish(), w1.finish()])
+    assert paths == sorted(paths) and len(paths) == 4  # 13 rows / 5 per file -> 3 files, + 1
+    assert sorted(os.listdir(out)) == [os.path.basename(p) for p in paths]
+    assert all(os.path.basename(p).startswith("part-out-") for p in paths)
+    for p in paths:
+        assert pq.read_metadata(p).num_rows <= 5
+
+    for index, batches in written.items():
+        mine = sorted((p for p in paths if f"-{index}-" in os.path.basename(p)),
+                      key=lambda p: int(p.rsplit("-", 1)[1].split(".")[0]))
+        got = pd.concat([pq.read_table(p).to_pandas() for p in mine], ignore_index=True)
+        want = pa.Table.from_batches(batches).to_pandas()
+        pd.testing.assert_frame_equal(got, want)
+
+
+def test_parquet_abort_leaves_nothing(tmp_path):
+    out = tmp_path / "out"
+    w = writer(to_parquet(str(out), max_rows_per_file=2))
+    for i in range(3):
+        w.write(batch(i * 3, 3))
+    assert os.listdir(out)
+    w.abort()
+    w.abort()  # idempotent
+    assert os.listdir(out) == []
+
+
+def test_parquet_abort_keeps_committed_files(tmp_path):
+    w = writer(to_parquet(str(tmp_path)))
+    w.write(batch(0, 3))
+    committed = w.commit()
+    w.write(batch(3, 3))
+    w.abort()
+    assert visible_parquet(tmp_path) == [os.path.basename(p) for p in committed]
+    assert pq.read_table(committed[0]).to_pandas().equals(batch(0, 3).to_pandas())
+
+
+def test_parquet_schema_mismatch(tmp_path):
+    w = writer(to_parquet(str(tmp_path)))
+    w.write(batch(0, 1))
+    with pytest.raises(ValueError, match="parquet sink out\\[0\\].*schema"):
+        w.write(pa.record_batch({"i": [1.5]}))
+
+
+def test_parquet_empty_writer_commits_nothing(tmp_path):
+    sink = to_parquet(str(tmp_path / "x"))
+    w = writer(sink)
+    w.write(batch(0, 0))
+    assert sink.combine([w.finish()]) == []
+
+
+def test_parquet_with_pyarrow_filesystem(tmp_path):
+    fs = pafs.SubTreeFileSystem(str(tmp_path), pafs.LocalFileSystem())
+    sink = to_parquet("nested/dir", filesystem=fs)
+    w = writer(sink)
+    w.write(batch(0, 4))
+    assert not [f for f in os.listdir(tmp_path / "nested" / "dir") if f.endswith(".parquet")]
+    paths = w.finish()
+    assert paths == ["nested/dir/part-out-0-0.parquet"]
+    got = pq.read_table(paths[0], filesystem=fs).to_pandas()
+    pd.testing.assert_frame_equal(got, batch(0, 4).to_pandas())
+
+
+def test_parquet_rejects_bad_max_rows(tmp_path):
+    with pytest.raises(ValueError, match="max_rows_per_file"):
+        to_parquet(str(tmp_path), max_rows_per_file=0)
