@@ -28,6 +28,8 @@ class JobConfig:
         host_resources: extra custom resources each host requests.
         host_options: extra ``ray.remote`` options for hosts (e.g. a scheduling strategy).
         poll_interval_s: how often the controller checks that hosts are alive.
+        placement: optional pins, operator name -> host id per instance index
+            (``{"sink": [1]}``); unpinned instances follow the default rule.
     """
 
     channel_capacity: int = 8
@@ -37,6 +39,7 @@ class JobConfig:
     host_resources: dict[str, float] = dataclasses.field(default_factory=dict)
     host_options: dict[str, Any] = dataclasses.field(default_factory=dict)
     poll_interval_s: float = 1.0
+    placement: dict[str, list[int]] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.channel_capacity < 1:

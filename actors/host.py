@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 import traceback
 from typing import Any
@@ -18,7 +19,7 @@ from typing import Any
 import ray
 
 from .config import JobConfig
-from .errors import JobFailedError, OperatorError, portable
+from .errors import OperatorError, portable
 from .instance import OperatorFailure
 from .mailbox import HostCore
 from .transport import Transport
@@ -65,6 +66,10 @@ class OperatorHost:
 
     async def ping(self) -> int:
         return self.host_id
+
+    async def pid(self) -> int:
+        """The host's process id (for tooling that measures memory)."""
+        return os.getpid()
 
     async def statistics(self) -> list:
         return self.core.statistics() if self.core is not None else []

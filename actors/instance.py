@@ -46,7 +46,7 @@ class InstanceStatistics:
         records_in / records_out / batches_in / batches_out: counts so far.
         queued_batches / queued_bytes: data buffered in its input channels.
         pending_out: messages waiting for credit on its output channels.
-        backpressured_s: time it had work but no credit on an output.
+        backpressured_s: time it held output waiting for credit (and so could not run).
         finished: all inputs ended and final output queued.
         outputs: per output channel, its ``ChannelStatistics``.
     """
@@ -111,19 +111,15 @@ class OperatorInstance:
         return any(ch.ready() for ch in self.inputs)
 
     def runnable(self, now: float) -> bool:
-        """Work to do and credit on every output; tracks back-pressured time."""
-        if not self.has_work(now):
-            self._end_backpressure(now)
-            return False
-        if self._outputs_blocked():
-            if self._bp_since is None:
-                self._bp_since = now
-            return False
-        self._end_backpressure(now)
-        return True
+        """Work to do and credit on every output."""
+        return self.has_work(now) and not self._outputs_blocked()
 
-    def _end_backpressure(self, now: float) -> None:
-        if self._bp_since is not None:
+    def note_outputs(self, now: float) -> None:
+        """Account back-pressured time: called whenever output channels may have changed state."""
+        blocked = self._outputs_blocked()
+        if blocked and self._bp_since is None:
+            self._bp_since = now
+        elif not blocked and self._bp_since is not None:
             self.backpressured_s += now - self._bp_since
             self._bp_since = None
 

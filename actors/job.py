@@ -98,7 +98,7 @@ def submit(flow: Dataflow, *, config: JobConfig | None = None, **options: Any) -
     if not ray.is_initialized():
         ray.init()
     plan = physical_plan(flow.graph)
-    num_hosts, placement = place(plan, config.num_hosts)
+    num_hosts, placement = place(plan, config.num_hosts, config.placement)
     sinks = [i for i in plan.instances if plan.graph.nodes[i[0]].kind is OperatorKind.SINK]
     controller = JobController.remote(flow.name, sinks, config.poll_interval_s)
     opts = {"num_cpus": config.host_num_cpus, "resources": config.host_resources or None,

@@ -150,9 +150,11 @@ class HostCore:
 
     def _flush(self) -> None:
         """Move sendable envelopes of dirty output channels to their receivers or the outbox."""
+        now = time.monotonic()
         while self._dirty:
             channel = self._dirty.pop()
             envs = self._outputs[channel].drain()
+            self._owner[channel].note_outputs(now)
             if not envs:
                 continue
             dst = self._dst_host[channel]

@@ -85,7 +85,8 @@ def aggregate_output_schema(input_schema: pa.Schema, key: str, aggs: Sequence[Ag
     names = input_schema.names
     if key not in names:
         raise ValueError(f"key column {key!r} is not in the input columns {names}")
-    out = [input_schema.field(key)]
+    key_field = input_schema.field(key)
+    out = [pa.field(key, key_field.type, key_field.nullable)]  # without the input's field metadata
     seen = {key}
     for agg in aggs:
         if agg.name in seen:
@@ -333,3 +334,173 @@ def _finalise(agg: AggSpec, t: pa.DataType, values: dict[str, np.ndarray]) -> pa
         physical = np.int32 if t.bit_width == 32 else np.int64
         return pa.array(extreme.astype(physical), mask=mask).view(t)
     return pa.array(extreme, mask=mask).cast(t, safe=False)
+
+
+_MISSING = object()
+
+
+class ReduceLogic(_KeyedLogic):
+    """General keyed reduce over records (the slow path: one Python call per record).
+
+    The first row of a key is its accumulator; each further row ``r`` makes
+    it ``fn(acc, r)``. Accumulators live in a :class:`~operators.state.DictState`.
+    With ``emit="final"`` ``finish`` emits one row per key (the accumulators);
+    with ``emit="updates"`` each ``process`` emits the accumulators of the keys
+    the batch touched. Output batches take the input schema when the
+    accumulators fit it (same columns, convertible values), else an inferred one.
+
+    Example:
+        >>> logic = ReduceLogic("k", lambda acc, row: {**acc, "v": acc["v"] + row["v"]}, 8)
+        >>> _ = logic.process(pa.record_batch({"k": ["a", "b", "a"], "v": [1, 2, 3]}), 0)
+        >>> sorted(logic.finish()[0].to_pylist(), key=lambda r: r["k"])
+        [{'k': 'a', 'v': 4}, {'k': 'b', 'v': 2}]
+    """
+
+    def __init__(self, key: str, fn: Callable[[dict, dict], dict], num_bins: int, emit: str = "final") -> None:
+        super().__init__(key, num_bins)
+        _check_fn(fn, "reduce")
+        self.fn = fn
+        self.emit = _check_emit(emit)
+        self._state = DictState(self.num_bins)
+        self._schema: pa.Schema | None = None
+
+    @property
+    def state(self) -> DictState:
+        """The keyed state: ``key -> accumulator`` per bin."""
+        return self._state
+
+    def process(self, batch: pa.RecordBatch, input_index: int = 0) -> list[pa.RecordBatch]:
+        column = self._key_column(batch)
+        self._schema = batch.schema
+        if batch.num_rows == 0:
+            return []
+        bins = bins_of(column, self.num_bins).tolist()
+        state, fn, key = self._state, self.fn, self.key
+        touched: dict[tuple[Any, int], None] = {}
+        for row, b in zip(batch.to_pylist(), bins):
+            k = row[key]
+            acc = state.get(k, b, _MISSING)
+            if acc is not _MISSING:
+                row = fn(acc, row)
+                if not isinstance(row, dict):
+                    raise TypeError(f"reduce function {_fn_name(fn)} returned {type(row).__name__}, expected a dict")
+            state.put(k, b, row)
+            touched[(k, b)] = None
+        if self.emit == "updates":
+            return self._rows([state.get(k, b) for k, b in touched])
+        return []
+
+    def finish(self) -> list[pa.RecordBatch]:
+        if self.emit != "final":
+            return []
+        return self._rows([acc for _, acc in self._state.items()])
+
+    def _rows(self, accs: list[dict]) -> list[pa.RecordBatch]:
+        if not accs:
+            return []
+        schema = self._schema
+        if schema is not None and all(acc.keys() == set(schema.names) for acc in accs):
+            try:
+                return [pa.RecordBatch.from_pylist(accs, schema=schema)]
+            except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError):
+                pass
+        names = dict.fromkeys(name for acc in accs for name in acc)  # every field any accumulator has
+        return [pa.RecordBatch.from_pydict({name: [acc.get(name) for acc in accs] for name in names})]
+
+
+class ValueState:
+    """The state of one key, handed to a :class:`ProcessLogic` function.
+
+    ``value`` is ``None`` until set; setting it (to anything but ``None``)
+    stores it; ``clear()`` (or setting ``None``) forgets it. Valid only during
+    the call it was handed to.
+    """
+
+    __slots__ = ("_store", "_key", "_bin")
+
+    def __init__(self, store: DictState, key: Any, bin: int) -> None:
+        self._store, self._key, self._bin = store, key, bin
+
+    @property
+    def value(self) -> Any:
+        """The key's state (``None`` if none)."""
+        return self._store.get(self._key, self._bin)
+
+    @value.setter
+    def value(self, value: Any) -> None:
+        if value is None:
+            self.clear()
+        else:
+            self._store.put(self._key, self._bin, value)
+
+    def clear(self) -> None:
+        """Forget the key's state."""
+        self._store.delete(self._key, self._bin)
+
+
+class ProcessLogic(_KeyedLogic):
+    """Keyed process with per-key state: ``fn(key, rows, state)`` per key and batch.
+
+    For each key of a batch, in order of first appearance, ``fn`` gets the
+    key (a Python value), that key's rows of the batch in arrival order (a
+    RecordBatch) and its :class:`ValueState`. ``fn`` returns ``None``, a
+    RecordBatch or Table, or a list of row dicts; the outputs are concatenated
+    in order. They must share one schema: ``output_schema`` if given (results
+    are cast to it), else the first output's.
+
+    Example:
+        >>> def running(key, rows, state):
+        ...     state.value = (state.value or 0) + rows.num_rows
+        ...     return [{"k": key, "seen": state.value}]
+        >>> logic = ProcessLogic("k", running, 8)
+        >>> logic.process(pa.record_batch({"k": ["a", "b", "a"]}), 0)[0].to_pylist()
+        [{'k': 'a', 'seen': 2}, {'k': 'b', 'seen': 1}]
+    """
+
+    def __init__(self, key: str, fn: Callable[..., Any], num_bins: int,
+                 output_schema: pa.Schema | None = None) -> None:
+        super().__init__(key, num_bins)
+        _check_fn(fn, "process")
+        if output_schema is not None and not isinstance(output_schema, pa.Schema):
+            raise TypeError(f"output_schema must be a pyarrow.Schema, got {type(output_schema).__name__}")
+        self.fn = fn
+        self.output_schema = output_schema
+        self._schema = output_schema  # the given schema, else the first output's
+        self._state = DictState(self.num_bins)
+
+    @property
+    def state(self) -> DictState:
+        """The keyed state: ``key -> value`` per bin."""
+        return self._state
+
+    def process(self, batch: pa.RecordBatch, input_index: int = 0) -> list[pa.RecordBatch]:
+        column = self._key_column(batch)
+        if batch.num_rows == 0:
+            return []
+        uniques, codes = encode_keys(column)
+        bins = bins_of(uniques, self.num_bins).tolist()
+        order = np.argsort(codes, kind="stable")
+        bounds = np.concatenate([[0], np.cumsum(np.bincount(codes, minlength=len(uniques)))])
+        outputs: list[pa.RecordBatch] = []
+        for i, key in enumerate(uniques.to_pylist()):
+            rows = batch.take(order[bounds[i]:bounds[i + 1]])
+            result = self.fn(key, rows, ValueState(self._state, key, bins[i]))
+            outputs.extend(self._conform(b) for b in to_batches(result, self.output_schema))
+        outputs = [b for b in outputs if b.num_rows]
+        if len(outputs) <= 1:
+            return outputs
+        return pa.Table.from_batches(outputs).combine_chunks().to_batches()
+
+    def _conform(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """Give an output batch the operator's output schema (the first output's if none given)."""
+        if self._schema is None:
+            self._schema = batch.schema
+        if batch.schema.equals(self._schema):
+            return batch
+        try:
+            return batch.select(self._schema.names).cast(self._schema)
+        except (KeyError, ValueError, pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+            raise TypeError(
+                f"process function {_fn_name(self.fn)} returned a batch with schema {batch.schema}; "
+                f"expected {self._schema} (pass output_schema= to fix the schema): {exc}"
+            ) from None

@@ -1,0 +1,61 @@
+"""common.py: helpers shared by benchmarks: argument parsing, Ray start, memory sampling, the JSON line."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from typing import Any, Iterable
+
+import psutil
+
+__all__ = ["start_ray", "RssSampler", "emit"]
+
+
+def start_ray(num_cpus: int | None = None) -> None:
+    """A private local Ray (never attaches to another cluster on the machine)."""
+    import ray
+
+    os.environ.setdefault("RAY_ENABLE_AUTO_CONNECT", "0")
+    if not ray.is_initialized():
+        ray.init(num_cpus=num_cpus, include_dashboard=False, logging_level="ERROR")
+
+
+class RssSampler:
+    """Samples the summed RSS of some processes every ``interval`` seconds; ``peak_mb`` is the maximum."""
+
+    def __init__(self, pids: Iterable[int], interval: float = 0.05):
+        self.procs = [psutil.Process(p) for p in pids]
+        self.interval = interval
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            total = 0
+            for proc in self.procs:
+                try:
+                    total += proc.memory_info().rss
+                except psutil.Error:
+                    pass
+            self.peak = max(self.peak, total)
+            time.sleep(self.interval)
+
+    def __enter__(self) -> "RssSampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    @property
+    def peak_mb(self) -> float:
+        return round(self.peak / 2**20, 1)
+
+
+def emit(figures: dict[str, Any]) -> None:
+    """Print the benchmark's one closing JSON line."""
+    print(json.dumps(figures, sort_keys=False))

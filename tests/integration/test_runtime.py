@@ -1,0 +1,167 @@
+"""The runtime on real Ray actors: back-pressure bounds, user errors, cancel, timeouts, statistics."""
+
+from __future__ import annotations
+
+import time
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+import ray
+
+from actors import JobCancelledError, OperatorError
+from operators import Dataflow, Sink, SinkWriter, collect, from_items, generate
+
+pytestmark = pytest.mark.usefixtures("ray_session")
+
+
+def wait_for(condition, timeout: float, what: str, interval: float = 0.05):
+    """Poll ``condition`` until it returns a truthy value or ``timeout`` passes."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def actors_dead(actors) -> bool:
+    for actor in actors:
+        try:
+            ray.get(actor.__ray_ready__.remote(), timeout=5)
+            return False
+        except ray.exceptions.RayActorError:
+            continue
+        except ray.exceptions.GetTimeoutError:
+            return False
+    return True
+
+
+class SlowWriter(SinkWriter):
+    def __init__(self, delay: float):
+        self.delay = delay
+        self.seqs: list[pa.Array] = []
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        time.sleep(self.delay)  # a deliberately slow consumer
+        self.seqs.append(batch.column("seq"))
+
+    def finish(self):
+        return pa.concat_arrays(self.seqs) if self.seqs else pa.array([], pa.int64())
+
+
+class SlowSink(Sink):
+    def __init__(self, delay: float):
+        self.delay = delay
+
+    def create_writer(self, info):
+        return SlowWriter(self.delay)
+
+    def combine(self, results):
+        return pa.concat_arrays(list(results))
+
+
+def test_backpressure_bounds_buffered_batches_and_source_read_ahead():
+    capacity, batch_size, batches = 2, 500, 120
+    flow = Dataflow("backpressure")
+    (flow.source(generate(batches * batch_size, batch_size=batch_size, num_keys=50), name="src")
+         .map(lambda b: b, name="relay")
+         .sink(SlowSink(0.01), name="slow"))
+    # The slow sink gets a host of its own, so the relay and the source really wait for its credit.
+    job = flow.submit(channel_capacity=capacity, placement={"src": [0], "relay": [0], "slow": [1]})
+    num_channels = len(job.plan.channels)
+    bound_batches = num_channels * (capacity + 1)
+    samples = 0
+    while True:
+        stats = job.statistics()
+        for inst in stats.instances:
+            for ch in inst.outputs:
+                assert ch.outstanding_batches <= capacity, ch
+        assert stats.buffered_batches <= bound_batches, stats
+        read_ahead = stats.records_in("src") - stats.records_in("slow")
+        assert read_ahead <= bound_batches * batch_size, (read_ahead, stats)
+        samples += 1
+        try:
+            job.wait(timeout=0.05)
+            break
+        except TimeoutError:
+            continue
+    assert samples > 5, "the job finished too fast to observe back-pressure"
+    bp = sum(s.backpressured_s for s in job.statistics().of("src"))
+    assert bp > 0.1, f"the source was never back-pressured ({bp} s)"
+    seqs = sorted(job.result().to_pylist())
+    assert seqs == list(range(batches * batch_size))  # nothing lost or doubled
+
+
+def failing(batch: pa.RecordBatch) -> pa.RecordBatch:
+    if pc.any(pc.equal(batch.column("x"), 77)).as_py():
+        raise ZeroDivisionError("x must not be 77")
+    return batch
+
+
+@pytest.mark.parametrize("p", [1, 2])
+def test_user_error_names_operator_instance_and_cause_and_cleans_up(p):
+    rows = [{"x": i} for i in range(200)]
+    flow = Dataflow("fails")
+    flow.source(from_items(rows, batch_size=10, num_splits=p), parallelism=p).map(
+        failing, name="checker").collect()
+    job = flow.submit()
+    with pytest.raises(OperatorError) as info:
+        job.wait(timeout=60)
+    err = info.value
+    assert err.operator == "checker"
+    assert err.index in range(p)
+    assert isinstance(err.__cause__, ZeroDivisionError)
+    assert "x must not be 77" in str(err) and "'checker'" in str(err)
+    assert wait_for(lambda: actors_dead(job.actors), 30, "the job's actors to go away")
+    with pytest.raises(OperatorError):
+        job.result()
+
+
+def test_cancel_leaves_no_actor_behind():
+    flow = Dataflow("endless")
+    flow.source(generate(None, rate=20_000, batch_size=1000)).key_by("key").count().collect()
+    job = flow.submit()
+    wait_for(lambda: job.statistics().records_in("source-1") > 0, 30, "records to flow")
+    job.cancel()
+    job.cancel()  # idempotent
+    assert wait_for(lambda: actors_dead(job.actors), 30, "the job's actors to go away")
+    with pytest.raises(JobCancelledError):
+        job.wait()
+    assert job.status().state.value == "CANCELLED"
+
+
+def test_timeouts_follow_one_rule_and_status_reports_progress():
+    flow = Dataflow("paced")
+    flow.source(generate(4000, rate=2000, batch_size=500), name="src").collect(name="out")
+    job = flow.submit()
+    with pytest.raises(ValueError, match="timeout"):
+        job.wait(timeout=-1)
+    with pytest.raises(TimeoutError):
+        job.wait(timeout=0)
+    assert job.status().state.value == "RUNNING"
+    job.wait(timeout=60)
+    status = job.status()
+    assert status.state.value == "FINISHED" and ("out", 0) in status.finished_instances
+    table = job.result()
+    assert sorted(table.column("seq").to_pylist()) == list(range(4000))
+    stats = job.statistics()
+    assert stats.records_out("src") == 4000 and stats.records_in("out") == 4000
+    # Paced at 2,000 records/s: the 4,000 records take about 2 s, never much less.
+    ts = pc.min_max(table.column("ts")).as_py()
+    assert (ts["max"] - ts["min"]).total_seconds() >= 1.0
+
+
+def test_collect_to_driver_preserves_records_across_hosts():
+    rows = [{"k": f"k{i % 13}", "v": i} for i in range(5000)]
+    flow = Dataflow("hosts")
+    (flow.source(from_items(rows, batch_size=100, num_splits=4), parallelism=3)
+         .key_by("k").sum("v", parallelism=3, name="sum").sink(collect(), parallelism=2, name="out"))
+    job = flow.submit(num_hosts=3, channel_capacity=1)
+    job.wait(timeout=120)
+    got = {r["k"]: r["sum"] for r in job.result().to_pylist()}
+    expected: dict[str, int] = {}
+    for r in rows:
+        expected[r["k"]] = expected.get(r["k"], 0) + r["v"]
+    assert got == expected

@@ -1,0 +1,458 @@
+"""Tests for operators.keyed: built-in aggregations, keyed reduce and keyed process, against oracles."""
+
+from __future__ import annotations
+
+import datetime
+import math
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+
+from operators.hashing import bins_of
+from operators.keyed import (
+    AggregateLogic,
+    AggSpec,
+    ProcessLogic,
+    ReduceLogic,
+    ValueState,
+    aggregate_output_schema,
+)
+from operators.logic import InstanceInfo
+
+NUM_BINS = 16
+KEY_TYPES = {"string": pa.string(), "int": pa.int64()}
+ALL_AGGS = [
+    AggSpec("rows", "count"),
+    AggSpec("n_i", "count", "i"),
+    AggSpec("sum_i", "sum", "i"),
+    AggSpec("sum_f", "sum", "f"),
+    AggSpec("min_i", "min", "i"),
+    AggSpec("max_i", "max", "i"),
+    AggSpec("min_f", "min", "f"),
+    AggSpec("max_f", "max", "f"),
+    AggSpec("mean_i", "mean", "i"),
+    AggSpec("mean_f", "mean", "f"),
+]
+
+
+def _schema(key_kind: str) -> pa.Schema:
+    return pa.schema([("k", KEY_TYPES[key_kind]), ("i", pa.int64()), ("f", pa.float64())])
+
+
+def _batches(seed: int, key_kind: str, count: int = 8, distinct: int = 60, nulls: float = 0.1) -> list[pa.RecordBatch]:
+    """Random batches (some with zero rows), keys and values with nulls."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for b in range(count):
+        n = 0 if b % 4 == 1 else int(rng.integers(1, 400))
+        raw = rng.integers(0, distinct, n)
+        keys: list[Any] = [f"key-{v}" for v in raw] if key_kind == "string" else (raw * 7919 - 100).tolist()
+        ints: list[Any] = rng.integers(-50, 50, n).tolist()
+        floats: list[Any] = rng.normal(size=n).tolist()
+        for column in (keys, ints, floats):
+            for i in np.flatnonzero(rng.random(n) < nulls):
+                column[i] = None
+        out.append(pa.record_batch([pa.array(keys, KEY_TYPES[key_kind]), pa.array(ints, pa.int64()),
+                                    pa.array(floats, pa.float64())], schema=_schema(key_kind)))
+    return out
+
+
+def _py(value: Any) -> Any:
+    if value is pd.NA or value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    return value.item() if hasattr(value, "item") else value
+
+
+def _pandas_oracle(batches: Sequence[pa.RecordBatch], aggs: Sequence[AggSpec]) -> dict[Any, tuple]:
+    """Per key, the aggregates as pandas computes them (SQL null semantics)."""
+    df = pa.Table.from_batches(batches).to_pandas(types_mapper=pd.ArrowDtype)
+    groups = df.groupby("k", dropna=False, sort=False)
+    columns = []
+    for agg in aggs:
+        if agg.func == "count":
+            columns.append(groups.size() if agg.column is None else groups[agg.column].count())
+        elif agg.func == "sum":
+            columns.append(groups[agg.column].sum(min_count=1))
+        else:
+            columns.append(getattr(groups[agg.column], agg.func)())
+    table = pd.concat(columns, axis=1)
+    return {_py(k): tuple(_py(v) for v in row) for k, row in zip(table.index, table.itertuples(index=False))}
+
+
+def _as_dict(batches: Sequence[pa.RecordBatch], key: str = "k") -> dict[Any, tuple]:
+    out: dict[Any, tuple] = {}
+    for batch in batches:
+        for row in batch.to_pylist():
+            k = row.pop(key)
+            assert k not in out, f"key {k!r} emitted twice"
+            out[k] = tuple(row.values())
+    return out
+
+
+def _assert_same(got: dict[Any, tuple], expected: dict[Any, tuple]) -> None:
+    assert got.keys() == expected.keys()
+    for k, row in expected.items():
+        for g, e in zip(got[k], row):
+            if isinstance(e, float) and g is not None:
+                assert g == pytest.approx(e, rel=1e-9, abs=1e-12), (k, got[k], row)
+            else:
+                assert g == e, (k, got[k], row)
+
+
+def _run(logic: Any, batches: Sequence[pa.RecordBatch]) -> list[pa.RecordBatch]:
+    logic.open(InstanceInfo("op", 0, 1, NUM_BINS))
+    out: list[pa.RecordBatch] = []
+    for batch in batches:
+        out.extend(logic.process(batch, 0))
+    out.extend(logic.finish())
+    return out
+
+
+# -- schema and specs -----------------------------------------------------------------------------
+
+
+def test_output_schema_types() -> None:
+    schema = pa.schema([("k", pa.string()), ("i", pa.int32()), ("u", pa.uint64()), ("f", pa.float32()),
+                        ("t", pa.timestamp("ms", "UTC")), ("b", pa.bool_()), ("s", pa.string())])
+    aggs = [AggSpec("a", "count"), AggSpec("b1", "count", "s"), AggSpec("c", "sum", "i"), AggSpec("d", "sum", "u"),
+            AggSpec("e", "sum", "f"), AggSpec("g", "min", "i"), AggSpec("h", "max", "t"), AggSpec("j", "min", "b"),
+            AggSpec("m", "mean", "i"), AggSpec("o", "max", "f")]
+    out = aggregate_output_schema(schema, "k", aggs)
+    assert out.names == ["k"] + [a.name for a in aggs]
+    assert out.types == [pa.string(), pa.int64(), pa.int64(), pa.int64(), pa.int64(), pa.float64(), pa.int32(),
+                         pa.timestamp("ms", "UTC"), pa.bool_(), pa.float64(), pa.float32()]
+
+
+@pytest.mark.parametrize(("aggs", "error", "words"), [
+    ([AggSpec("x", "sum", "s")], TypeError, ["'s'", "string", "integer or floating"]),
+    ([AggSpec("x", "min", "s")], TypeError, ["'s'", "strings are not supported"]),
+    ([AggSpec("x", "sum", "nope")], ValueError, ["'nope'", "input columns"]),
+    ([AggSpec("x", "count"), AggSpec("x", "sum", "i")], ValueError, ["'x'", "twice"]),
+    ([AggSpec("k", "count")], ValueError, ["'k'", "twice"]),
+])
+def test_output_schema_errors_name_the_column(aggs: list, error: type, words: list) -> None:
+    schema = pa.schema([("k", pa.string()), ("i", pa.int64()), ("s", pa.string())])
+    with pytest.raises(error) as info:
+        aggregate_output_schema(schema, "k", aggs)
+    assert all(w in str(info.value) for w in words), str(info.value)
+
+
+def test_output_schema_missing_key() -> None:
+    with pytest.raises(ValueError, match="key column 'key'"):
+        aggregate_output_schema(pa.schema([("k", pa.string())]), "key", [AggSpec("n", "count")])
+
+
+def test_agg_spec_validation() -> None:
+    with pytest.raises(ValueError, match="func must be one of"):
+        AggSpec("x", "median", "v")
+    with pytest.raises(ValueError, match="sum needs a column"):
+        AggSpec("x", "sum")
+    with pytest.raises(ValueError, match="non-empty"):
+        AggSpec("", "count")
+
+
+def test_aggregate_logic_argument_errors() -> None:
+    with pytest.raises(ValueError, match="at least one"):
+        AggregateLogic("k", [], NUM_BINS)
+    with pytest.raises(ValueError, match="emit"):
+        AggregateLogic("k", [AggSpec("n", "count")], NUM_BINS, emit="sometimes")
+    with pytest.raises(TypeError, match="AggSpec"):
+        AggregateLogic("k", [("n", "count")], NUM_BINS)  # type: ignore[list-item]
+    with pytest.raises(ValueError, match="power of two"):
+        AggregateLogic("k", [AggSpec("n", "count")], 10)
+
+
+# -- AggregateLogic -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("nulls", [0.0, 0.15])
+@pytest.mark.parametrize("key_kind", sorted(KEY_TYPES))
+def test_aggregate_final_matches_pandas(key_kind: str, nulls: float) -> None:
+    batches = _batches(1, key_kind, nulls=nulls)
+    logic = AggregateLogic("k", ALL_AGGS, NUM_BINS)
+    out = _run(logic, batches)
+    assert all(b.schema == aggregate_output_schema(_schema(key_kind), "k", ALL_AGGS) for b in out)
+    _assert_same(_as_dict(out), _pandas_oracle(batches, ALL_AGGS))
+    assert any(k is None for k in _as_dict(out)) == (nulls > 0)
+
+
+@pytest.mark.parametrize("key_kind", sorted(KEY_TYPES))
+def test_aggregate_updates_replay_to_the_oracle(key_kind: str) -> None:
+    batches = _batches(2, key_kind)
+    logic = AggregateLogic("k", ALL_AGGS, NUM_BINS, emit="updates")
+    logic.open(InstanceInfo("op", 0, 1, NUM_BINS))
+    table: dict[Any, tuple] = {}
+    for batch in batches:
+        out = logic.process(batch, 0)
+        changed = _as_dict(out)
+        assert set(changed) == set(batch.column("k").to_pylist())  # exactly the keys it touched
+        table.update(changed)
+    assert logic.finish() == []
+    _assert_same(table, _pandas_oracle(batches, ALL_AGGS))
+
+
+@pytest.mark.parametrize("emit", ["final", "updates"])
+@pytest.mark.parametrize("key_kind", sorted(KEY_TYPES))
+def test_aggregate_bins_move_between_instances_mid_stream(key_kind: str, emit: str) -> None:
+    """Three instances behind a bin -> instance table; random bins move while the stream runs."""
+    rng = np.random.default_rng(5)
+    batches = _batches(3, key_kind, count=12)
+    instances = [AggregateLogic("k", ALL_AGGS, NUM_BINS, emit) for _ in range(3)]
+    owner = np.zeros(NUM_BINS, dtype=np.int64)  # instance 2 starts with no bins and no input
+    owner[NUM_BINS // 2:] = 1
+    table: dict[Any, tuple] = {}
+    for step, batch in enumerate(batches):
+        bins = bins_of(batch.column("k"), NUM_BINS)
+        for i, logic in enumerate(instances):
+            part = batch.filter(pa.array(owner[bins] == i))
+            table.update(_as_dict(logic.process(part, 0)))
+        if step % 3 == 2:
+            src, dst = rng.choice(3, size=2, replace=False)
+            moving = [b for b in range(NUM_BINS) if owner[b] == src and rng.random() < 0.6]
+            instances[dst].state.install_bins(instances[src].state.extract_bins(moving))
+            owner[moving] = dst
+    for logic in instances:
+        table.update(_as_dict(logic.finish()))
+        assert set(logic.state.bins()) <= set(np.flatnonzero(owner == instances.index(logic)).tolist())
+    _assert_same(table, _pandas_oracle(batches, ALL_AGGS))
+
+
+def test_aggregate_instance_with_installed_bins_only_can_finish() -> None:
+    batches = _batches(4, "string")
+    first = AggregateLogic("k", ALL_AGGS, NUM_BINS)
+    _run(first, batches[:3])
+    fresh = AggregateLogic("k", ALL_AGGS, NUM_BINS)
+    fresh.state.install_bins(first.state.extract_bins(range(NUM_BINS)))
+    out = fresh.finish()
+    assert out[0].schema == aggregate_output_schema(_schema("string"), "k", ALL_AGGS)
+    assert first.finish() == []
+    _assert_same(_as_dict(out), _pandas_oracle(batches[:3], ALL_AGGS))
+
+
+def test_aggregate_without_input_emits_nothing_and_zero_rows_are_fine() -> None:
+    assert AggregateLogic("k", ALL_AGGS, NUM_BINS).finish() == []
+    logic = AggregateLogic("k", ALL_AGGS, NUM_BINS, emit="updates")
+    assert logic.process(pa.RecordBatch.from_pylist([], schema=_schema("int")), 0) == []
+    assert logic.finish() == [] and logic.state.bins() == []
+    final = AggregateLogic("k", ALL_AGGS, NUM_BINS)
+    assert final.process(pa.RecordBatch.from_pylist([], schema=_schema("int")), 0) == []
+    assert final.finish() == []
+
+
+def test_one_key_and_all_null_values() -> None:
+    batch = pa.record_batch({"k": ["x"] * 5, "i": pa.array([None] * 5, pa.int64()),
+                             "f": pa.array([None] * 5, pa.float64())})
+    out = _run(AggregateLogic("k", ALL_AGGS, NUM_BINS), [batch, batch])
+    assert out[0].to_pylist() == [{"k": "x", "rows": 10, "n_i": 0, "sum_i": None, "sum_f": None, "min_i": None,
+                                   "max_i": None, "min_f": None, "max_f": None, "mean_i": None, "mean_f": None}]
+
+
+def test_min_max_of_temporal_bool_and_narrow_types_match_a_loop() -> None:
+    rng = np.random.default_rng(9)
+    n = 500
+    base = datetime.datetime(2024, 1, 1)
+    cols = {
+        "k": pa.array(rng.integers(0, 20, n)),
+        "t": pa.array([None if r < 0.1 else base + datetime.timedelta(seconds=int(s))
+                       for r, s in zip(rng.random(n), rng.integers(0, 10**6, n))], pa.timestamp("us")),
+        "d": pa.array([datetime.date(2020, 1, 1) + datetime.timedelta(days=int(v)) for v in rng.integers(0, 900, n)],
+                      pa.date32()),
+        "b": pa.array([None if r < 0.1 else bool(r > 0.5) for r in rng.random(n)]),
+        "i8": pa.array(rng.integers(-100, 100, n), pa.int8()),
+        "f32": pa.array(rng.normal(size=n), pa.float32()),
+    }
+    batch = pa.record_batch(cols)
+    aggs = [AggSpec(f"{f}_{c}", f, c) for c in ("t", "d", "b", "i8", "f32") for f in ("min", "max")]
+    out = _as_dict(_run(AggregateLogic("k", aggs, NUM_BINS), [batch.slice(0, 200), batch.slice(200)]))
+    expected: dict[Any, tuple] = {}
+    rows = batch.to_pylist()
+    for k in {r["k"] for r in rows}:
+        values = []
+        for agg in aggs:
+            seen = [r[agg.column] for r in rows if r["k"] == k and r[agg.column] is not None]
+            values.append((min if agg.func == "min" else max)(seen) if seen else None)
+        expected[k] = tuple(values)
+    _assert_same(out, expected)
+
+
+def test_large_integer_sums_are_exact() -> None:
+    values = [2**60 + 1, 2**60 + 3, 7, -(2**59)]
+    batch = pa.record_batch({"k": ["a", "a", "b", "a"], "i": values})
+    out = _as_dict(_run(AggregateLogic("k", [AggSpec("s", "sum", "i")], NUM_BINS), [batch]))
+    assert out == {"a": (2**60 + 1 + 2**60 + 3 - 2**59,), "b": (7,)}
+
+
+def test_float_keys_group_zero_signs_and_nans() -> None:
+    batch = pa.record_batch({"k": [0.0, -0.0, float("nan"), float("nan"), None, 1.5]})
+    out = _run(AggregateLogic("k", [AggSpec("n", "count")], NUM_BINS), [batch])
+    counts = sorted(r["n"] for r in out[0].to_pylist())
+    assert counts == [1, 1, 2, 2]
+
+
+def test_aggregate_rejects_a_changed_schema_and_a_missing_key() -> None:
+    logic = AggregateLogic("k", [AggSpec("s", "sum", "i")], NUM_BINS)
+    logic.process(pa.record_batch({"k": ["a"], "i": [1]}), 0)
+    with pytest.raises(ValueError, match="schema changed"):
+        logic.process(pa.record_batch({"k": ["a"], "i": [1.5]}), 0)
+    with pytest.raises(ValueError, match="key column 'k'"):
+        AggregateLogic("k", [AggSpec("n", "count")], NUM_BINS).process(pa.record_batch({"x": [1]}), 0)
+
+
+# -- ReduceLogic ----------------------------------------------------------------------------------
+
+
+def _add(acc: dict, row: dict) -> dict:
+    return {"k": acc["k"], "i": (acc["i"] or 0) + (row["i"] or 0), "f": acc["f"]}
+
+
+def _reduce_oracle(batches: Sequence[pa.RecordBatch], fn: Callable[[dict, dict], dict]) -> dict[Any, tuple]:
+    accs: dict[Any, dict] = {}
+    for batch in batches:
+        for row in batch.to_pylist():
+            accs[row["k"]] = fn(accs[row["k"]], row) if row["k"] in accs else row
+    return {k: tuple(v for name, v in acc.items() if name != "k") for k, acc in accs.items()}
+
+
+@pytest.mark.parametrize("key_kind", sorted(KEY_TYPES))
+def test_reduce_final_matches_a_loop_and_keeps_the_input_schema(key_kind: str) -> None:
+    batches = _batches(6, key_kind)
+    out = _run(ReduceLogic("k", _add, NUM_BINS), batches)
+    assert all(b.schema == _schema(key_kind) for b in out)
+    assert _as_dict(out) == _reduce_oracle(batches, _add)
+
+
+def test_reduce_updates_replay_to_the_final_result_and_bins_move() -> None:
+    batches = _batches(7, "string", count=10)
+    rng = np.random.default_rng(1)
+    instances = [ReduceLogic("k", _add, NUM_BINS, emit="updates") for _ in range(2)]
+    owner = np.zeros(NUM_BINS, dtype=np.int64)
+    table: dict[Any, tuple] = {}
+    for step, batch in enumerate(batches):
+        bins = bins_of(batch.column("k"), NUM_BINS)
+        for i, logic in enumerate(instances):
+            out = logic.process(batch.filter(pa.array(owner[bins] == i)), 0)
+            table.update(_as_dict(out))
+        if step % 2 == 1:
+            src = int(rng.integers(0, 2))
+            moving = [b for b in instances[src].state.bins() if rng.random() < 0.5]
+            instances[1 - src].state.install_bins(instances[src].state.extract_bins(moving))
+            owner[moving] = 1 - src
+    assert all(logic.finish() == [] for logic in instances)
+    assert table == _reduce_oracle(batches, _add)
+
+
+def test_reduce_infers_a_schema_when_accumulators_do_not_fit() -> None:
+    def count(acc: dict, row: dict) -> dict:
+        return {"k": acc["k"], "count": acc.get("count", 1) + 1}
+
+    batch = pa.record_batch({"k": ["a", "b", "a"], "v": [1, 2, 3]})
+    out = _run(ReduceLogic("k", count, NUM_BINS), [batch])
+    rows = sorted((r for b in out for r in b.to_pylist()), key=lambda r: r["k"])
+    assert rows == [{"k": "a", "count": 2, "v": None}, {"k": "b", "v": 2, "count": None}]
+
+
+def test_reduce_rejects_a_function_that_returns_no_dict() -> None:
+    logic = ReduceLogic("k", lambda acc, row: None, NUM_BINS)  # type: ignore[arg-type, return-value]
+    with pytest.raises(TypeError, match="expected a dict"):
+        logic.process(pa.record_batch({"k": ["a", "a"]}), 0)
+    with pytest.raises(TypeError, match="callable"):
+        ReduceLogic("k", 42, NUM_BINS)  # type: ignore[arg-type]
+
+
+# -- ProcessLogic ---------------------------------------------------------------------------------
+
+
+def test_process_calls_keys_in_first_appearance_order_with_rows_in_arrival_order() -> None:
+    calls: list[tuple[Any, list]] = []
+
+    def record(key: Any, rows: pa.RecordBatch, state: ValueState) -> None:
+        calls.append((key, rows.column("v").to_pylist()))
+
+    batch = pa.record_batch({"k": ["b", None, "a", "b", None, "a", "b"], "v": [0, 1, 2, 3, 4, 5, 6]})
+    assert ProcessLogic("k", record, NUM_BINS).process(batch, 0) == []
+    assert calls == [("b", [0, 3, 6]), (None, [1, 4]), ("a", [2, 5])]
+
+
+def _session(key: Any, rows: pa.RecordBatch, state: ValueState) -> list[dict]:
+    """Emit a row every time a key has seen 5 rows in all, then start over."""
+    out = []
+    for v in rows.column("v").to_pylist():
+        seen = (state.value or 0) + 1
+        if seen == 5:
+            out.append({"k": key, "last": v})
+            state.clear()
+        else:
+            state.value = seen
+    return out
+
+
+def _session_oracle(batches: Sequence[pa.RecordBatch]) -> list[tuple]:
+    seen: dict[Any, int] = {}
+    out = []
+    for batch in batches:
+        emitted = []
+        rows = batch.to_pylist()
+        for key in dict.fromkeys(r["k"] for r in rows):
+            for r in rows:
+                if r["k"] == key:
+                    seen[key] = seen.get(key, 0) + 1
+                    if seen[key] == 5:
+                        emitted.append((key, r["v"]))
+                        del seen[key]
+        out.extend(emitted)
+    return out
+
+
+def test_process_state_persists_across_batches_and_bins_move() -> None:
+    rng = np.random.default_rng(3)
+    batches = [pa.record_batch({"k": [f"k{v}" if v else None for v in rng.integers(0, 12, 40)],
+                                "v": np.arange(40) + 40 * i}) for i in range(10)]
+    instances = [ProcessLogic("k", _session, NUM_BINS) for _ in range(2)]
+    owner = np.zeros(NUM_BINS, dtype=np.int64)
+    emitted = []
+    for step, batch in enumerate(batches):
+        bins = bins_of(batch.column("k"), NUM_BINS)
+        for i, logic in enumerate(instances):
+            for out in logic.process(batch.filter(pa.array(owner[bins] == i)), 0):
+                emitted.extend((r["k"], r["last"]) for r in out.to_pylist())
+        if step % 2 == 0:
+            src = int(rng.integers(0, 2))
+            moving = [b for b in instances[src].state.bins() if rng.random() < 0.5]
+            instances[1 - src].state.install_bins(instances[src].state.extract_bins(moving))
+            owner[moving] = 1 - src
+    assert sorted(emitted, key=repr) == sorted(_session_oracle(batches), key=repr)
+
+
+def test_process_concatenates_outputs_in_order_and_casts_to_the_output_schema() -> None:
+    def echo(key: Any, rows: pa.RecordBatch, state: ValueState) -> pa.RecordBatch:
+        return pa.record_batch({"k": rows.column("k"), "v": pa.array(rows.column("v").to_pylist(), pa.int32())})
+
+    schema = pa.schema([("k", pa.string()), ("v", pa.int64())])
+    batch = pa.record_batch({"k": ["a", "b", "a"], "v": [1, 2, 3]})
+    out = ProcessLogic("k", echo, NUM_BINS, output_schema=schema).process(batch, 0)
+    assert len(out) == 1 and out[0].schema == schema
+    assert out[0].to_pylist() == [{"k": "a", "v": 1}, {"k": "a", "v": 3}, {"k": "b", "v": 2}]
+
+
+def test_process_rejects_outputs_of_another_schema() -> None:
+    def odd(key: Any, rows: pa.RecordBatch, state: ValueState) -> list[dict]:
+        return [{"k": key}] if key == "a" else [{"other": 1.5}]
+
+    with pytest.raises(TypeError, match="output_schema"):
+        ProcessLogic("k", odd, NUM_BINS).process(pa.record_batch({"k": ["a", "b"]}), 0)
+
+
+def test_process_value_state_none_clears_and_zero_rows_are_fine() -> None:
+    def toggle(key: Any, rows: pa.RecordBatch, state: ValueState) -> None:
+        state.value = None if state.value else "on"
+
+    logic = ProcessLogic("k", toggle, NUM_BINS)
+    batch = pa.record_batch({"k": ["a"]})
+    logic.process(batch, 0)
+    assert len(logic.state) == 1
+    logic.process(batch, 0)
+    assert len(logic.state) == 0
+    assert logic.process(pa.RecordBatch.from_pylist([], schema=batch.schema), 0) == []

@@ -1,0 +1,283 @@
+"""Tests for operators.state: binned keyed state, its versions, and moving bins between states."""
+
+from __future__ import annotations
+
+import datetime
+import subprocess
+import sys
+from pathlib import Path
+
+import cloudpickle
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from operators.hashing import bins_of, encode_keys
+from operators.state import Accumulator, BinnedState, ColumnarAggState, DictState
+
+REPO = Path(__file__).resolve().parents[3]
+ACCS = [Accumulator("n", "sum", "int64"), Accumulator("lo", "min", "float64"), Accumulator("hi", "max", "int64")]
+
+
+def _bin(key: object, num_bins: int) -> int:
+    return int(bins_of(pa.array([key]), num_bins)[0])
+
+
+# -- DictState ------------------------------------------------------------------------------------
+
+
+def test_dict_state_get_put_delete_and_versions() -> None:
+    s = DictState(8)
+    b = _bin("a", 8)
+    assert s.get("a", b) is None and s.get("a", b, 5) == 5 and s.version(b) == 0
+    s.put("a", b, 1)
+    s.put("a", b, 2)
+    assert s.get("a", b) == 2 and s.version(b) == 2 and s.bins() == [b]
+    s.delete("a", b)
+    assert s.get("a", b) is None and s.version(b) == 3 and s.bins() == [] and len(s) == 0
+    s.delete("a", b)  # absent: not a write
+    assert s.version(b) == 3
+
+
+def test_dict_state_reports_bins_counts_and_sizes() -> None:
+    s = DictState(16)
+    keys = [f"k{i}" for i in range(100)] + [None]
+    for k in keys:
+        s.put(k, _bin(k, 16), {"v": k})
+    expected = np.bincount(bins_of(pa.array(keys), 16), minlength=16)
+    assert s.bins() == np.flatnonzero(expected).tolist()
+    assert s.bin_key_counts() == {int(b): int(expected[b]) for b in np.flatnonzero(expected)}
+    sizes = s.bin_sizes()
+    assert sorted(sizes) == s.bins() and all(v > 0 for v in sizes.values())
+    assert sorted(k for k, _ in s.items() if k is not None) == sorted(keys[:-1]) and len(s) == 101
+
+
+def test_dict_state_rejects_bins_out_of_range() -> None:
+    s = DictState(4)
+    with pytest.raises(ValueError, match=r"\[0, 4\)"):
+        s.put("a", 4, 1)
+    with pytest.raises(ValueError, match=r"\[0, 4\)"):
+        s.version(-1)
+    with pytest.raises(ValueError, match="power of two"):
+        DictState(3)
+
+
+def test_dict_state_snapshot_extract_install_round_trip() -> None:
+    a, b = DictState(8), DictState(8)
+    for i in range(200):
+        a.put(i, _bin(i, 8), i * i)
+    before = dict(a.items())
+    moved = a.bins()[:3]
+    snap = a.snapshot_bins(moved)
+    assert dict(a.items()) == before  # a snapshot is a copy
+    versions = {m: a.version(m) for m in moved}
+    out = a.extract_bins(moved)
+    assert out.keys() == snap.keys() and set(a.bins()).isdisjoint(moved)
+    b.install_bins(out)
+    assert b.bins() == moved and {m: b.version(m) for m in moved} == versions
+    assert {**dict(a.items()), **dict(b.items())} == before
+    with pytest.raises(ValueError, match="already present"):
+        b.install_bins(snap)
+    assert b.bins() == moved  # nothing installed on error
+
+
+def test_dict_state_install_rejects_foreign_payloads() -> None:
+    s = DictState(8)
+    with pytest.raises(ValueError, match="not a DictState bin"):
+        s.install_bins({0: b"garbage"})
+    other = DictState(16)
+    other.put("a", 3, 1)
+    with pytest.raises(ValueError, match="16 bins"):
+        s.install_bins({3: other.snapshot_bins([3])[3]})
+    with pytest.raises(ValueError, match="bin 2"):
+        s.install_bins({2: DictState(8).snapshot_bins([1])[1]})
+
+
+def test_install_of_an_empty_bin_carries_its_version_only() -> None:
+    a, b = DictState(4), DictState(4)
+    a.put("x", 1, 1)
+    a.delete("x", 1)
+    b.install_bins(a.snapshot_bins([1]))
+    assert b.bins() == [] and b.version(1) == 2
+
+
+# -- ColumnarAggState -----------------------------------------------------------------------------
+
+
+class _Oracle:
+    """A plain-dict model of a ColumnarAggState with ACCS."""
+
+    def __init__(self) -> None:
+        self.values: dict[object, list] = {}
+
+    def update(self, keys: list, n: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> None:
+        for i, k in enumerate(keys):
+            cur = self.values.setdefault(k, [0, np.inf, np.iinfo(np.int64).min])
+            cur[0] += int(n[i])
+            cur[1] = min(cur[1], float(lo[i]))
+            cur[2] = max(cur[2], int(hi[i]))
+
+
+def _dump(state: ColumnarAggState) -> dict[object, list]:
+    slots = state.slots()
+    values = state.values(slots)
+    keys = state.keys_at(slots).to_pylist()
+    return {k: [int(values["n"][i]), float(values["lo"][i]), int(values["hi"][i])] for i, k in enumerate(keys)}
+
+
+KEY_MAKERS = {
+    "string": (pa.string(), lambda v: None if v == 0 else f"key-{v}"),
+    "int": (pa.int64(), lambda v: None if v == 0 else v * 1_000_003),
+    "float": (pa.float64(), lambda v: None if v == 0 else v / 8),
+    "bool": (pa.bool_(), lambda v: None if v == 0 else bool(v % 2)),
+    "timestamp": (pa.timestamp("ms"), lambda v: None if v == 0 else datetime.datetime(2024, 1, 1) + datetime.timedelta(seconds=v)),
+}
+
+
+@pytest.mark.parametrize("index_hash_bits", [64, 3])
+@pytest.mark.parametrize("kind", sorted(KEY_MAKERS))
+def test_columnar_state_matches_oracle_while_bins_move(kind: str, index_hash_bits: int) -> None:
+    key_type, make_key = KEY_MAKERS[kind]
+    rng = np.random.default_rng(11)
+    states = [ColumnarAggState(16, index_hash_bits=index_hash_bits) for _ in range(2)]
+    for s in states:
+        s.configure(key_type, ACCS)
+    oracle = _Oracle()
+    owner = {b: 0 for b in range(16)}  # the "router": bin -> state
+    for step in range(12):
+        # route a random update to each state by bin: split keys by owner
+        raw = [make_key(int(v)) for v in rng.integers(0, 300, 150)]
+        uniques, _ = encode_keys(pa.array(raw, key_type))
+        bins = bins_of(uniques, 16)
+        m = len(uniques)
+        n, lo, hi = rng.integers(0, 5, m), rng.random(m), rng.integers(-1000, 1000, m)
+        for i, s in enumerate(states):
+            mine = np.flatnonzero([owner[int(b)] == i for b in bins])
+            if mine.size:
+                s.update(uniques.take(mine), {"n": n[mine], "lo": lo[mine], "hi": hi[mine]})
+        oracle.update(uniques.to_pylist(), n, lo, hi)
+        if step % 3 == 2:  # move some random bins from one state to the other
+            src = int(rng.integers(0, 2))
+            moving = [b for b in states[src].bins() if rng.random() < 0.5]
+            states[1 - src].install_bins(states[src].extract_bins(moving))
+            owner.update({b: 1 - src for b in moving})
+    merged = {**_dump(states[0]), **_dump(states[1])}
+    assert len(states[0]) + len(states[1]) == len(merged) == len(oracle.values)
+    for k, expected in oracle.values.items():
+        assert merged[k][0] == expected[0] and merged[k][2] == expected[2]
+        assert merged[k][1] == pytest.approx(expected[1])
+    for s in states:  # every key sits in its own bin, as the router computes it
+        keys = s.keys_at(s.slots())
+        assert set(bins_of(keys, 16).tolist()) == set(s.bins())
+
+
+def test_columnar_state_versions_count_writes_per_bin_and_travel() -> None:
+    s = ColumnarAggState(8)
+    s.configure(pa.string(), ACCS)
+    keys = pa.array([f"k{i}" for i in range(40)])
+    one = {"n": np.ones(40, np.int64), "lo": np.zeros(40), "hi": np.zeros(40, np.int64)}
+    s.update(keys, one)
+    s.update(keys.slice(0, 1), {name: v[:1] for name, v in one.items()})
+    b0 = _bin("k0", 8)
+    assert s.version(b0) == 2
+    assert all(s.version(b) == 1 for b in s.bins() if b != b0)
+    other = ColumnarAggState(8)
+    other.install_bins(s.extract_bins([b0]))
+    assert other.version(b0) == 2 and s.version(b0) == 2  # never decreases
+    assert other.layout == s.layout
+
+
+def test_columnar_state_extracted_keys_start_over_when_seen_again() -> None:
+    s = ColumnarAggState(4)
+    s.configure(pa.int64(), [Accumulator("n", "sum", "int64")])
+    keys = pa.array(range(100))
+    s.update(keys, {"n": np.ones(100, np.int64)})
+    gone = s.bins()[:2]
+    s.extract_bins(gone)
+    s.update(keys, {"n": np.ones(100, np.int64)})
+    counts = dict(zip(s.keys_at(s.slots()).to_pylist(), s.values(s.slots())["n"].tolist()))
+    bins = bins_of(keys, 4)
+    assert counts == {k: (1 if bins[k] in gone else 2) for k in range(100)}
+
+
+def test_columnar_state_reports_bins_counts_and_sizes() -> None:
+    s = ColumnarAggState(32)
+    assert s.bins() == [] and s.bin_sizes() == {} and s.snapshot_bins([]) == {}
+    s.configure(pa.string(), ACCS)
+    keys = pa.array([f"key-{i}" for i in range(500)])
+    s.update(keys, {"n": np.ones(500, np.int64), "lo": np.zeros(500), "hi": np.zeros(500, np.int64)})
+    expected = np.bincount(bins_of(keys, 32), minlength=32)
+    assert s.bin_key_counts() == {int(b): int(expected[b]) for b in np.flatnonzero(expected)}
+    assert sorted(s.bin_sizes()) == s.bins() and min(s.bin_sizes().values()) > 0
+    snap = s.snapshot_bins(range(32))
+    assert len(snap) == 32 and len(s) == 500
+
+
+def test_columnar_state_errors() -> None:
+    s = ColumnarAggState(8)
+    with pytest.raises(ValueError, match="before configure"):
+        s.update(pa.array(["a"]), {"n": np.ones(1, np.int64)})
+    s.configure(pa.string(), ACCS)
+    s.configure(pa.string(), ACCS)  # the same again is fine
+    with pytest.raises(ValueError, match="already configured"):
+        s.configure(pa.int64(), ACCS)
+    with pytest.raises(ValueError, match="expected"):
+        s.update(pa.array(["a"]), {"n": np.ones(1, np.int64)})
+    with pytest.raises(ValueError, match="unique"):
+        ColumnarAggState(8).configure(pa.string(), [ACCS[0], ACCS[0]])
+    with pytest.raises(ValueError, match="op must be"):
+        Accumulator("x", "avg", "int64")
+    with pytest.raises(ValueError, match="dtype must be"):
+        Accumulator("x", "sum", "int32")
+
+
+def test_columnar_state_install_rejects_conflicts_and_foreign_payloads() -> None:
+    a = ColumnarAggState(8)
+    a.configure(pa.string(), ACCS)
+    keys = pa.array([f"k{i}" for i in range(50)])
+    a.update(keys, {"n": np.ones(50, np.int64), "lo": np.zeros(50), "hi": np.zeros(50, np.int64)})
+    b0 = a.bins()[0]
+    snap = a.snapshot_bins([b0])
+    with pytest.raises(ValueError, match="already present"):
+        a.install_bins(snap)
+    other_layout = ColumnarAggState(8)
+    other_layout.configure(pa.string(), ACCS[:1])
+    with pytest.raises(ValueError, match="differ"):
+        other_layout.install_bins(snap)
+    with pytest.raises(ValueError, match="16 bins"):
+        ColumnarAggState(16).install_bins({b0: snap[b0]})
+    with pytest.raises(ValueError, match="not a ColumnarAggState bin"):
+        a.install_bins({b0: DictState(8).snapshot_bins([b0])[b0]})
+    with pytest.raises(ValueError, match="not a ColumnarAggState bin"):
+        a.install_bins({b0: b"\x00garbage"})
+
+
+def test_states_implement_binned_state() -> None:
+    assert isinstance(DictState(2), BinnedState) and isinstance(ColumnarAggState(2), BinnedState)
+
+
+_CHILD = """
+import sys, cloudpickle
+sys.path.insert(0, {repo!r})
+from operators.state import ColumnarAggState, DictState
+payloads = cloudpickle.loads(sys.stdin.buffer.read())
+c, d = ColumnarAggState(8), DictState(8)
+c.install_bins(payloads["columnar"])
+d.install_bins(payloads["dict"])
+values = c.values(c.slots())["n"].tolist()
+print(sorted(zip(c.keys_at(c.slots()).to_pylist(), values)), sorted(d.items()))
+"""
+
+
+def test_bins_load_in_another_process() -> None:
+    c, d = ColumnarAggState(8), DictState(8)
+    c.configure(pa.string(), [Accumulator("n", "sum", "int64")])
+    keys = [f"k{i}" for i in range(30)]
+    c.update(pa.array(keys), {"n": np.arange(30)})
+    for i, k in enumerate(keys):
+        d.put(k, _bin(k, 8), i)
+    payloads = {"columnar": c.snapshot_bins(c.bins()), "dict": d.snapshot_bins(d.bins())}
+    out = subprocess.run([sys.executable, "-c", _CHILD.format(repo=str(REPO))], input=cloudpickle.dumps(payloads),
+                         capture_output=True, check=True)
+    expected = sorted(zip(keys, range(30)))
+    assert out.stdout.decode().strip() == f"{expected} {expected}"
