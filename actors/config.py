@@ -30,6 +30,8 @@ class JobConfig:
         poll_interval_s: how often the controller checks that hosts are alive.
         placement: optional pins, operator name -> host id per instance index
             (``{"sink": [1]}``); unpinned instances follow the default rule.
+        control_fanout: fan-out of the control broadcast / aggregation trees
+            (None: the controller talks to every source and sink directly).
     """
 
     channel_capacity: int = 8
@@ -40,6 +42,7 @@ class JobConfig:
     host_options: dict[str, Any] = dataclasses.field(default_factory=dict)
     poll_interval_s: float = 1.0
     placement: dict[str, list[int]] = dataclasses.field(default_factory=dict)
+    control_fanout: int | None = 8
 
     def __post_init__(self) -> None:
         if self.channel_capacity < 1:
@@ -50,5 +53,7 @@ class JobConfig:
             )
         if self.num_hosts is not None and self.num_hosts < 1:
             raise ValueError(f"JobConfig: num_hosts must be >= 1 or None, got {self.num_hosts}")
+        if self.control_fanout is not None and self.control_fanout < 2:
+            raise ValueError(f"JobConfig: control_fanout must be >= 2 or None, got {self.control_fanout}")
         if self.host_num_cpus < 0:
             raise ValueError(f"JobConfig: host_num_cpus must be >= 0, got {self.host_num_cpus}")

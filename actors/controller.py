@@ -1,48 +1,130 @@
-"""controller.py: the ``JobController`` Ray actor, a thin shell around ``control.coordination.JobLifecycle``.
+"""controller.py: the controller Ray actors, thin shells around ``control.coordination``.
 
-Hosts report finished and failed instances here; a monitor task pings the
-hosts and fails the job when one dies. ``wait()`` returns when the job
-reaches a terminal state or the timeout passes.
+``JobController`` (one per job) tracks the job's lifecycle, watches its
+hosts, and is the job's *injector*: every control op, from it or from any
+side controller, gets the next number of one global injection order here and
+is broadcast to the sources (directly, or through the broadcast tree's
+relays), so every channel sees ops in the same order. ``SideController``s
+(``Job.add_controller``) run their own ops: their handlers run there and the
+sinks return to them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any
 
 import ray
 
-from control.coordination import JobLifecycle, LifecycleSnapshot
+from control.coordination import JobLifecycle, LifecycleSnapshot, OpCoordinator
+from control.message import ControlMessage, ControlReturn
+from control.oprun import OpState
+from control.trees import Relay, Tree
 
 from .errors import JobFailedError
 
-__all__ = ["JobController"]
+__all__ = ["JobController", "SideController"]
+
+
+class _ControllerOps:
+    """The op-running half shared by both controller actors."""
+
+    def _init_ops(self, name: str, view: Any) -> None:
+        self.ops = OpCoordinator(name, view)
+        self._op_events: dict[str, asyncio.Event] = {}
+        self._timer: asyncio.Task | None = None
+
+    def _ops_changed(self) -> None:
+        for op_id, event in self._op_events.items():
+            if self.ops.runs[op_id].state is not OpState.RUNNING:
+                event.set()
+
+    async def _check_timeouts(self) -> None:
+        while True:
+            await asyncio.sleep(0.05)
+            self.ops.check_timeouts()
+            self._ops_changed()
+
+    def _start_timer(self) -> None:
+        if self._timer is None:
+            self._timer = asyncio.get_running_loop().create_task(self._check_timeouts())
+
+    async def op_returned(self, returns: list[ControlReturn]) -> None:
+        for ret in returns:
+            self.ops.on_return(ret)
+        self._ops_changed()
+
+    async def sinks_finished(self, sinks: list) -> None:
+        self.ops.sinks_finished(sinks)
+        self._ops_changed()
+
+    async def job_failed(self, error: BaseException) -> None:
+        self.ops.fail_all(error)
+        self._ops_changed()
+
+    async def op_result(self, op_id: str, timeout: float | None) -> tuple[str, Any, BaseException | None, float]:
+        """Wait up to ``timeout`` s; return (state, result, error, elapsed seconds)."""
+        run = self.ops.runs.get(op_id)
+        if run is None:
+            raise KeyError(f"no control op {op_id!r} at controller {self.ops.name!r}")
+        event = self._op_events.setdefault(op_id, asyncio.Event())
+        if run.state is OpState.RUNNING:
+            try:
+                await asyncio.wait_for(event.wait(), timeout)
+            except asyncio.TimeoutError:
+                pass
+        return run.state.value, run.result, run.error, run.elapsed_s
+
+    async def op_progress(self, op_id: str) -> dict:
+        run = self.ops.runs[op_id]
+        return {"state": run.state.value, "waiting": len(run.waiting), "elapsed_s": run.elapsed_s}
 
 
 @ray.remote(num_cpus=0)
-class JobController:
-    """One per job. Lifecycle follows its ``JobLifecycle``; ``stop()`` ends the monitor."""
+class JobController(_ControllerOps):
+    """One per job. Lifecycle follows its ``JobLifecycle``; ``stop()`` ends its tasks."""
 
-    def __init__(self, job_name: str, sinks: list[tuple[str, int]], poll_interval_s: float):
+    def __init__(self, job_name: str, sinks: list[tuple[str, int]], poll_interval_s: float,
+                 view: Any = None, broadcast: Tree | None = None, placement: dict | None = None):
         self.job_name = job_name
         self.lifecycle = JobLifecycle(sinks)
         self.poll_interval_s = poll_interval_s
         self.hosts: list[Any] = []
+        self.broadcast = broadcast
+        self.placement = placement or {}
+        self.side_controllers: dict[str, Any] = {}
         self._changed = asyncio.Event()
         self._monitor: asyncio.Task | None = None
+        self._seq = 0
+        self._init_ops("controller", view)
 
     async def start(self, hosts: list[Any]) -> None:
         self.hosts = hosts
         self._monitor = asyncio.get_running_loop().create_task(self._watch_hosts())
+        self._start_timer()
+
+    # -- lifecycle ---------------------------------------------------------------
 
     def _notify(self) -> None:
         self._changed.set()
-        if self.lifecycle.state.terminal and self.lifecycle.state.value != "FINISHED":
+        state = self.lifecycle.state
+        if state.terminal and state.value != "FINISHED":
+            error = self.lifecycle.error or JobFailedError(f"job {self.job_name!r} {state.value.lower()}")
+            self.ops.fail_all(error)
+            self._ops_changed()
+            for side in self.side_controllers.values():
+                side.job_failed.remote(error)
             for host in self.hosts:
                 host.abort.remote()
 
     async def instance_finished(self, operator: str, index: int, result: Any) -> None:
         self.lifecycle.instance_finished((operator, index), result)
+        if (operator, index) in self.lifecycle.results:
+            self.ops.sinks_finished([(operator, index)])
+            self._ops_changed()
+            for side in self.side_controllers.values():
+                side.sinks_finished.remote([(operator, index)])
         self._notify()
 
     async def instance_failed(self, operator: str, index: int, error: BaseException) -> None:
@@ -80,8 +162,9 @@ class JobController:
         return dict(self.lifecycle.results)
 
     async def stop(self) -> None:
-        if self._monitor is not None:
-            self._monitor.cancel()
+        for task in (self._monitor, self._timer):
+            if task is not None:
+                task.cancel()
 
     async def _watch_hosts(self) -> None:
         while not self.lifecycle.state.terminal:
@@ -93,3 +176,60 @@ class JobController:
                     if not self.lifecycle.state.terminal:
                         await self.host_error(host_id, f"host {host_id} is unreachable: {exc!r}")
                     return
+
+    # -- control ops ---------------------------------------------------------------
+
+    async def register_controller(self, name: str, handle: Any) -> None:
+        """Make a side controller known to every host (sinks return its ops to it)."""
+        if name in self.side_controllers or name == self.ops.name:
+            raise ValueError(f"job {self.job_name!r} already has a controller named {name!r}")
+        await asyncio.gather(*[h.add_controller.remote(name, handle) for h in self.hosts])
+        self.side_controllers[name] = handle
+        handle.sinks_finished.remote(sorted(self.ops.finished_sinks))
+
+    async def inject(self, message: ControlMessage) -> int:
+        """Give ``message`` the next global sequence number and broadcast it to the sources."""
+        if self.lifecycle.state.terminal:
+            raise JobFailedError(f"job {self.job_name!r} is {self.lifecycle.state.value}: "
+                                 f"cannot start control op {message.op_id}")
+        message = dataclasses.replace(message, seq=self._seq)
+        self._seq += 1
+        tree = self.broadcast
+        assert tree is not None, "bug: controller started without a broadcast tree"
+        for node in tree.top:
+            if isinstance(node, Relay):
+                self.hosts[tree.host[node]].relay.remote([(message, node)])
+            else:
+                self.hosts[self.placement[node]].inject.remote([(message, [node])])
+        return message.seq
+
+    async def run_op(self, op: Any) -> str:
+        """Start ``op``; returns its id (wait with ``op_result``)."""
+        message = self.ops.start(op)
+        self._op_events[message.op_id] = asyncio.Event()
+        try:
+            await self.inject(message)
+        except Exception as exc:
+            self.ops.runs[message.op_id].fail(exc)
+        self._ops_changed()
+        return message.op_id
+
+
+@ray.remote(num_cpus=0)
+class SideController(_ControllerOps):
+    """A further controller of a job: runs its own ops, injected through the job controller."""
+
+    def __init__(self, name: str, view: Any, job_controller: Any):
+        self.job_controller = job_controller
+        self._init_ops(name, view)
+
+    async def run_op(self, op: Any) -> str:
+        self._start_timer()
+        message = self.ops.start(op)
+        self._op_events[message.op_id] = asyncio.Event()
+        try:
+            await self.job_controller.inject.remote(message)
+        except Exception as exc:
+            self.ops.runs[message.op_id].fail(exc)
+        self._ops_changed()
+        return message.op_id

@@ -1,8 +1,9 @@
 """harness.py: runs every ``HostCore`` of a job in one process, without Ray, for deterministic tests.
 
-Cross-host envelopes and grants are delivered by the harness, optionally
-shuffled and duplicated (as Ray may do), so channel ordering, credits and the
-mailbox loop are exercised exactly as in the actors.
+Cross-host envelopes, grants and control traffic are delivered by the
+harness, optionally shuffled and duplicated (as Ray may do), so channel
+ordering, credits, the mailbox loop and the control plane are exercised
+exactly as in the actors. A built-in controller runs control ops.
 
 Example:
     >>> from operators import Dataflow, from_items
@@ -12,26 +13,31 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from typing import Any
 
+from control.coordination import OpCoordinator
+from control.message import ControlMessage
+from control.oprun import OpRun, job_view
+from control.trees import Relay
 from operators.dataflow import Dataflow
 from operators.graph import OperatorKind, physical_plan
 
 from .config import JobConfig
-from .mailbox import HostCore, Outbox
+from .mailbox import HostCore, Outbox, control_trees
 from .placement import place
 
 __all__ = ["LocalRun"]
 
 
 class LocalRun:
-    """A job's hosts as plain objects in this process.
+    """A job's hosts and controller as plain objects in this process.
 
     Args:
         flow: the dataflow (validated here).
         config: runtime options (``num_hosts`` picks the host count).
-        seed: if given, deliveries between hosts are shuffled and some duplicated.
+        seed: if given, deliveries between hosts are shuffled and some data duplicated.
     """
 
     def __init__(self, flow: Dataflow, config: JobConfig | None = None, seed: int | None = None):
@@ -42,6 +48,25 @@ class LocalRun:
         self.hosts = [HostCore(i, self.plan, self.placement, self.config) for i in range(n)]
         self.rng = random.Random(seed) if seed is not None else None
         self._in_flight: list[tuple[int, str, list]] = []
+        self.broadcast, _ = control_trees(self.plan, self.placement, self.config.control_fanout)
+        self.ops = OpCoordinator("controller", job_view(flow.name, self.plan))
+        self._seq = 0
+        self._finished_sinks: set = set()
+
+    # -- control ---------------------------------------------------------------------
+
+    def run_control(self, op: Any) -> OpRun:
+        """Inject ``op`` now (at the sources' next step); returns its run (see ``.state``)."""
+        message = dataclasses.replace(self.ops.start(op), seq=self._seq)
+        self._seq += 1
+        for node in self.broadcast.top:
+            if isinstance(node, Relay):
+                self._in_flight.append((self.broadcast.host[node], "relay", [(message, node)]))
+            else:
+                self._in_flight.append((self.placement[node], "inject", [(message, [node])]))
+        return self.ops.runs[message.op_id]
+
+    # -- delivery --------------------------------------------------------------------
 
     def _collect(self) -> None:
         for host in self.hosts:
@@ -50,6 +75,18 @@ class LocalRun:
                 self._in_flight.append((dst, "deliver", list(envs)))
             for dst, grants in out.grants.items():
                 self._in_flight.append((dst, "grant", list(grants)))
+            for dst, items in out.extra.items():
+                self._in_flight.append((dst, "deliver_extra", list(items)))
+            for kind, table in (("relay", out.control.relays), ("inject", out.control.injections),
+                                ("collect", out.control.collects)):
+                for dst, items in table.items():
+                    self._in_flight.append((dst, kind, list(items)))
+            for ret in out.control.returns:
+                self.ops.on_return(ret)
+            for inst in host.take_finished():
+                if not inst.outputs:
+                    self._finished_sinks.add(inst.name)
+                    self.ops.sinks_finished([inst.name])
 
     def _deliver_some(self) -> bool:
         if not self._in_flight:
@@ -63,12 +100,9 @@ class LocalRun:
         for dst, kind, items in batch:
             if self.rng is not None:
                 self.rng.shuffle(items)
-            if kind == "deliver":
-                if self.rng is not None and self.rng.random() < 0.2:
-                    items = items + items[: self.rng.randint(0, len(items))]  # a re-run Ray call
-                self.hosts[dst].deliver(items)
-            else:
-                self.hosts[dst].grant(items)
+            if kind == "deliver" and self.rng is not None and self.rng.random() < 0.2:
+                items = items + items[: self.rng.randint(0, len(items))]  # a re-run Ray call
+            getattr(self.hosts[dst], kind)(items)
         return True
 
     def step_all(self) -> bool:
@@ -80,13 +114,18 @@ class LocalRun:
         progressed |= self._deliver_some()
         return progressed
 
-    def run(self, max_rounds: int = 1_000_000) -> dict[str, Any]:
-        """Run to completion; return each sink's combined result by sink name."""
+    def run(self, max_rounds: int = 1_000_000, until: Any = None) -> dict[str, Any]:
+        """Run to completion (or until ``until()`` is true); return each sink's combined result."""
         for _ in range(max_rounds):
+            if until is not None and until():
+                return {}
             if not self.step_all() and all(h.done for h in self.hosts) and not self._in_flight:
                 break
         else:
             raise RuntimeError("LocalRun did not finish within max_rounds")
+        return self.results()
+
+    def results(self) -> dict[str, Any]:
         results: dict[tuple[str, int], Any] = {}
         for host in self.hosts:
             results.update(host.sink_results())
@@ -96,3 +135,7 @@ class LocalRun:
                 assert node.sink is not None
                 out[node.name] = node.sink.combine(results[(node.name, i)] for i in range(node.parallelism))
         return out
+
+    def instance(self, name: tuple[str, int]) -> Any:
+        """The ``OperatorInstance`` called ``name``."""
+        return self.hosts[self.placement[name]].by_name[name]

@@ -44,11 +44,17 @@ class OperatorHost:
         self._task: asyncio.Task | None = None
         self._stopped = False
 
-    async def setup(self, plan: Any, placement: dict, config: JobConfig, peers: dict, controller: Any) -> int:
-        self.core = HostCore(self.host_id, plan, placement, config)
+    async def setup(self, plan: Any, placement: dict, config: JobConfig, peers: dict,
+                    controller: Any) -> OperatorError | None:
+        """Build this host's instances; returns the error of a user constructor that raised."""
         self.controller = controller
-        self.transport = Transport(peers, self._peer_failed)
-        return len(self.core.instances)
+        self.controllers = {"controller": controller}
+        self.transport = Transport(peers, self._peer_failed, self.controllers)
+        try:
+            self.core = HostCore(self.host_id, plan, placement, config)
+        except OperatorFailure as failure:
+            return self._operator_error(failure)
+        return None
 
     async def start(self) -> None:
         if self._task is None:
@@ -63,6 +69,30 @@ class OperatorHost:
         assert self.core is not None, "bug: grant() before setup()"
         self.core.grant(grants)
         self._wake.set()
+
+    async def inject(self, items: list) -> None:
+        """Control messages from a controller for sources on this host."""
+        self.core.inject(items)  # type: ignore[union-attr]
+        self._wake.set()
+
+    async def relay(self, items: list) -> None:
+        """Control messages for broadcast relays on this host."""
+        self.core.relay(items)  # type: ignore[union-attr]
+        self._wake.set()
+
+    async def collect(self, items: list) -> None:
+        """Sink returns for aggregation relays on this host."""
+        self.core.collect(items)  # type: ignore[union-attr]
+        self._wake.set()
+
+    async def deliver_extra(self, items: list) -> None:
+        """Control messages along an op's extra edges."""
+        self.core.deliver_extra(items)  # type: ignore[union-attr]
+        self._wake.set()
+
+    async def add_controller(self, name: str, handle: Any) -> None:
+        """A side controller: sinks return its ops to it."""
+        self.controllers[name] = handle
 
     async def ping(self) -> int:
         return self.host_id
@@ -121,11 +151,15 @@ class OperatorHost:
         for inst in self.core.take_finished():  # type: ignore[union-attr]
             self.controller.instance_finished.remote(inst.info.operator, inst.info.index, inst.sink_result())
 
-    def _report_failure(self, failure: OperatorFailure) -> None:
-        self._stopped = True
+    @staticmethod
+    def _operator_error(failure: OperatorFailure) -> OperatorError:
         cause = failure.cause
         tb = "".join(traceback.format_exception(type(cause), cause, cause.__traceback__))
-        error = OperatorError(failure.info.operator, failure.info.index, portable(cause), tb)
+        return OperatorError(failure.info.operator, failure.info.index, portable(cause), tb)
+
+    def _report_failure(self, failure: OperatorFailure) -> None:
+        self._stopped = True
+        error = self._operator_error(failure)
         self.controller.instance_failed.remote(failure.info.operator, failure.info.index, error)
         if self.core is not None:
             self.core.close()

@@ -1,9 +1,14 @@
 """instance.py: one operator instance: its input and output channels, its dispatcher and its statistics.
 
 The dispatcher is the one place that branches on a message's type: ``Data``
-goes to the operator logic, ``End`` closes an input. An instance is
+goes to the operator logic, ``End`` closes an input, a ``ControlMessage`` goes
+to the instance's control processor, whose completed ops are forwarded on
+every output channel (behind the data already queued there), along the op's
+extra edges, or back to the controller from a sink. An instance is
 *runnable* when none of its output channels holds messages waiting for
-credit and it has input it may take (a source: its next batch is due).
+credit and it has input it may take: a message on an unblocked input
+channel, an injected control message (sources), an extra-edge control
+message, or (a source) its next batch is due.
 
 Lifecycle: ``RUNNING -> FINISHED`` (all inputs ended, final output and
 ``End`` queued on every output) ``-> CLOSED``. Only the owning host touches it.
@@ -11,18 +16,25 @@ Lifecycle: ``RUNNING -> FINISHED`` (all inputs ended, final output and
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import time
 from typing import Any, Sequence
 
 import pyarrow as pa
 
+from control.message import CONTROLLER, ControlMessage, ControlReturn, InstanceId
+from control.processor import Completion, ControlProcessor, extra_input
 from operators.endpoints import SinkLogic, SourceLogic
 from operators.logic import InstanceInfo, OperatorLogic
 
 from .channel import InputChannel, OutputChannel
+from .context import InstanceControlContext
 from .messages import Data, End, Envelope, Grant
 from .router import Router
+
+CONTROL_INBOX = -1
+"""The channel id of a source's control inbox (ordered by global injection sequence)."""
 
 __all__ = ["OperatorInstance", "InstanceStatistics", "OperatorFailure"]
 
@@ -47,6 +59,7 @@ class InstanceStatistics:
         queued_batches / queued_bytes: data buffered in its input channels.
         pending_out: messages waiting for credit on its output channels.
         backpressured_s: time it held output waiting for credit (and so could not run).
+        busy_s: time spent processing messages (operator code, routing).
         finished: all inputs ended and final output queued.
         outputs: per output channel, its ``ChannelStatistics``.
     """
@@ -62,8 +75,10 @@ class InstanceStatistics:
     queued_bytes: int
     pending_out: int
     backpressured_s: float
+    busy_s: float
     finished: bool
     outputs: tuple = ()
+    control_completed: int = 0
 
 
 class OperatorInstance:
@@ -75,24 +90,38 @@ class OperatorInstance:
         inputs: its input channels.
         outputs: per output edge, the channels by target position.
         routers: per output edge, its router.
+        targets: per output edge, the receiving instance of each channel.
+        kind: "source", "transform", "keyed" or "sink".
     """
 
     def __init__(self, info: InstanceInfo, logic: OperatorLogic | SourceLogic,
                  inputs: Sequence[InputChannel], outputs: Sequence[Sequence[OutputChannel]],
-                 routers: Sequence[Router], host: int = 0):
+                 routers: Sequence[Router], host: int = 0,
+                 targets: Sequence[Sequence[InstanceId]] = (), kind: str = "transform"):
         self.info = info
+        self.name: InstanceId = (info.operator, info.index)
         self.logic = logic
         self.inputs = list(inputs)
         self.outputs = [list(chs) for chs in outputs]
         self.routers = list(routers)
+        self.targets = [list(t) for t in targets] or [[] for _ in self.outputs]
         self.host = host
+        self.kind = kind
         self.is_source = isinstance(logic, SourceLogic)
         self.finished = False
+        self.control = ControlProcessor(self.name, [ch.channel for ch in self.inputs], self.is_source)
+        self.inbox = InputChannel(CONTROL_INBOX, -1) if self.is_source else None
+        self.extra_inbox: collections.deque[ControlMessage] = collections.deque()
+        self.extra_sends: list[tuple[InstanceId, ControlMessage]] = []
+        self.returns: list[ControlReturn] = []
+        downstream = [t for ts in self.targets for t in ts]
+        self.ctx = InstanceControlContext(self, kind, downstream)
         self._next_input = 0
         self._bp_since: float | None = None
         self.backpressured_s = 0.0
+        self.busy_s = 0.0
         self.records_in = self.records_out = self.batches_in = self.batches_out = 0
-        self.logic.open(info)
+        self._call(self.logic.open, info)
 
     # -- scheduling ---------------------------------------------------------------
 
@@ -105,10 +134,15 @@ class OperatorInstance:
     def has_work(self, now: float) -> bool:
         if self.finished:
             return False
+        if self.extra_inbox:
+            return True
         if self.is_source:
-            ready = self.logic.ready_at()  # type: ignore[union-attr]
-            return ready is None or ready <= now
+            return self.inbox.ready() or self._source_due(now)  # type: ignore[union-attr]
         return any(ch.ready() for ch in self.inputs)
+
+    def _source_due(self, now: float) -> bool:
+        ready = self.logic.ready_at()  # type: ignore[union-attr]
+        return ready is None or ready <= now
 
     def runnable(self, now: float) -> bool:
         """Work to do and credit on every output."""
@@ -137,13 +171,24 @@ class OperatorInstance:
         Raises:
             OperatorFailure: the operator's code raised.
         """
-        if self.is_source:
-            self._step_source()
-            return []
-        env = self._take_input()
-        grant = self.inputs[self._current].grant_for(env)
-        self._dispatch(env, self.inputs[self._current])
-        return [grant] if grant is not None else []
+        started = time.perf_counter()
+        try:
+            if self.extra_inbox:
+                message = self.extra_inbox.popleft()
+                self._on_control(message, extra_input(message.sender))  # type: ignore[arg-type]
+                return []
+            if self.is_source:
+                if self.inbox.ready():  # type: ignore[union-attr]
+                    self._on_control(self.inbox.take().message, CONTROLLER)  # type: ignore[union-attr]
+                else:
+                    self._step_source()
+                return []
+            env = self._take_input()
+            grant = self.inputs[self._current].grant_for(env)
+            self._dispatch(env, self.inputs[self._current])
+            return [grant] if grant is not None else []
+        finally:
+            self.busy_s += time.perf_counter() - started
 
     def _take_input(self) -> Envelope:
         n = len(self.inputs)
@@ -161,12 +206,51 @@ class OperatorInstance:
             self.records_in += message.batch.num_rows
             self.batches_in += 1
             self._emit(self._call(self.logic.process, message.batch, channel.input_index))
+        elif isinstance(message, ControlMessage):
+            self._on_control(message, channel.channel)
         elif isinstance(message, End):
             channel.ended = True
+            self._complete_ops(self._call(self.control.input_ended, channel.channel, self.ctx))
             if all(ch.ended for ch in self.inputs):
                 self._finish()
         else:
             raise TypeError(f"bug: {self.info} received an unknown message {type(message).__name__}")
+
+    # -- control ------------------------------------------------------------------
+
+    def _on_control(self, message: ControlMessage, source: Any) -> None:
+        self._complete_ops(self._call(self.control.arrive, message, source, self.ctx))
+
+    def _complete_ops(self, completions: list[Completion]) -> None:
+        for c in completions:
+            self._forward(c)
+        blocked = self.control.blocked()
+        for ch in self.inputs:
+            ch.blocked = ch.channel in blocked
+
+    def _forward(self, c: Completion) -> None:
+        """Send a completed op on: every output channel, its extra edges, or back to the controller."""
+        message = c.message
+        for chans, targets in zip(self.outputs, self.targets):
+            for ch, target in zip(chans, targets):
+                ch.enqueue(message.hop(self.name, c.payload_for(target)))
+        for src, dst in message.extra_edges:
+            if tuple(src) == self.name:
+                self.extra_sends.append((tuple(dst), message.hop(self.name, c.payload_for(tuple(dst)))))
+        if not self.outputs:
+            payload = {self.name: c.payload_for(CONTROLLER)}
+            self.returns.append(ControlReturn(message.op_id, (self.name,), payload, message.origin, message.op))
+
+    def inject(self, message: ControlMessage) -> None:
+        """A control message from the controller (sources only), placed by its global sequence."""
+        assert self.inbox is not None, f"bug: control message injected at non-source {self.info}"
+        self.inbox.offer(Envelope(CONTROL_INBOX, message.seq, message))
+
+    def take_control_output(self) -> tuple[list[tuple[InstanceId, ControlMessage]], list[ControlReturn]]:
+        """Extra-edge messages and controller returns produced since the last call."""
+        sends, self.extra_sends = self.extra_sends, []
+        returns, self.returns = self.returns, []
+        return sends, returns
 
     def _step_source(self) -> None:
         batch = self._call(self.logic.poll)  # type: ignore[union-attr]
@@ -225,6 +309,8 @@ class OperatorInstance:
             sum(q[0] for q in queued), sum(q[1] for q in queued),
             sum(len(ch.pending) for ch in self.output_channels()),
             self.backpressured_s + (time.monotonic() - self._bp_since if self._bp_since else 0.0),
+            self.busy_s,
             self.finished,
             tuple(ch.statistics() for ch in self.output_channels()),
+            self.control.completed,
         )

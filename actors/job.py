@@ -20,17 +20,20 @@ from typing import Any
 import ray
 
 from control.coordination import JobState, LifecycleSnapshot
+from control.oprun import JobView, job_view
 from operators.dataflow import Dataflow
 from operators.graph import OperatorKind, PhysicalPlan, physical_plan
 
 from .config import JobConfig
-from .controller import JobController
+from .controller import JobController, SideController
 from .errors import JobCancelledError, JobFailedError
 from .host import OperatorHost
 from .instance import InstanceStatistics
+from .mailbox import control_trees
+from .ophandle import OpHandle
 from .placement import place
 
-__all__ = ["submit", "Job", "JobStatus", "JobStatistics"]
+__all__ = ["submit", "Job", "JobStatus", "JobStatistics", "job_view"]
 
 
 def _check_timeout(timeout: float | None) -> None:
@@ -100,15 +103,20 @@ def submit(flow: Dataflow, *, config: JobConfig | None = None, **options: Any) -
     plan = physical_plan(flow.graph)
     num_hosts, placement = place(plan, config.num_hosts, config.placement)
     sinks = [i for i in plan.instances if plan.graph.nodes[i[0]].kind is OperatorKind.SINK]
-    controller = JobController.remote(flow.name, sinks, config.poll_interval_s)
+    view = job_view(flow.name, plan)
+    broadcast, _ = control_trees(plan, placement, config.control_fanout)
+    controller = JobController.remote(flow.name, sinks, config.poll_interval_s, view, broadcast, placement)
     opts = {"num_cpus": config.host_num_cpus, "resources": config.host_resources or None,
             "max_concurrency": 1000, **config.host_options}
     hosts = [OperatorHost.options(**opts).remote(i, flow.name) for i in range(num_hosts)]
-    job = Job(flow.name, plan, controller, hosts)
+    job = Job(flow.name, plan, controller, hosts, view)
     try:
         plan_ref = ray.put(plan)
         peers = dict(enumerate(hosts))
-        ray.get([h.setup.remote(plan_ref, placement, config, peers, controller) for h in hosts])
+        errors = ray.get([h.setup.remote(plan_ref, placement, config, peers, controller) for h in hosts])
+        for error in errors:
+            if error is not None:
+                raise error
         ray.get(controller.start.remote(hosts))
         ray.get([h.start.remote() for h in hosts])
     except BaseException:
@@ -124,11 +132,14 @@ class Job:
     ``RUNNING -> FINISHED | FAILED | CANCELLED``; once terminal, its actors are gone.
     """
 
-    def __init__(self, name: str, plan: PhysicalPlan, controller: Any, hosts: list[Any]):
+    def __init__(self, name: str, plan: PhysicalPlan, controller: Any, hosts: list[Any],
+                 view: JobView | None = None):
         self.name = name
         self.plan = plan
+        self.view = view or job_view(name, plan)
         self._controller = controller
         self._hosts = hosts
+        self._side: dict[str, Any] = {}
         self._final: LifecycleSnapshot | None = None
         self._results: dict[tuple[str, int], Any] = {}
         self._last_stats: JobStatistics | None = None
@@ -218,11 +229,45 @@ class Job:
         self._shutdown()
 
     def _shutdown(self) -> None:
-        for actor in (*self._hosts, self._controller):
+        for actor in (*self._hosts, *self._side.values(), self._controller):
             try:
                 ray.kill(actor, no_restart=True)
             except Exception:
                 pass
+
+    # -- control operations ----------------------------------------------------------
+
+    def run_control(self, op: Any, controller: str | None = None) -> OpHandle:
+        """Start a control op on the running job.
+
+        Args:
+            op: a ``control.ControlOp``.
+            controller: the name of a side controller (``add_controller``) to run it; default the job's.
+
+        Returns:
+            A handle: ``result(timeout)`` waits for the op's result.
+        """
+        handle = self._controller if controller is None else self._side_controller(controller)
+        op_id = ray.get(handle.run_op.remote(op))
+        return OpHandle(op_id, handle, getattr(op, "timeout_s", None))
+
+    def add_controller(self, name: str) -> str:
+        """Start a side controller (its own actor) that can run ops concurrently; returns its name."""
+        side = SideController.options(name=None).remote(name, self.view, self._controller)
+        ray.get(self._controller.register_controller.remote(name, side))
+        self._side[name] = side
+        return name
+
+    def _side_controller(self, name: str) -> Any:
+        if name not in self._side:
+            raise ValueError(f"job {self.name!r} has no controller {name!r}; add it with add_controller()")
+        return self._side[name]
+
+    def metrics(self, timeout: float | None = 60.0) -> Any:
+        """Run a non-blocking ``Monitor`` op in-band and return its result."""
+        from control.ops.monitor import Monitor
+
+        return self.run_control(Monitor()).result(timeout)
 
     # -- observing -------------------------------------------------------------------
 
@@ -246,5 +291,5 @@ class Job:
 
     @property
     def actors(self) -> list[Any]:
-        """The job's Ray actors (hosts and controller), for tests and tooling."""
-        return [*self._hosts, self._controller]
+        """The job's Ray actors (hosts, side controllers, controller), for tests and tooling."""
+        return [*self._hosts, *self._side.values(), self._controller]

@@ -16,17 +16,20 @@ import dataclasses
 import time
 from typing import Any, Iterable
 
+from control.message import ControlMessage, ControlReturn, InstanceId
+from control.trees import Relay, Tree, build_tree
 from operators.endpoints import SinkLogic, SourceLogic, assign_splits
 from operators.graph import OperatorKind, PhysicalPlan
 from operators.logic import InstanceInfo
 
 from .channel import InputChannel, OutputChannel
 from .config import JobConfig
-from .instance import InstanceStatistics, OperatorInstance
+from .instance import InstanceStatistics, OperatorFailure, OperatorInstance
 from .messages import Envelope, Grant
+from .relay import RelayOutput, RelayTable
 from .router import make_router
 
-__all__ = ["HostCore", "Outbox", "build_instance"]
+__all__ = ["HostCore", "Outbox", "build_instance", "control_trees"]
 
 
 @dataclasses.dataclass(slots=True)
@@ -35,9 +38,22 @@ class Outbox:
 
     envelopes: dict[int, list[Envelope]] = dataclasses.field(default_factory=lambda: collections.defaultdict(list))
     grants: dict[int, list[Grant]] = dataclasses.field(default_factory=lambda: collections.defaultdict(list))
+    extra: dict[int, list[tuple[InstanceId, ControlMessage]]] = dataclasses.field(
+        default_factory=lambda: collections.defaultdict(list))
+    control: RelayOutput = dataclasses.field(default_factory=RelayOutput)
 
     def __bool__(self) -> bool:
-        return bool(self.envelopes) or bool(self.grants)
+        return bool(self.envelopes) or bool(self.grants) or bool(self.extra) or bool(self.control)
+
+
+def control_trees(plan: PhysicalPlan, placement: dict[tuple[str, int], int],
+                  fanout: int | None) -> tuple[Tree, Tree]:
+    """The broadcast tree over the sources and the aggregation tree over the sinks."""
+    kinds = {n.name: n.kind for n in plan.graph.nodes.values()}
+    sources = [i for i in plan.instances if kinds[i[0]] is OperatorKind.SOURCE]
+    sinks = [i for i in plan.instances if kinds[i[0]] is OperatorKind.SINK]
+    host_of = placement.__getitem__
+    return build_tree(sources, fanout, host_of), build_tree(sinks, fanout, host_of)
 
 
 def build_instance(plan: PhysicalPlan, name: tuple[str, int], config: JobConfig, host: int = 0,
@@ -47,20 +63,24 @@ def build_instance(plan: PhysicalPlan, name: tuple[str, int], config: JobConfig,
     info = InstanceInfo(node.name, name[1], node.parallelism, node.num_bins)
     if node.kind is OperatorKind.SOURCE:
         assert node.source is not None
-        splits = assign_splits(node.source.splits(), node.parallelism, name[1])
+        splits = assign_splits(plan.source_splits[node.name], node.parallelism, name[1])
         logic: Any = SourceLogic(node.source, splits, source_offsets)
     else:
         assert node.make_logic is not None
-        logic = node.make_logic()
+        try:
+            logic = node.make_logic()
+        except Exception as exc:
+            raise OperatorFailure(info, exc) from exc
     inputs = [InputChannel(c.channel_id, c.input_index) for c in plan.inputs_of(name)]
     outs = plan.outputs_of(name)
-    outputs, routers = [], []
+    outputs, routers, targets = [], [], []
     for edge_index, (down, _, edge) in enumerate(plan.output_edges[node.name]):
         chans = sorted((c for c in outs if c.edge_index == edge_index), key=lambda c: c.dst[1])
         outputs.append([OutputChannel(c.channel_id, config.channel_capacity, config.channel_capacity_bytes)
                         for c in chans])
+        targets.append([c.dst for c in chans])
         routers.append(make_router(edge, len(chans), plan.bin_tables.get(down), down, name[1]))
-    return OperatorInstance(info, logic, inputs, outputs, routers, host)
+    return OperatorInstance(info, logic, inputs, outputs, routers, host, targets, node.kind.value)
 
 
 class HostCore:
@@ -77,10 +97,16 @@ class HostCore:
                  config: JobConfig):
         self.host_id = host_id
         self.config = config
+        self.placement = placement
         self.instances: list[OperatorInstance] = [
             build_instance(plan, name, config, host_id)
             for name in plan.instances if placement[name] == host_id
         ]
+        self.by_name = {inst.name: inst for inst in self.instances}
+        broadcast, aggregation = control_trees(plan, placement, config.control_fanout)
+        self.relays = RelayTable(host_id, broadcast, aggregation, placement.__getitem__,
+                                 lambda message, name: self.by_name[name].inject(message))
+        self._flat_aggregation = aggregation.depth == 0
         self._inputs: dict[int, tuple[OperatorInstance, InputChannel]] = {}
         self._outputs: dict[int, OutputChannel] = {}
         self._owner: dict[int, OperatorInstance] = {}
@@ -108,6 +134,54 @@ class HostCore:
                 raise RuntimeError(f"bug: host {self.host_id} received channel {env.channel} it does not own")
             entry[1].offer(env)
 
+    def inject(self, items: Iterable[tuple[ControlMessage, list[InstanceId]]]) -> None:
+        """Control messages from a controller (or a relay) for sources on this host."""
+        for message, targets in items:
+            for name in targets:
+                self.by_name[tuple(name)].inject(message)
+
+    def relay(self, items: Iterable[tuple[ControlMessage, Relay]]) -> None:
+        """Broadcast relays hosted here forward control messages to their children."""
+        for message, relay in items:
+            self.relays.relay(message, relay)
+        self._take_relay_output()
+
+    def collect(self, items: Iterable[tuple[ControlReturn, Relay]]) -> None:
+        """Aggregation relays hosted here collect sink returns."""
+        for ret, relay in items:
+            self.relays.collect(ret, relay)
+        self._take_relay_output()
+
+    def deliver_extra(self, items: Iterable[tuple[InstanceId, ControlMessage]]) -> None:
+        """Control messages along an op's extra (control-only) edges."""
+        for name, message in items:
+            self.by_name[tuple(name)].extra_inbox.append(message)
+
+    def _take_relay_output(self) -> None:
+        out = self.relays.take_output()
+        mine = self.outbox.control
+        for host, items in out.relays.items():
+            mine.relays[host].extend(items)
+        for host, injections in out.injections.items():
+            mine.injections[host].extend(injections)
+        for host, collects in out.collects.items():
+            mine.collects[host].extend(collects)
+        mine.returns.extend(out.returns)
+
+    def _route_control(self, inst: OperatorInstance) -> None:
+        sends, returns = inst.take_control_output()
+        for name, message in sends:
+            host = self.placement[name]
+            if host == self.host_id:
+                self.by_name[name].extra_inbox.append(message)
+            else:
+                self.outbox.extra[host].append((name, message))
+        for ret in returns:
+            self.relays.sink_returned(ret)
+        if inst.finished and not inst.outputs and not self._flat_aggregation:
+            self.relays.sink_returned(ControlReturn(None, (inst.name,), None, ""))
+        self._take_relay_output()
+
     def grant(self, grants: Iterable[Grant]) -> None:
         """Credit returned by receivers on other hosts."""
         for g in grants:
@@ -132,9 +206,12 @@ class HostCore:
                 grants = inst.step()
                 self._return_credit(grants)
                 self._dirty.update(ch.channel for ch in inst.output_channels())
-                if inst.finished and id(inst) not in self._reported:
+                newly_finished = inst.finished and id(inst) not in self._reported
+                if newly_finished:
                     self._reported.add(id(inst))
                     self.finished_events.append(inst)
+                if inst.extra_sends or inst.returns or (newly_finished and not inst.outputs):
+                    self._route_control(inst)
                 self._flush()
                 return True
         return False

@@ -1,10 +1,14 @@
 """placement.py: which host actor runs which operator instance.
 
-By default there are as many hosts as the largest operator parallelism.
-Keyed (stateful) instance ``i`` goes to host ``i``, so each gets its own
-process and core; other instances go to host ``n - 1 - i`` (mod n), so that
-forward edges between equal-parallelism operators stay inside one host and
-sources and sinks do not pile onto the first stateful instance's host.
+By default, stateful (keyed) instance ``i`` of every keyed operator goes to
+host ``i``, so no stateful instance shares its process and core with a
+source, a sink or a stateless operator; stateless instance ``i`` goes to host
+``K + i``, where K is the largest keyed parallelism, so forward edges between
+equal-parallelism stateless operators stay inside one host. That makes at
+most twice the largest parallelism hosts.
+
+With ``num_hosts`` given, keyed instance ``i`` goes to host ``i mod n`` and
+other instance ``i`` to host ``n - 1 - i mod n``. Pins override both.
 """
 
 from __future__ import annotations
@@ -37,13 +41,17 @@ def place(plan: PhysicalPlan, num_hosts: int | None = None,
             raise ValueError(
                 f"placement: operator {op!r} needs {nodes[op].parallelism} host ids >= 0, got {list(hosts)}")
     needed = max((h + 1 for hosts in pins.values() for h in hosts), default=1)
-    n = num_hosts or max(needed, max(node.parallelism for node in nodes.values()))
+    keyed = max((n.parallelism for n in nodes.values() if n.kind is OperatorKind.KEYED), default=0)
+    free = max((n.parallelism for n in nodes.values() if n.kind is not OperatorKind.KEYED), default=0)
+    n = num_hosts or max(needed, keyed + free)
     if needed > n:
         raise ValueError(f"placement: pins name host {needed - 1} but num_hosts is {n}")
     placement: dict[tuple[str, int], int] = {}
     for op, index in plan.instances:
         if op in pins:
             placement[(op, index)] = pins[op][index]
+        elif num_hosts is None:
+            placement[(op, index)] = index if nodes[op].kind is OperatorKind.KEYED else keyed + index
         elif nodes[op].kind is OperatorKind.KEYED:
             placement[(op, index)] = index % n
         else:

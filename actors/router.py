@@ -67,6 +67,7 @@ class HashRouter(Router):
         self.num_bins = len(self.table)
         self.num_targets = int(self.table.max()) + 1 if len(self.table) else 1
         self.operator = operator
+        self.bin_counts = np.zeros(self.num_bins, dtype=np.int64)  # records routed per bin (load)
 
     def set_table(self, table: Sequence[int], num_targets: int) -> None:
         """Replace the routing table (rescale / migration)."""
@@ -81,21 +82,19 @@ class HashRouter(Router):
                 f"operator {self.operator!r}: key column {self.key!r} is missing from its input; "
                 f"the batch has columns {batch.schema.names}"
             ) from None
-        dest = self.table[bins_of(keys, self.num_bins)]
+        bins = bins_of(keys, self.num_bins)
+        self.bin_counts += np.bincount(bins, minlength=self.num_bins)
+        dest = self.table[bins]
         if len(dest) == 0:
             return []
         first = dest[0]
         if (dest == first).all():
             return [(int(first), batch)]
-        order = np.argsort(dest, kind="stable")
-        counts = np.bincount(dest, minlength=self.num_targets)
-        taken = batch.take(pa.array(order))
         out: list[tuple[int, pa.RecordBatch]] = []
-        offset = 0
-        for target, count in enumerate(counts.tolist()):
-            if count:
-                out.append((target, taken.slice(offset, count)))
-                offset += count
+        for target in range(self.num_targets):
+            rows = np.flatnonzero(dest == target)
+            if len(rows):
+                out.append((target, batch.take(rows)))
         return out
 
 

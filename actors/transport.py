@@ -23,9 +23,11 @@ class Transport:
         on_error: called with (host id, exception) when a call to that host fails.
     """
 
-    def __init__(self, peers: dict[int, Any], on_error: Callable[[int, BaseException], None]):
+    def __init__(self, peers: dict[int, Any], on_error: Callable[[int, BaseException], None],
+                 controllers: dict[str, Any] | None = None):
         self.peers = peers
         self.on_error = on_error
+        self.controllers = controllers if controllers is not None else {}
         self._watchers: set[asyncio.Task] = set()
         self.calls = 0
 
@@ -34,6 +36,22 @@ class Transport:
             self._watch(host, self.peers[host].deliver.remote(envelopes))
         for host, grants in outbox.grants.items():
             self._watch(host, self.peers[host].grant.remote(grants))
+        for host, extra in outbox.extra.items():
+            self._watch(host, self.peers[host].deliver_extra.remote(extra))
+        control = outbox.control
+        for host, relays in control.relays.items():
+            self._watch(host, self.peers[host].relay.remote(relays))
+        for host, injections in control.injections.items():
+            self._watch(host, self.peers[host].inject.remote(injections))
+        for host, collects in control.collects.items():
+            self._watch(host, self.peers[host].collect.remote(collects))
+        by_origin: dict[str, list] = {}
+        for ret in control.returns:
+            by_origin.setdefault(ret.origin, []).append(ret)
+        for origin, rets in by_origin.items():
+            handle = self.controllers.get(origin)
+            if handle is not None:  # a controller that is gone has no op to return to
+                handle.op_returned.remote(rets)
 
     def _watch(self, host: int, ref: Any) -> None:
         self.calls += 1

@@ -1,4 +1,4 @@
-"""coordination.py: the controller's bookkeeping of a job: which instances finished, failed, or were lost.
+"""coordination.py: the controller's logic: a job's lifecycle, and the control ops a controller runs.
 
 A plain state machine, unit-tested without Ray; ``actors.controller`` wraps
 it in a Ray actor. Lifecycle::
@@ -14,9 +14,13 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import itertools
 from typing import Any, Iterable
 
-__all__ = ["JobState", "JobLifecycle", "LifecycleSnapshot"]
+from .message import Configs, ControlMessage, ControlReturn
+from .oprun import OpFailedError, OpRun
+
+__all__ = ["JobState", "JobLifecycle", "LifecycleSnapshot", "OpCoordinator"]
 
 
 class JobState(str, enum.Enum):
@@ -85,3 +89,60 @@ class JobLifecycle:
     def snapshot(self) -> LifecycleSnapshot:
         return LifecycleSnapshot(self.state, tuple(self._finished), tuple(sorted(self._pending)),
                                  self.error, tuple(self.events))
+
+
+class OpCoordinator:
+    """The control ops one controller started: building their messages and tracking their returns.
+
+    Args:
+        name: the controller's name (the ``origin`` of its ops).
+        view: the job's topology, handed to op handlers as their context.
+    """
+
+    def __init__(self, name: str, view: Any):
+        self.name = name
+        self.view = view
+        self.runs: dict[str, Any] = {}
+        self.finished_sinks: set[tuple[str, int]] = set()
+        self._ids = itertools.count()
+
+    def start(self, op: Any) -> ControlMessage:
+        """Run ``op.on_init`` and build its message (``seq`` is set by the injector).
+
+        Raises:
+            TypeError / ValueError: the op is not a ControlOp or its extra edges are invalid.
+        """
+        from .op import ControlOp
+
+        if not isinstance(op, ControlOp):
+            raise TypeError(f"run_control(): expected a ControlOp, got {type(op).__name__}")
+        op_id = f"{self.name}:{next(self._ids)}:{op.kind}"
+        configs = Configs(op.on_init(self.view) or {}, op.default_config())
+        extra = tuple((tuple(a), tuple(b)) for a, b in op.extra_edges(self.view))
+        known = set(map(tuple, self.view.instances))
+        for a, b in extra:
+            if a not in known or b not in known:
+                raise ValueError(f"control op {op_id}: extra edge {a} -> {b} names an unknown instance")
+        run = OpRun(op, op_id, self.view, self.view.sinks)
+        self.runs[op_id] = run
+        run.sinks_finished(self.finished_sinks)
+        return ControlMessage(op_id, op.kind, bool(op.blocking), -1, self.name, op, configs, extra)
+
+    def on_return(self, ret: ControlReturn) -> None:
+        run = self.runs.get(ret.op_id or "")
+        if run is not None:
+            run.on_return(ret.instances, ret.payload or {})
+
+    def sinks_finished(self, sinks: Iterable[tuple[str, int]]) -> None:
+        sinks = [tuple(s) for s in sinks]
+        self.finished_sinks.update(sinks)
+        for run in self.runs.values():
+            run.sinks_finished(sinks)
+
+    def fail_all(self, error: BaseException) -> None:
+        for run in self.runs.values():
+            run.fail(OpFailedError(f"control op {run.op_id} ({run.op.kind}) failed: {error}"), error)
+
+    def check_timeouts(self) -> None:
+        for run in self.runs.values():
+            run.check_timeout()

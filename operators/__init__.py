@@ -4,9 +4,10 @@ Pure Python over pyarrow and NumPy; nothing here imports Ray.
 """
 
 from .dataflow import Dataflow, KeyedStream, Stream
+from .generator import generate
 from .logic import InstanceInfo, OperatorLogic, Sink, SinkWriter, Source, SourceSplit, SplitReader
 from .sinks import collect, to_parquet
-from .sources import from_arrow, from_items, from_parquet, generate
+from .sources import from_arrow, from_items, from_parquet
 
 __all__ = [
     "Dataflow",

@@ -46,6 +46,12 @@ def _check_parallelism(name: str, parallelism: Any) -> int:
     return parallelism
 
 
+def _check_params(verb: str, params: Any) -> dict[str, Any] | None:
+    if params is not None and not isinstance(params, dict):
+        raise TypeError(f"{verb}(): params must be a dict, got {type(params).__name__}")
+    return params
+
+
 def _check_callable(verb: str, fn: Any) -> None:
     if not callable(fn):
         raise TypeError(f"{verb}(): expected a function, got {type(fn).__name__}")
@@ -147,22 +153,29 @@ class Stream:
         )
         return self.flow._add(node)
 
-    def map(self, fn: Callable[[pa.RecordBatch], Any], *, name: str | None = None,
-            parallelism: int | None = None, schema: pa.Schema | None = None) -> "Stream":
-        """``fn(batch) -> RecordBatch | Table``, vectorised (the fast path)."""
-        return self._transform("map", fn, lambda: stateless.MapLogic(fn, schema),
+    def map(self, fn: Callable[..., Any], *, name: str | None = None, parallelism: int | None = None,
+            schema: pa.Schema | None = None, params: dict[str, Any] | None = None) -> "Stream":
+        """``fn(batch) -> RecordBatch | Table``, vectorised (the fast path).
+
+        With ``params`` (a dict) it is called as ``fn(batch, params)``, and a
+        ``Reconfigure`` control op can change them while the job runs.
+        """
+        params = _check_params("map", params)
+        return self._transform("map", fn, lambda: stateless.MapLogic(fn, schema, params),
                                name=name, parallelism=parallelism, schema=schema)
 
-    def filter(self, fn: Callable[[pa.RecordBatch], Any], *, name: str | None = None,
-               parallelism: int | None = None) -> "Stream":
-        """``fn(batch) -> boolean mask``; keeps the rows where it is true."""
-        return self._transform("filter", fn, lambda: stateless.FilterLogic(fn),
+    def filter(self, fn: Callable[..., Any], *, name: str | None = None,
+               parallelism: int | None = None, params: dict[str, Any] | None = None) -> "Stream":
+        """``fn(batch) -> boolean mask``; keeps the rows where it is true (``params`` as for ``map``)."""
+        params = _check_params("filter", params)
+        return self._transform("filter", fn, lambda: stateless.FilterLogic(fn, params),
                                name=name, parallelism=parallelism, schema=self.schema)
 
-    def flat_map(self, fn: Callable[[pa.RecordBatch], Any], *, name: str | None = None,
-                 parallelism: int | None = None, schema: pa.Schema | None = None) -> "Stream":
-        """``fn(batch) -> iterable of RecordBatch / Table`` (or one, or None)."""
-        return self._transform("flat_map", fn, lambda: stateless.FlatMapLogic(fn, schema),
+    def flat_map(self, fn: Callable[..., Any], *, name: str | None = None, parallelism: int | None = None,
+                 schema: pa.Schema | None = None, params: dict[str, Any] | None = None) -> "Stream":
+        """``fn(batch) -> iterable of RecordBatch / Table`` (or one, or None; ``params`` as for ``map``)."""
+        params = _check_params("flat_map", params)
+        return self._transform("flat_map", fn, lambda: stateless.FlatMapLogic(fn, schema, params),
                                name=name, parallelism=parallelism, schema=schema)
 
     def map_records(self, fn: Callable[[dict], dict], *, name: str | None = None,

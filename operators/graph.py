@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import pyarrow as pa
 
-from .logic import OperatorLogic, Sink, Source
+from .logic import OperatorLogic, Sink, Source, SourceSplit
 
 __all__ = [
     "Partition",
@@ -149,6 +149,7 @@ class PhysicalPlan:
         channels: every channel.
         output_edges: per operator, its consumers' (operator, input index, edge) in order.
         bin_tables: per keyed operator, the initial bin -> instance table.
+        source_splits: per source, its splits (computed once, on the driver).
     """
 
     graph: LogicalGraph
@@ -156,6 +157,7 @@ class PhysicalPlan:
     channels: list[ChannelSpec]
     output_edges: dict[str, list[tuple[str, int, InputEdge]]]
     bin_tables: dict[str, list[int]]
+    source_splits: dict[str, list[SourceSplit]] = dataclasses.field(default_factory=dict)
 
     def inputs_of(self, instance: tuple[str, int]) -> list[ChannelSpec]:
         return [c for c in self.channels if c.dst == instance]
@@ -201,7 +203,15 @@ def physical_plan(graph: LogicalGraph) -> PhysicalPlan:
         for n in graph.nodes.values()
         if n.kind is OperatorKind.KEYED
     }
-    return PhysicalPlan(graph, instances, channels, output_edges, bin_tables)
+    source_splits = {}
+    for n in graph.nodes.values():
+        if n.kind is OperatorKind.SOURCE:
+            assert n.source is not None
+            try:
+                source_splits[n.name] = list(n.source.splits())
+            except Exception as exc:
+                raise type(exc)(f"{n.describe()}: listing the source's splits failed: {exc}") from exc
+    return PhysicalPlan(graph, instances, channels, output_edges, bin_tables, source_splits)
 
 
 def describe_callable(fn: Any) -> str:

@@ -1,4 +1,4 @@
-"""sources.py: the built-in replayable sources (items, Arrow, Parquet, generator).
+"""sources.py: the built-in replayable sources (items, Arrow, Parquet; re-exports the generator).
 
 Every source here is a :class:`logic.Source`: ``splits()`` runs on the driver,
 the source object is cloudpickled into the host actors, and ``open_split``
@@ -20,20 +20,18 @@ Example:
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import itertools
-import numbers
 import os
-import time
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from operators.generator import GenerateSource, generate
 from operators.logic import Source, SourceSplit, SplitReader
+from operators.validation import _require
 
 __all__ = [
     "from_items",
@@ -44,20 +42,6 @@ __all__ = [
     "ParquetSource",
     "GenerateSource",
 ]
-
-
-def _require(name: str, value: Any, *, integer: bool = True, minimum: int = 1, allow_none: bool = False) -> None:
-    """Raise ``ValueError`` unless ``value`` is an int ``>= minimum`` (``integer``) or a number ``> 0``.
-
-    ``None`` passes when ``allow_none``; bools never pass.
-    """
-    if value is None and allow_none:
-        return
-    kind = numbers.Integral if integer else numbers.Real
-    ok = isinstance(value, kind) and not isinstance(value, bool)
-    if not ok or (value < minimum if integer else not value > 0):
-        what = f"an int >= {minimum}" if integer else "a number > 0"
-        raise ValueError(f"{name} must be {what}{' or None' if allow_none else ''}, got {value!r}")
 
 
 def _row_ranges(total: int, num_splits: int) -> list[tuple[int, int]]:
@@ -399,194 +383,3 @@ def from_parquet(
         raise ValueError("from_parquet: expected at least one path, got none")
     files = _list_parquet(fs, [os.fspath(p) for p in paths])
     return ParquetSource(files, columns, fs, batch_size)
-
-
-# --------------------------------------------------------------------------- generator
-
-
-class _ZipfSampler:
-    """Maps uniform draws in ``[0, 1)`` to ranks ``0..num_keys-1`` with weight ``(rank+1)**-s``.
-
-    Inverse-CDF sampling, exact; a guide table over ``2**16`` equal buckets of
-    ``[0, 1)`` answers draws whose bucket lies within one rank without a
-    binary search (most draws: the mass is on the few top ranks).
-    """
-
-    _BUCKETS = 1 << 16  # a power of two, so ``u * _BUCKETS`` is exact
-
-    def __init__(self, num_keys: int, s: float) -> None:
-        cdf = np.cumsum(np.arange(1, num_keys + 1, dtype=np.float64) ** -s)
-        self._cdf = cdf / cdf[-1]
-        self._last = num_keys - 1
-        edges = self._rank(np.arange(self._BUCKETS + 1, dtype=np.float64) / self._BUCKETS)
-        self._guide = edges[:-1]
-        self._exact = edges[:-1] == edges[1:]
-
-    def _rank(self, u: np.ndarray) -> np.ndarray:
-        ranks = np.searchsorted(self._cdf, u, side="right")
-        return np.minimum(ranks, self._last, out=ranks)
-
-    def sample(self, u: np.ndarray) -> np.ndarray:
-        """The rank of each draw in ``u`` (int64)."""
-        bucket = np.minimum((u * self._BUCKETS).astype(np.int64), self._BUCKETS - 1)
-        ranks = self._guide[bucket]
-        slow = ~self._exact[bucket]
-        ranks[slow] = self._rank(u[slow])
-        return ranks.astype(np.int64, copy=False)
-
-
-class _GenerateReader(SplitReader):
-    """Emits the deterministic batches of one generator split; offset = batches emitted."""
-
-    def __init__(self, source: GenerateSource, split: int, offset: int) -> None:
-        self._src = source
-        self._schema = source.schema()
-        self._split = split
-        self._batch_index = offset
-        n, rem = divmod(source.num_records or 0, source.num_splits)
-        self._total = None if source.num_records is None else n + (1 if split < rem else 0)
-        self._rate = None if source.rate is None else source.rate / source.num_splits
-        self._t0 = source.clock()
-        self._rows_since_open = 0
-        self._keys = source.key_dictionary() if source.key_type == "string" else None
-        self._zipf = _ZipfSampler(source.num_keys, source.zipf_s) if source.dist == "zipf" else None
-
-    def ready_at(self) -> float | None:
-        if self._rate is None:
-            return None
-        return self._t0 + self._rows_since_open / self._rate
-
-    def _key_column(self, rng: np.random.Generator, n: int) -> pa.Array:
-        if self._zipf is None:
-            ids = rng.integers(0, self._src.num_keys, n, dtype=np.int64)
-        else:
-            ids = self._zipf.sample(rng.random(n))
-        if self._keys is None:
-            return pa.array(ids.astype(np.int64, copy=False))
-        return self._keys.take(pa.array(ids))
-
-    def read(self) -> pa.RecordBatch | None:
-        src, b = self._src, self._batch_index
-        first = b * src.batch_size
-        n = src.batch_size if self._total is None else min(src.batch_size, self._total - first)
-        if n <= 0:
-            return None
-        rng = np.random.default_rng([src.seed, self._split, b])
-        key = self._key_column(rng, n)
-        value = rng.integers(0, 1_000_000, n, dtype=np.int64)
-        seq = np.arange(first, first + n, dtype=np.int64)
-        ts = np.full(n, time.time_ns(), dtype=np.int64).view("datetime64[ns]")
-        self._batch_index += 1
-        self._rows_since_open += n
-        return pa.RecordBatch.from_arrays([key, pa.array(value), pa.array(seq), pa.array(ts)], schema=self._schema)
-
-    def offset(self) -> int:
-        return self._batch_index
-
-
-@dataclasses.dataclass(frozen=True)
-class GenerateSource(Source):
-    """A deterministic, seedable, rate-controlled synthetic source (for benchmarks).
-
-    Columns: ``key`` (``"k<id>"`` strings or int64 ids), ``value`` (int64),
-    ``seq`` (per-split record sequence from 0) and ``ts`` (ingestion time,
-    ``time.time_ns()`` when the batch is emitted). ``key``, ``value`` and
-    ``seq`` of batch ``b`` of split ``s`` depend only on ``(seed, s, b)``.
-
-    Pacing is open loop: batch ``j`` after ``open_split`` is due at
-    ``t_open + rows_before_j / (rate / num_splits)``; a reader that fell behind
-    catches up at full speed. Fields are as in :func:`generate`.
-    """
-
-    num_records: int | None
-    rate: float | None
-    batch_size: int
-    num_keys: int
-    dist: str
-    zipf_s: float
-    seed: int
-    num_splits: int
-    key_type: str
-    clock: Callable[[], float] = time.monotonic
-
-    def schema(self) -> pa.Schema:
-        key_type = pa.string() if self.key_type == "string" else pa.int64()
-        return pa.schema(
-            [("key", key_type), ("value", pa.int64()), ("seq", pa.int64()), ("ts", pa.timestamp("ns"))]
-        )
-
-    def splits(self) -> list[SourceSplit]:
-        return [SourceSplit(f"generate-{i}", i) for i in range(self.num_splits)]
-
-    def open_split(self, split: SourceSplit, offset: Any = None) -> SplitReader:
-        offset = 0 if offset is None else int(offset)
-        if offset < 0 or not 0 <= split.payload < self.num_splits:
-            raise ValueError(
-                f"generate: expected a split index in [0, {self.num_splits}) and an offset >= 0, "
-                f"got split {split.payload!r} and offset {offset}"
-            )
-        return _GenerateReader(self, int(split.payload), offset)
-
-    def key_dictionary(self) -> pa.Array:
-        """The string keys ``["k0", "k1", ...]``, built vectorised."""
-        ids = pc.cast(pa.array(np.arange(self.num_keys, dtype=np.int64)), pa.string())
-        return pc.binary_join_element_wise("k", ids, "")
-
-    def describe(self) -> str:
-        return f"generate({self.dist})"
-
-
-def generate(
-    num_records: int | None,
-    *,
-    rate: float | None = None,
-    batch_size: int = 10_000,
-    num_keys: int = 100_000,
-    dist: str = "uniform",
-    zipf_s: float = 1.1,
-    seed: int = 0,
-    num_splits: int = 1,
-    key_type: str = "string",
-    clock: Callable[[], float] = time.monotonic,
-) -> Source:
-    """A synthetic source for benchmarks: deterministic, seedable, optionally rate-limited.
-
-    Args:
-        num_records: total records over all splits; ``None``: unbounded.
-        rate: records per second for the whole source (split evenly across
-            splits); ``None``: as fast as it is pulled.
-        batch_size: records per batch.
-        num_keys: keys are drawn from ``num_keys`` distinct values.
-        dist: ``"uniform"`` or ``"zipf"`` (rank ``r`` has weight ``(r+1)**-zipf_s``).
-        zipf_s: the Zipf exponent.
-        seed: the random seed.
-        num_splits: number of splits.
-        key_type: ``"string"`` (``"k123"``) or ``"int"`` (int64).
-        clock: the monotonic clock used for pacing (injectable for tests).
-
-    Returns:
-        A source whose split offsets count batches already emitted.
-
-    Raises:
-        ValueError: an argument is out of range (naming it and its value).
-
-    Example:
-        >>> r = generate(25, batch_size=10).open_split(SourceSplit("generate-0", 0))
-        >>> [r.read().num_rows for _ in range(3)]
-        [10, 10, 5]
-    """
-    _require("generate: num_records", num_records, minimum=0, allow_none=True)
-    _require("generate: rate", rate, integer=False, allow_none=True)
-    _require("generate: batch_size", batch_size)
-    _require("generate: num_keys", num_keys)
-    _require("generate: num_splits", num_splits)
-    _require("generate: zipf_s", zipf_s, integer=False)
-    if dist not in ("uniform", "zipf"):
-        raise ValueError(f"generate: dist must be 'uniform' or 'zipf', got {dist!r}")
-    if key_type not in ("string", "int"):
-        raise ValueError(f"generate: key_type must be 'string' or 'int', got {key_type!r}")
-    return GenerateSource(
-        None if num_records is None else int(num_records),
-        None if rate is None else float(rate),
-        int(batch_size), int(num_keys), dist, float(zipf_s), int(seed), int(num_splits), key_type, clock,
-    )

@@ -12,7 +12,7 @@ Two implementations:
 * :class:`DictState`: ``bin -> {key: value}`` of Python objects (keyed
   ``reduce`` and ``process``); bins travel as cloudpickle.
 * :class:`ColumnarAggState`: the fast path of built-in aggregations; keys map
-  to dense *slots* (a :class:`~operators.hashing.KeyIndex`), accumulators are
+  to dense *slots* (a :class:`~operators.keyindex.KeyIndex`), accumulators are
   NumPy columns indexed by slot; bins travel as Arrow IPC streams.
 
 Versions: each bin has a counter, incremented by every write to it. It travels
@@ -35,7 +35,8 @@ import cloudpickle
 import numpy as np
 import pyarrow as pa
 
-from .hashing import KeyIndex, bins_from_hashes, bins_of, check_num_bins
+from .hashing import bins_from_hashes, bins_of, check_num_bins
+from .keyindex import KeyIndex
 
 __all__ = [
     "BinnedState",
@@ -237,7 +238,7 @@ class Accumulator:
 class ColumnarAggState(BinnedState):
     """Columnar keyed state for built-in aggregations (the fast path).
 
-    Keys live in dense *slots* of a :class:`~operators.hashing.KeyIndex`;
+    Keys live in dense *slots* of a :class:`~operators.keyindex.KeyIndex`;
     each :class:`Accumulator` is a NumPy column indexed by slot, grown
     geometrically, beside the bin of every slot. Extracting bins compacts the
     slots, so slot numbers change only then; a key extracted and seen again
@@ -308,7 +309,7 @@ class ColumnarAggState(BinnedState):
         """Combine per-key partial accumulators into the state (a write to their bins).
 
         Args:
-            keys: distinct keys (as :func:`~operators.hashing.encode_keys` returns them).
+            keys: distinct keys (as :func:`~operators.keyindex.encode_keys` returns them).
             partials: per accumulator name, one value per key (the
                 accumulator's identity where a key contributes nothing).
 

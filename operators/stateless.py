@@ -1,7 +1,8 @@
 """stateless.py: the stateless operator logics: map, filter, flat_map (batch and record level), union.
 
 Batch-level functions receive a whole ``pyarrow.RecordBatch`` and are the fast
-path. Record-level variants (``*_records``) call the user function once per
+path. Given ``params`` (a dict), they are called as ``fn(batch, params)``; a
+``Reconfigure`` control op changes ``params`` consistently while the job runs. Record-level variants (``*_records``) call the user function once per
 row on Python dicts: convenient, and one to two orders of magnitude slower.
 """
 
@@ -26,29 +27,38 @@ __all__ = [
 ]
 
 
-class MapLogic(OperatorLogic):
+class _BatchFunction(OperatorLogic):
+    """A logic around a batch-level user function, with optional parameters."""
+
+    def __init__(self, fn: Callable[..., Any], params: dict[str, Any] | None = None):
+        self.fn = fn
+        self.params = None if params is None else dict(params)
+
+    def call(self, batch: pa.RecordBatch) -> Any:
+        return self.fn(batch) if self.params is None else self.fn(batch, self.params)
+
+
+class MapLogic(_BatchFunction):
     """``fn(batch) -> RecordBatch | Table | rows``; empty input batches are skipped."""
 
-    def __init__(self, fn: Callable[[pa.RecordBatch], Any], schema: pa.Schema | None = None):
-        self.fn = fn
+    def __init__(self, fn: Callable[..., Any], schema: pa.Schema | None = None,
+                 params: dict[str, Any] | None = None):
+        super().__init__(fn, params)
         self.schema = schema
 
     def process(self, batch: pa.RecordBatch, input_index: int) -> Sequence[pa.RecordBatch]:
         if batch.num_rows == 0:
             return ()
-        return to_batches(self.fn(batch), self.schema)
+        return to_batches(self.call(batch), self.schema)
 
 
-class FilterLogic(OperatorLogic):
+class FilterLogic(_BatchFunction):
     """``fn(batch) -> mask`` (a boolean Arrow array, NumPy array or list); keeps rows where true."""
-
-    def __init__(self, fn: Callable[[pa.RecordBatch], Any]):
-        self.fn = fn
 
     def process(self, batch: pa.RecordBatch, input_index: int) -> Sequence[pa.RecordBatch]:
         if batch.num_rows == 0:
             return ()
-        mask = self.fn(batch)
+        mask = self.call(batch)
         if isinstance(mask, pa.ChunkedArray):
             mask = mask.combine_chunks()
         if not isinstance(mask, pa.Array):
@@ -61,17 +71,18 @@ class FilterLogic(OperatorLogic):
         return (out,) if out.num_rows else ()
 
 
-class FlatMapLogic(OperatorLogic):
+class FlatMapLogic(_BatchFunction):
     """``fn(batch) -> iterable of RecordBatch / Table`` (or one of them, or None)."""
 
-    def __init__(self, fn: Callable[[pa.RecordBatch], Any], schema: pa.Schema | None = None):
-        self.fn = fn
+    def __init__(self, fn: Callable[..., Any], schema: pa.Schema | None = None,
+                 params: dict[str, Any] | None = None):
+        super().__init__(fn, params)
         self.schema = schema
 
     def process(self, batch: pa.RecordBatch, input_index: int) -> Sequence[pa.RecordBatch]:
         if batch.num_rows == 0:
             return ()
-        return [b for b in to_batches(self.fn(batch), self.schema) if b.num_rows]
+        return [b for b in to_batches(self.call(batch), self.schema) if b.num_rows]
 
 
 def _rows_to_batches(rows: list[dict], schema: pa.Schema | None) -> Sequence[pa.RecordBatch]:

@@ -16,13 +16,12 @@ import pytest
 from operators.hashing import (
     DEFAULT_NUM_BINS,
     NULL_HASH,
-    KeyIndex,
     bins_from_hashes,
     bins_of,
     check_num_bins,
-    encode_keys,
     hash_keys,
 )
+from operators.keyindex import KeyIndex, encode_keys
 
 REPO = Path(__file__).resolve().parents[3]
 

@@ -334,7 +334,7 @@ def test_generate_rejects_bad_arguments(kwargs, match):
 
 
 def test_zipf_sampler_equals_plain_inverse_cdf():
-    from operators.sources import _ZipfSampler
+    from operators.generator import _ZipfSampler
 
     num_keys, s = 5000, 1.3
     weights = np.arange(1, num_keys + 1, dtype=np.float64) ** -s

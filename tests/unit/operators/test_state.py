@@ -12,7 +12,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from operators.hashing import bins_of, encode_keys
+from operators.hashing import bins_of
+from operators.keyindex import encode_keys
 from operators.state import Accumulator, BinnedState, ColumnarAggState, DictState
 
 REPO = Path(__file__).resolve().parents[3]

@@ -1,0 +1,77 @@
+"""context.py: the runtime's implementation of ``control.op.InstanceContext`` for one instance.
+
+Control handlers see an instance through this object: its identity, keyed
+state, routers, operator parameters, downstream instances and statistics.
+Attachments are collected by the control processor around ``on_complete``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from control.message import InstanceId
+from operators.endpoints import SourceLogic
+from operators.logic import InstanceInfo
+
+if TYPE_CHECKING:
+    from .instance import OperatorInstance
+
+__all__ = ["InstanceControlContext"]
+
+
+class InstanceControlContext:
+    """What control handlers may see and change of one instance (lives as long as the instance)."""
+
+    def __init__(self, instance: "OperatorInstance", kind: str, downstream: list[InstanceId]):
+        self._instance = instance
+        self._kind = kind
+        self._downstream = downstream
+
+    @property
+    def instance(self) -> InstanceId:
+        return (self._instance.info.operator, self._instance.info.index)
+
+    @property
+    def info(self) -> InstanceInfo:
+        return self._instance.info
+
+    @property
+    def kind(self) -> str:
+        return self._kind
+
+    @property
+    def state(self) -> Any | None:
+        logic = self._instance.logic
+        return None if isinstance(logic, SourceLogic) else logic.state
+
+    @property
+    def routers(self) -> list[Any]:
+        return list(self._instance.routers)
+
+    @property
+    def downstream(self) -> list[InstanceId]:
+        return list(self._downstream)
+
+    def parameters(self) -> dict[str, Any]:
+        return dict(getattr(self._instance.logic, "params", None) or {})
+
+    def set_parameters(self, **changes: Any) -> None:
+        logic = self._instance.logic
+        params = getattr(logic, "params", None)
+        if params is None:
+            raise TypeError(f"{self._instance.info}: this operator takes no parameters "
+                            "(create it with params={...} to make it reconfigurable)")
+        params.update(changes)
+
+    def attach(self, target: Any, payload: Any) -> None:
+        raise RuntimeError("attach() is only available inside on_complete")
+
+    def attach_all(self, payload: Any) -> None:
+        raise RuntimeError("attach_all() is only available inside on_complete")
+
+    def statistics(self) -> Any:
+        return self._instance.statistics()
+
+    def source_offsets(self) -> dict[str, Any] | None:
+        logic = self._instance.logic
+        return logic.offsets() if isinstance(logic, SourceLogic) else None

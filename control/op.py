@@ -1,0 +1,191 @@
+"""op.py: the reactive ``ControlOp`` API: controller-side and instance-side handlers, and their contexts.
+
+A control operation is a class. Its controller-side handlers run in the
+controller that started it; its instance-side handlers are a nested
+:class:`InstanceHandler` class, of which the runtime makes one object per
+instance the op reaches (so its attributes are the op's session variables
+at that instance, Chi's ``$`` variables)::
+
+    class CountRecords(ControlOp):
+        blocking = False
+
+        class Instance(InstanceHandler):
+            def on_complete(self, ctx):
+                ctx.attach_all({ctx.instance: ctx.statistics().records_in})
+
+        def on_complete(self, ctx):
+            return sum(self.returned.values()) ...
+
+Order of calls (Chi Fig. 3b). At the controller: ``on_init`` (build the
+per-instance configs) -> ``on_begin`` (first sink return) -> ``on_next`` (each
+return) -> ``on_complete`` (every sink returned; its value is the op's result)
+-> ``on_dispose``. At each instance: ``on_begin`` (first arrival) ->
+``on_next`` (every arrival, with what the sender attached) -> ``on_complete``
+(arrived on every expected input; attach payloads for downstream instances)
+-> ``on_dispose``.
+
+A *blocking* op holds back each input channel it arrived on until
+``on_complete`` has run at that instance; a *non-blocking* op never does. A
+*safe* blocking op touches operator state only in ``on_complete`` and is then
+equivalent to freezing the world.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping, Protocol, runtime_checkable
+
+from operators.logic import InstanceInfo
+
+from .message import CONTROLLER, InstanceId
+
+__all__ = ["ControlOp", "InstanceHandler", "InstanceContext", "ControllerContext", "CONTROLLER"]
+
+
+@runtime_checkable
+class InstanceContext(Protocol):
+    """What an instance offers its control handlers (implemented by the runtime in ``actors/``)."""
+
+    @property
+    def instance(self) -> InstanceId:
+        """This instance's name, (operator, index)."""
+
+    @property
+    def info(self) -> InstanceInfo:
+        """Identity, parallelism and number of bins."""
+
+    @property
+    def kind(self) -> str:
+        """"source", "transform", "keyed" or "sink"."""
+
+    @property
+    def state(self) -> Any | None:
+        """The keyed state (a ``BinnedState``), or None for a stateless instance."""
+
+    @property
+    def routers(self) -> list[Any]:
+        """The routers of the output edges (hash routers hold the bin table)."""
+
+    @property
+    def downstream(self) -> list[InstanceId]:
+        """The instances this one forwards control messages to (G and extra edges)."""
+
+    def parameters(self) -> dict[str, Any]:
+        """The operator's current parameters."""
+
+    def set_parameters(self, **changes: Any) -> None:
+        """Change operator parameters (e.g. in a blocking op's ``on_complete``)."""
+
+    def attach(self, target: InstanceId | str, payload: Any) -> None:
+        """Attach ``payload`` for one downstream instance (or ``CONTROLLER`` at a sink)."""
+
+    def attach_all(self, payload: Any) -> None:
+        """Attach ``payload`` for every downstream instance (and the controller at a sink)."""
+
+    def statistics(self) -> Any:
+        """This instance's ``InstanceStatistics`` now."""
+
+    def source_offsets(self) -> dict[str, Any] | None:
+        """A source's split offsets now (None for other instances)."""
+
+
+@runtime_checkable
+class ControllerContext(Protocol):
+    """What a controller offers an op's controller-side handlers."""
+
+    @property
+    def job_name(self) -> str: ...
+
+    @property
+    def operators(self) -> dict[str, dict[str, Any]]:
+        """Operator name -> {"kind", "parallelism", "key", "num_bins"}."""
+
+    @property
+    def instances(self) -> list[InstanceId]: ...
+
+    @property
+    def sinks(self) -> list[InstanceId]: ...
+
+    @property
+    def sources(self) -> list[InstanceId]: ...
+
+    def downstream_of(self, instance: InstanceId) -> list[InstanceId]:
+        """The data-graph successors of ``instance``."""
+
+
+class InstanceHandler:
+    """Instance-side handlers of a control op; one object per (op, instance).
+
+    Attributes:
+        op: the op object.
+        config: the configuration the controller injected for this instance.
+    """
+
+    def __init__(self, op: "ControlOp", config: Any):
+        self.op = op
+        self.config = config
+
+    def on_begin(self, ctx: InstanceContext) -> None:
+        """The op's first message reached this instance."""
+
+    def on_next(self, ctx: InstanceContext, payload: Any, sender: InstanceId | str) -> None:
+        """A message arrived from ``sender`` (an upstream instance or ``CONTROLLER``)."""
+
+    def on_complete(self, ctx: InstanceContext) -> Any:
+        """Arrived on every expected input; a non-None return is attached for all downstream."""
+        return None
+
+    def on_dispose(self, ctx: InstanceContext) -> None:
+        """The op is done at this instance (release session resources)."""
+
+
+class ControlOp:
+    """A control operation; subclass it and override the handlers you need.
+
+    Attributes:
+        blocking: blocking (aligned) or non-blocking semantics.
+        timeout_s: the op fails if not complete after this many seconds (None: never).
+        Instance: the instance-side handler class.
+        returned: at the controller, sink instance -> payload returned so far.
+    """
+
+    blocking: bool = True
+    timeout_s: float | None = 60.0
+    Instance: type[InstanceHandler] = InstanceHandler
+
+    def __init__(self) -> None:
+        self.returned: dict[InstanceId, Any] = {}
+
+    @property
+    def kind(self) -> str:
+        return type(self).__name__
+
+    def on_init(self, ctx: ControllerContext) -> Mapping[InstanceId, Any] | None:
+        """Build per-instance configurations (instance -> config); others get ``default_config``."""
+        return None
+
+    def default_config(self) -> Any:
+        """The configuration of instances ``on_init`` did not name."""
+        return None
+
+    def extra_edges(self, ctx: ControllerContext) -> Iterable[tuple[InstanceId, InstanceId]]:
+        """Edges added to the meta-topology G' for this op (must keep it acyclic)."""
+        return ()
+
+    def on_begin(self, ctx: ControllerContext) -> None:
+        """The first sink returned the op."""
+
+    def on_next(self, ctx: ControllerContext, payloads: Mapping[InstanceId, Any]) -> None:
+        """Sinks returned the op with ``payloads`` (sink instance -> payload)."""
+
+    def on_complete(self, ctx: ControllerContext) -> Any:
+        """Every sink returned the op; the value is the op's result."""
+        return dict(self.returned)
+
+    def on_dispose(self, ctx: ControllerContext) -> None:
+        """The op is finished (complete or failed)."""
+
+    def combine(self, a: Mapping[InstanceId, Any], b: Mapping[InstanceId, Any]) -> dict[InstanceId, Any]:
+        """Merge two returned payloads at an aggregation relay (default: union by sink)."""
+        merged = dict(a)
+        merged.update(b)
+        return merged

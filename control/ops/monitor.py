@@ -1,0 +1,102 @@
+"""monitor.py: ``Monitor``, a non-blocking op that collects per-instance metrics in-band.
+
+Each instance adds its own metrics to what its upstream instances attached
+and passes the lot to exactly one downstream instance, so every instance's
+metrics reach exactly one sink; sinks return them to the controller (merged at
+aggregation relays). Metrics: records in/out, rates since the job started,
+queued batches, back-pressured time, keyed state size and keys per bin, and
+the records per bin each instance routed to its hash edges (per-bin load).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+import numpy as np
+
+from ..message import CONTROLLER, InstanceId
+from ..op import ControlOp, InstanceHandler
+
+__all__ = ["Monitor", "MonitorResult", "instance_metrics"]
+
+
+@dataclasses.dataclass(frozen=True)
+class MonitorResult:
+    """What a ``Monitor`` op collected.
+
+    Attributes:
+        instances: instance -> its metrics dict.
+        operators: operator -> sums of the numeric metrics over its instances.
+        bin_loads: keyed operator -> records routed to each bin (a NumPy array), summed over senders.
+        taken_at: ``time.time()`` at completion.
+    """
+
+    instances: dict[InstanceId, dict[str, Any]]
+    operators: dict[str, dict[str, float]]
+    bin_loads: dict[str, np.ndarray]
+    taken_at: float
+
+
+def instance_metrics(ctx: Any) -> dict[str, Any]:
+    """The metrics of one instance, read through its control context."""
+    stats = ctx.statistics()
+    out: dict[str, Any] = {
+        "records_in": stats.records_in, "records_out": stats.records_out,
+        "batches_in": stats.batches_in, "queued_batches": stats.queued_batches,
+        "queued_bytes": stats.queued_bytes, "backpressured_s": stats.backpressured_s,
+        "busy_s": stats.busy_s, "state_bytes": 0, "keys": 0,
+    }
+    state = ctx.state
+    if state is not None:
+        sizes = state.bin_sizes()
+        counts = state.bin_key_counts()
+        out["state_bytes"] = int(sum(sizes.values()))
+        out["keys"] = int(sum(counts.values()))
+        out["keys_per_bin"] = counts
+    loads = {}
+    for router in ctx.routers:
+        counts = getattr(router, "bin_counts", None)
+        if counts is not None:
+            loads[router.operator] = counts.copy()
+    out["routed_bin_counts"] = loads
+    return out
+
+
+class Monitor(ControlOp):
+    """Non-blocking: collect every instance's metrics; ``Job.metrics()`` runs one."""
+
+    blocking = False
+
+    def __init__(self, timeout_s: float | None = 60.0):
+        super().__init__()
+        self.timeout_s = timeout_s
+
+    class Instance(InstanceHandler):
+        def on_begin(self, ctx: Any) -> None:
+            self.collected: dict[InstanceId, dict[str, Any]] = {}
+
+        def on_next(self, ctx: Any, payload: Any, sender: Any) -> None:
+            if payload:
+                self.collected.update(payload)
+
+        def on_complete(self, ctx: Any) -> None:
+            self.collected[ctx.instance] = instance_metrics(ctx)
+            downstream = ctx.downstream
+            ctx.attach(downstream[0] if downstream else CONTROLLER, self.collected)
+
+    def on_complete(self, ctx: Any) -> MonitorResult:
+        instances: dict[InstanceId, dict[str, Any]] = {}
+        for payload in self.returned.values():
+            instances.update(payload or {})
+        operators: dict[str, dict[str, float]] = {}
+        loads: dict[str, np.ndarray] = {}
+        for (op, _), metrics in instances.items():
+            totals = operators.setdefault(op, {})
+            for name, value in metrics.items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    totals[name] = totals.get(name, 0) + value
+            for target, counts in metrics.get("routed_bin_counts", {}).items():
+                loads[target] = loads.get(target, 0) + counts
+        return MonitorResult(instances, operators, loads, time.time())

@@ -1,0 +1,147 @@
+"""processor.py: the control processor of one instance: it drives every op's state machine and handlers there.
+
+The dispatcher hands it each control message with the input it arrived on.
+The processor creates the op's :class:`~control.op.InstanceHandler` on first
+arrival, calls ``on_begin`` / ``on_next``, advances the op's alignment
+(blocking) or tracking (non-blocking) state, and when the op has arrived on
+every expected input runs ``on_complete`` and ``on_dispose`` and hands back a
+:class:`Completion`: the message and what to attach for each downstream
+instance. Completions are released in global injection order, so every
+channel sees control messages in one order.
+
+Expected inputs of an op at an instance: its data input channels that have
+not ended, the controller (for a source), and the senders of the op's extra
+edges that point at it. Only the owning instance touches a processor.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Hashable, Iterable
+
+from .alignment import AlignmentState, WaitingForFirst
+from .message import CONTROLLER, ControlMessage, InstanceId
+from .tracker import Tracking
+
+__all__ = ["ControlProcessor", "Completion", "extra_input"]
+
+
+def extra_input(sender: InstanceId) -> tuple[str, InstanceId]:
+    """The input name of an extra (control-only) edge from ``sender``."""
+    return ("extra", sender)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Completion:
+    """An op completed at an instance.
+
+    Attributes:
+        message: the op's message as it first arrived (header, op, configs).
+        attachments: target (downstream instance, or ``CONTROLLER``) -> payload.
+        default: payload for targets without their own attachment.
+    """
+
+    message: ControlMessage
+    attachments: dict[Any, Any]
+    default: Any = None
+
+    def payload_for(self, target: Any) -> Any:
+        return self.attachments.get(target, self.default)
+
+
+class _Attaching:
+    """The runtime's context, plus the attach calls of one ``on_complete``."""
+
+    def __init__(self, ctx: Any):
+        self._ctx = ctx
+        self.attachments: dict[Any, Any] = {}
+        self.default: Any = None
+
+    def attach(self, target: Any, payload: Any) -> None:
+        self.attachments[target] = payload
+
+    def attach_all(self, payload: Any) -> None:
+        self.default = payload
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._ctx, name)
+
+
+@dataclasses.dataclass(slots=True)
+class _Pending:
+    message: ControlMessage
+    handler: Any
+    state: AlignmentState
+
+
+class ControlProcessor:
+    """Drives the control ops at one instance.
+
+    Args:
+        instance: the instance's name.
+        inputs: its data input channel ids.
+        is_source: whether the controller injects into it.
+    """
+
+    def __init__(self, instance: InstanceId, inputs: Iterable[Hashable], is_source: bool):
+        self.instance = instance
+        self.inputs = list(inputs)
+        self.is_source = is_source
+        self.ended: set[Hashable] = set()
+        self._pending: dict[str, _Pending] = {}
+        self.completed = 0
+
+    def expected(self, message: ControlMessage) -> frozenset:
+        """The inputs ``message`` must arrive on at this instance."""
+        exp: set[Hashable] = {ch for ch in self.inputs if ch not in self.ended}
+        if self.is_source:
+            exp.add(CONTROLLER)
+        exp.update(extra_input(src) for src, dst in message.extra_edges if tuple(dst) == self.instance)
+        return frozenset(exp)
+
+    def arrive(self, message: ControlMessage, source: Hashable, ctx: Any) -> list[Completion]:
+        """``message`` arrived on input ``source``; return the ops that completed, in order."""
+        pending = self._pending.get(message.op_id)
+        if pending is None:
+            handler = message.op.Instance(message.op, message.configs.get(self.instance))
+            kind = WaitingForFirst if message.blocking else Tracking
+            pending = _Pending(message, handler, kind(self.expected(message)))
+            self._pending[message.op_id] = pending
+            handler.on_begin(ctx)
+        pending.handler.on_next(ctx, message.payload, message.sender)
+        pending.state = pending.state.arrive(source)
+        return self._release(ctx)
+
+    def input_ended(self, channel: Hashable, ctx: Any) -> list[Completion]:
+        """Data input ``channel`` ended: ops still waiting on it stop expecting it."""
+        self.ended.add(channel)
+        for pending in self._pending.values():
+            pending.state = pending.state.input_ended(channel)
+        return self._release(ctx)
+
+    def _release(self, ctx: Any) -> list[Completion]:
+        done: list[Completion] = []
+        while self._pending:
+            first = min(self._pending.values(), key=lambda p: p.message.seq)
+            if not first.state.complete:
+                break
+            del self._pending[first.message.op_id]
+            attaching = _Attaching(ctx)
+            returned = first.handler.on_complete(attaching)
+            if returned is not None and attaching.default is None:
+                attaching.default = returned
+            first.handler.on_dispose(ctx)
+            self.completed += 1
+            done.append(Completion(first.message, attaching.attachments, attaching.default))
+        return done
+
+    def blocked(self) -> frozenset:
+        """Input channels held back by pending blocking ops."""
+        out: frozenset = frozenset()
+        for pending in self._pending.values():
+            out |= pending.state.blocked
+        return out
+
+    @property
+    def pending_ops(self) -> list[str]:
+        return [p.message.op_id for p in sorted(self._pending.values(), key=lambda p: p.message.seq)]

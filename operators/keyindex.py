@@ -1,0 +1,219 @@
+"""keyindex.py: key identity in keyed state: grouping a key column, and distinct keys -> dense slots.
+
+Keyed state identifies keys the same way everywhere: :func:`encode_keys`
+groups a column (null is one key, NaNs are one key, ``-0.0`` is ``0.0``) and
+:class:`KeyIndex` maps distinct keys to dense slots through their stable hash
+(:func:`operators.hashing.hash_keys`).
+
+Example:
+    >>> import pyarrow as pa
+    >>> uniques, codes = encode_keys(pa.array(["b", None, "b"]))
+    >>> uniques.to_pylist(), codes.tolist()
+    (['b', None], [0, 1, 0])
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .hashing import _float_bits, _hash_array
+
+try:  # pandas' C hash table: internal, but stable for years; we fail loudly if it moves
+    from pandas._libs.hashtable import Int64HashTable
+except ImportError as exc:  # pragma: no cover
+    raise ImportError(f"operators.keyindex needs pandas' Int64HashTable (pandas {pd.__version__}): {exc}") from exc
+
+__all__ = ["encode_keys", "KeyIndex"]
+
+
+def encode_keys(column: pa.Array | pa.ChunkedArray) -> tuple[pa.Array, np.ndarray]:
+    """Group a key column the way keyed state identifies keys.
+
+    Null is one key; all NaNs are one key; ``-0.0`` is ``0.0``.
+
+    Args:
+        column: the key column.
+
+    Returns:
+        ``(uniques, codes)``: the distinct keys in first-appearance order and,
+        per row, the index of its key in ``uniques`` (``int32``).
+    """
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+    if pa.types.is_dictionary(column.type):
+        column = column.cast(column.type.value_type)
+    if pa.types.is_floating(column.type):
+        column = pc.if_else(pc.equal(column, 0), pa.scalar(0, column.type), column)
+    encoded = pc.dictionary_encode(column, null_encoding="encode")
+    return encoded.dictionary, encoded.indices.to_numpy()
+
+
+class KeyIndex:
+    """Distinct keys -> dense slots ``0..n-1``, found through their stable hash.
+
+    Slots are given in insertion order. A whole array of keys is looked up at
+    once: their 64-bit hashes go through a C hash table (pandas'
+    ``Int64HashTable``), each hit is confirmed by comparing the stored key
+    (vectorised, in Arrow), and the rare key whose hash another key already
+    holds lives in a small Python dict. Only the owning state touches an index.
+
+    Example:
+        >>> index = KeyIndex(pa.string())
+        >>> slots, new = index.upsert(pa.array(["a", "b"]))
+        >>> index.upsert(pa.array(["b", "c"]))[0].tolist()
+        [1, 2]
+    """
+
+    def __init__(self, key_type: pa.DataType, *, table_hash_bits: int = 64) -> None:
+        """Create an empty index.
+
+        Args:
+            key_type: the Arrow type of the keys.
+            table_hash_bits: hash bits the table uses; lower it only to
+                exercise the collision path in tests.
+        """
+        self.key_type = key_type
+        self._table_mask = np.uint64((1 << table_hash_bits) - 1)
+        self._reset(0)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def upsert(self, keys: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+        """Find or add distinct keys (as :func:`encode_keys` returns them).
+
+        Returns:
+            ``(slots, new)``: the slot of each key, and the positions in
+            ``keys`` of the keys that were added (their slots are consecutive).
+        """
+        if keys.type != self.key_type:
+            keys = keys.cast(self.key_type)
+        hashes = _hash_array(keys, distinct=True)
+        slots = self._table.find(hashes & self._table_mask)
+        found = np.flatnonzero(slots >= 0)
+        if found.size:
+            asked = keys if found.size == len(keys) else keys.take(found)
+            wrong = found[~_keys_equal(asked, self._keys.take(slots[found]))]
+            if wrong.size:  # another key holds this hash: look in the overflow dict
+                canon = _canonical(keys.take(wrong)).to_pylist()
+                slots[wrong] = [self._overflow.get(k, -1) for k in canon]
+        new = np.flatnonzero(slots < 0)
+        if new.size:
+            slots[new] = self._add(keys.take(new), hashes[new])
+        return slots, new
+
+    def add(self, keys: pa.Array) -> np.ndarray:
+        """Add keys known to be absent and distinct; returns their (consecutive) slots."""
+        if keys.type != self.key_type:
+            keys = keys.cast(self.key_type)
+        return self._add(keys, _hash_array(keys, distinct=True))
+
+    def hashes(self, slots: np.ndarray) -> np.ndarray:
+        """The stored :func:`~operators.hashing.hash_keys` hash of the keys at ``slots``."""
+        return self._hash[slots]
+
+    def keys_at(self, slots: np.ndarray) -> pa.Array:
+        """The keys at ``slots``."""
+        return self._keys.take(slots)
+
+    def keys_nbytes(self) -> int:
+        """Bytes the stored keys occupy."""
+        return self._keys.nbytes()
+
+    def compact(self, keep: np.ndarray) -> None:
+        """Keep only the keys at slots ``keep`` (ascending); they become slots ``0..len(keep)-1``."""
+        keys, hashes = self._keys.take(keep), self._hash[: len(self)][keep]
+        self._reset(len(keep))
+        self._add(keys, hashes)
+
+    def _add(self, keys: pa.Array, hashes: np.ndarray) -> np.ndarray:
+        start, end = len(self), len(self) + len(keys)
+        if end > len(self._hash):
+            grown = np.zeros(max(end, 2 * len(self._hash)), dtype=np.uint64)
+            grown[:start] = self._hash[:start]
+            self._hash = grown
+        self._hash[start:end] = hashes
+        self._keys.append(keys)
+        slots = np.arange(start, end)
+        stored = self._table.insert(hashes & self._table_mask, slots)
+        if not stored.all():
+            clash = np.flatnonzero(~stored)
+            canon = _canonical(keys.take(clash)).to_pylist()
+            self._overflow.update(zip(canon, slots[clash].tolist()))
+        return slots
+
+    def _reset(self, capacity: int) -> None:
+        self._hash = np.zeros(capacity, dtype=np.uint64)
+        self._keys = _KeyStore(self.key_type)
+        self._table = _SlotTable(capacity)
+        self._overflow: dict[object, int] = {}
+
+
+def _canonical(keys: pa.Array) -> pa.Array:
+    """Keys in a form where equality is value identity (floats and temporals as integers)."""
+    t = keys.type
+    if pa.types.is_floating(t):
+        mask = keys.is_null().to_numpy(zero_copy_only=False) if keys.null_count else None
+        return pa.array(_float_bits(keys).view(np.int64), mask=mask)
+    if pa.types.is_temporal(t) and t.bit_width in (32, 64):
+        return keys.view(pa.int32() if t.bit_width == 32 else pa.int64())
+    return keys
+
+
+def _keys_equal(a: pa.Array, b: pa.Array) -> np.ndarray:
+    """Element-wise key identity (null equals null)."""
+    eq = pc.fill_null(pc.equal(_canonical(a), _canonical(b)), False)
+    if a.null_count or b.null_count:
+        eq = pc.or_(eq, pc.and_(a.is_null(), b.is_null()))
+    return eq.to_numpy(zero_copy_only=False)
+
+
+class _SlotTable:
+    """``hash -> slot`` in pandas' C hash table (``Int64HashTable``: 10x a NumPy probing loop here)."""
+
+    def __init__(self, expected: int = 0) -> None:
+        self._table = Int64HashTable(expected)
+
+    def find(self, hashes: np.ndarray) -> np.ndarray:
+        """The slot stored under each hash, or -1."""
+        return self._table.lookup(hashes.view(np.int64))
+
+    def insert(self, hashes: np.ndarray, slots: np.ndarray) -> np.ndarray:
+        """Store ``hash -> slot`` pairs; returns False where the hash was already taken."""
+        stored = self.find(hashes) < 0
+        fresh = np.flatnonzero(stored)
+        _, first = np.unique(hashes[fresh], return_index=True)
+        stored[fresh] = False
+        stored[fresh[first]] = True
+        self._table.map_keys_to_values(hashes[stored].view(np.int64), slots[stored].astype(np.int64))
+        return stored
+
+
+class _KeyStore:
+    """The key of every slot, as Arrow: one consolidated array plus a short tail of chunks."""
+
+    def __init__(self, key_type: pa.DataType) -> None:
+        self._main = pa.array([], type=key_type)
+        self._tail: list[pa.Array] = []
+        self._tail_len = 0
+
+    def __len__(self) -> int:
+        return len(self._main) + self._tail_len
+
+    def append(self, keys: pa.Array) -> None:
+        self._tail.append(keys)
+        self._tail_len += len(keys)
+        if len(self._tail) >= 32 or self._tail_len >= len(self._main):
+            self._main = pa.concat_arrays([self._main, *self._tail])
+            self._tail, self._tail_len = [], 0
+
+    def take(self, slots: np.ndarray) -> pa.Array:
+        if not self._tail:
+            return self._main.take(slots)
+        return pa.chunked_array([self._main, *self._tail]).take(slots).combine_chunks()
+
+    def nbytes(self) -> int:
+        return self._main.nbytes + sum(chunk.nbytes for chunk in self._tail)
