@@ -22,7 +22,8 @@ class JobConfig:
         channel_capacity: data messages a channel may hold, in flight plus
             buffered (the initial credit); about 8 keeps Ray's 2-3 ms call cost hidden.
         channel_capacity_bytes: bytes a channel may hold (one larger batch still goes alone).
-        num_hosts: host actors to start; default: the largest operator parallelism.
+        num_hosts: host actors to start; default: the largest keyed parallelism plus the
+            largest other parallelism (see ``placement``).
         host_num_cpus: CPUs each host actor requests (fractions allowed) so that
             Ray spreads hosts over nodes by resources.
         host_resources: extra custom resources each host requests.

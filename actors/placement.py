@@ -24,6 +24,9 @@ def place(plan: PhysicalPlan, num_hosts: int | None = None,
           pins: Mapping[str, Sequence[int]] | None = None) -> tuple[int, dict[tuple[str, int], int]]:
     """Return (number of hosts, (operator, index) -> host id).
 
+    The default host count is the largest keyed parallelism plus the largest
+    other parallelism (see the module docstring).
+
     Args:
         plan: the job's physical plan.
         num_hosts: how many hosts; default: the largest parallelism (or more, if pins need it).
@@ -37,7 +40,8 @@ def place(plan: PhysicalPlan, num_hosts: int | None = None,
     for op, hosts in pins.items():
         if op not in nodes:
             raise ValueError(f"placement: unknown operator {op!r}; operators: {list(nodes)}")
-        if len(hosts) != nodes[op].parallelism or any(h < 0 for h in hosts):
+        if (len(hosts) != nodes[op].parallelism
+                or any(isinstance(h, bool) or not isinstance(h, int) or h < 0 for h in hosts)):
             raise ValueError(
                 f"placement: operator {op!r} needs {nodes[op].parallelism} host ids >= 0, got {list(hosts)}")
     needed = max((h + 1 for hosts in pins.values() for h in hosts), default=1)

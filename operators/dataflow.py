@@ -52,9 +52,11 @@ def _check_params(verb: str, params: Any) -> dict[str, Any] | None:
     return params
 
 
-def _check_callable(verb: str, fn: Any) -> None:
+def _check_callable(verb: str, fn: Any, name: str | None = None, after: str | None = None) -> None:
     if not callable(fn):
-        raise TypeError(f"{verb}(): expected a function, got {type(fn).__name__}")
+        where = f"operator {name!r}: " if name else ""
+        also = f" (after operator {after!r})" if after else ""
+        raise TypeError(f"{where}{verb}(): expected a function, got {type(fn).__name__}{also}")
 
 
 class Dataflow:
@@ -144,7 +146,7 @@ class Stream:
 
     def _transform(self, verb: str, fn: Any, make: Callable[[], Any], *, name: str | None,
                    parallelism: int | None, schema: pa.Schema | None) -> "Stream":
-        _check_callable(verb, fn)
+        _check_callable(verb, fn, name, self.name)
         node = OperatorNode(
             self.flow._name(verb, name), OperatorKind.TRANSFORM,
             self.node.parallelism if parallelism is None else parallelism,
@@ -211,26 +213,31 @@ class Stream:
         streams = (self, *others)
         for s in others:
             if not isinstance(s, Stream) or s.flow is not self.flow:
-                raise TypeError("union(): expected streams of the same Dataflow")
-        known = [s.schema for s in streams if s.schema is not None]
+                got = f"a stream of dataflow {s.flow.name!r}" if isinstance(s, Stream) else type(s).__name__
+                raise TypeError(f"union(): expected streams of the same Dataflow, got {got} "
+                                f"(after operator {self.name!r})")
+        first_known = next((s for s in streams if s.schema is not None), None)
         for s in streams:
-            if s.schema is not None and not s.schema.equals(known[0]):
+            if first_known is not None and s.schema is not None and not s.schema.equals(first_known.schema):
                 raise ValueError(
-                    f"union(): stream {s.name!r} has schema {s.schema} but {streams[0].name!r} "
-                    f"has {known[0]}; union needs one schema"
+                    f"union(): stream {s.name!r} has schema {s.schema} but {first_known.name!r} "
+                    f"has {first_known.schema}; union needs one schema"
                 )
         node = OperatorNode(
             self.flow._name("union", name), OperatorKind.TRANSFORM,
-            parallelism or max(s.node.parallelism for s in streams),
+            max(s.node.parallelism for s in streams) if parallelism is None else parallelism,
             inputs=[InputEdge(s.name, Partition.FORWARD) for s in streams],
-            make_logic=stateless.IdentityLogic, schema=known[0] if known else None,
+            make_logic=stateless.IdentityLogic, schema=first_known.schema if first_known else None,
         )
         return self.flow._add(node)
 
     def sink(self, sink: Sink, *, name: str | None = None, parallelism: int | None = None) -> "Stream":
         """End this stream in ``sink`` (``collect()``, ``to_parquet(dir)``...)."""
         if not isinstance(sink, Sink):
-            raise TypeError(f"sink(): expected a Sink (collect(), to_parquet(...)), got {type(sink).__name__}")
+            where = f"operator {name!r}: " if name else ""
+            raise TypeError(f"{where}sink() after operator {self.name!r}: expected a Sink "
+                            f"(collect(), to_parquet(...)), got {type(sink).__name__}")
+        sink = sink.bind_schema(self.schema)
         node = OperatorNode(
             self.flow._name("sink", name), OperatorKind.SINK,
             self.node.parallelism if parallelism is None else parallelism,
@@ -297,7 +304,10 @@ class KeyedStream:
             column, func = spec
             if column is not None:
                 _require_column(self.stream, column, "column", op_name)
-            specs.append(keyed.AggSpec(out_name, func, column))
+            try:
+                specs.append(keyed.AggSpec(out_name, func, column))
+            except (TypeError, ValueError) as exc:
+                raise type(exc)(f"operator {op_name!r}: {exc}") from None
         schema = None
         if self.stream.schema is not None:
             try:

@@ -169,6 +169,10 @@ class Sink(abc.ABC):
         """Combine the per-instance ``finish()`` results on the driver."""
         return list(results)
 
+    def bind_schema(self, schema: pa.Schema | None) -> "Sink":
+        """This sink, told the schema of the stream it ends (known at build time, or None)."""
+        return self
+
     def describe(self) -> str:
         """A short name for messages."""
         return type(self).__name__

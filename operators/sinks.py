@@ -80,6 +80,10 @@ class CollectSink(Sink):
     def create_writer(self, info: InstanceInfo) -> SinkWriter:
         return CollectWriter(info)
 
+    def bind_schema(self, schema: pa.Schema | None) -> "CollectSink":
+        """A copy that knows the stream's schema, so an empty result keeps its columns."""
+        return self if self._schema is not None or schema is None else CollectSink(schema)
+
     def combine(self, results: Iterable[Any]) -> pa.Table:
         """Concatenate the instances' batches in instance order.
 

@@ -477,8 +477,6 @@ def test_empty_input_gives_empty_results():
     assert out["counts"].num_rows == 0 and out["rows"].num_rows == 0
 
 
-@pytest.mark.xfail(strict=True, reason="Stream.collect()/sink() do not pass the stream's known schema to "
-                                       "the sink, so an empty result has no columns")
 def test_empty_result_keeps_the_known_schema():
     flow = Dataflow("empty")
     src = flow.source(from_items([], schema=SCHEMA), name="src")

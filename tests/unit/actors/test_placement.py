@@ -147,8 +147,6 @@ def test_pin_host_out_of_range(num_hosts, host):
     assert f"host {host}" in message and f"num_hosts is {num_hosts}" in message
 
 
-@pytest.mark.xfail(strict=True, reason="place() does not check that pin host ids are ints: "
-                                       "1.5 gives 2.5 hosts, '1' a bare TypeError from `h < 0`")
 @pytest.mark.parametrize("host", [1.5, "1"])
 def test_pin_host_must_be_an_int(host):
     plan = _plan(keyed_p=(1,))

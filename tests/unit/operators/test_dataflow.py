@@ -154,8 +154,6 @@ def test_union_parallelism_must_be_positive_int(bad):
         src.union(other, name="u", parallelism=bad)
 
 
-@pytest.mark.xfail(strict=True,
-                   reason="union() treats parallelism=0 as 'not given' (`parallelism or max(...)`)")
 def test_union_parallelism_zero_is_rejected():
     _, src = _flow()
     other = src.filter(_identity, name="other")
@@ -345,7 +343,6 @@ def test_keyed_functions_need_a_function(verb):
         getattr(keyed, verb)(7)
 
 
-@pytest.mark.xfail(strict=True, reason="map()'s type error names neither the new operator nor its input")
 def test_transform_type_error_names_an_operator():
     _, src = _flow()
     with pytest.raises(TypeError) as info:
@@ -353,7 +350,6 @@ def test_transform_type_error_names_an_operator():
     assert "'double'" in str(info.value) or "'src'" in str(info.value)
 
 
-@pytest.mark.xfail(strict=True, reason="sink()'s type error names neither the sink nor the stream it ends")
 def test_sink_type_error_names_an_operator():
     _, src = _flow()
     with pytest.raises(TypeError) as info:
@@ -395,8 +391,6 @@ def test_agg_spec_must_be_a_column_func_pair(spec):
     assert "(column, func)" in message and f"got {spec!r}" in message
 
 
-@pytest.mark.xfail(strict=True,
-                   reason="AggSpec's ValueError (unknown func) escapes agg() without the operator's name")
 def test_agg_unknown_function_names_the_operator():
     _, keyed = _keyed()
     with pytest.raises(ValueError) as info:
@@ -406,9 +400,6 @@ def test_agg_unknown_function_names_the_operator():
     assert "'stats'" in message
 
 
-@pytest.mark.xfail(strict=True,
-                   reason="AggSpec's ValueError (func without column) escapes agg() "
-                          "without the operator's name")
 def test_agg_function_without_column_names_the_operator():
     _, keyed = _keyed()
     with pytest.raises(ValueError) as info:
@@ -457,8 +448,6 @@ def test_union_of_different_schemas_names_both_streams_and_schemas():
     assert "x: int64" in message and "x: string" in message
 
 
-@pytest.mark.xfail(strict=True, reason="union() names streams[0] as the holder of known[0] even when "
-                                       "streams[0]'s schema is unknown")
 def test_union_mismatch_message_names_the_stream_whose_schema_it_quotes():
     flow = Dataflow("flow")
     src = flow.source(from_items([{"x": 1}]), name="src")
@@ -494,7 +483,6 @@ def test_union_needs_streams_of_the_same_dataflow():
         src.union(other)
 
 
-@pytest.mark.xfail(strict=True, reason="union()'s type error does not say what it got")
 def test_union_type_error_says_what_it_got():
     _, src = _flow()
     with pytest.raises(TypeError, match="got int"):
