@@ -33,6 +33,15 @@ class JobConfig:
             (``{"sink": [1]}``); unpinned instances follow the default rule.
         control_fanout: fan-out of the control broadcast / aggregation trees
             (None: the controller talks to every source and sink directly).
+        checkpoint_dir: where checkpoints (and the staged output of collect
+            sinks) go: a local directory or a ``pyarrow.fs`` URI (shared storage
+            on a cluster). Default: a fresh directory under the system's temp
+            directory, removed when the job finishes.
+        checkpoint_interval_s: take a checkpoint this often (None: only on ``job.checkpoint()``).
+        checkpoints_to_keep: complete checkpoints retained.
+        max_restarts: recoveries allowed after hosts die before the job fails.
+        restart_on_operator_error: also recover when a user function raises
+            (off by default: a deterministic error would only repeat).
     """
 
     channel_capacity: int = 8
@@ -44,6 +53,11 @@ class JobConfig:
     poll_interval_s: float = 1.0
     placement: dict[str, list[int]] = dataclasses.field(default_factory=dict)
     control_fanout: int | None = 8
+    checkpoint_dir: str | None = None
+    checkpoint_interval_s: float | None = None
+    checkpoints_to_keep: int = 3
+    max_restarts: int = 3
+    restart_on_operator_error: bool = False
 
     def __post_init__(self) -> None:
         if self.channel_capacity < 1:
@@ -56,5 +70,12 @@ class JobConfig:
             raise ValueError(f"JobConfig: num_hosts must be >= 1 or None, got {self.num_hosts}")
         if self.control_fanout is not None and self.control_fanout < 2:
             raise ValueError(f"JobConfig: control_fanout must be >= 2 or None, got {self.control_fanout}")
+        if self.checkpoint_interval_s is not None and self.checkpoint_interval_s <= 0:
+            raise ValueError(
+                f"JobConfig: checkpoint_interval_s must be positive or None, got {self.checkpoint_interval_s}")
+        if self.checkpoints_to_keep < 1:
+            raise ValueError(f"JobConfig: checkpoints_to_keep must be >= 1, got {self.checkpoints_to_keep}")
+        if self.max_restarts < 0:
+            raise ValueError(f"JobConfig: max_restarts must be >= 0, got {self.max_restarts}")
         if self.host_num_cpus < 0:
             raise ValueError(f"JobConfig: host_num_cpus must be >= 0, got {self.host_num_cpus}")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from control.message import InstanceId
-from operators.endpoints import SourceLogic
+from operators.endpoints import SinkLogic, SourceLogic
 from operators.logic import InstanceInfo
 
 if TYPE_CHECKING:
@@ -68,6 +68,15 @@ class InstanceControlContext:
 
     def attach_all(self, payload: Any) -> None:
         raise RuntimeError("attach_all() is only available inside on_complete")
+
+    def queue_ack(self, message: Any, payload: Any, background: bool) -> None:
+        self._instance.acks.append((message.op_id, message.origin, payload, background))
+
+    def sink_prepare(self, epoch: int) -> Any:
+        logic = self._instance.logic
+        if not isinstance(logic, SinkLogic) or logic.writer is None:
+            raise TypeError(f"{self._instance.info}: sink_prepare() is only for sink instances")
+        return logic.writer.prepare_commit(epoch)
 
     def statistics(self) -> Any:
         return self._instance.statistics()

@@ -55,6 +55,10 @@ class _ControllerOps:
             self.ops.on_return(ret)
         self._ops_changed()
 
+    async def op_ack(self, op_id: str, instance: tuple, payload: Any) -> None:
+        self.ops.on_ack(op_id, tuple(instance), payload)
+        self._ops_changed()
+
     async def sinks_finished(self, sinks: list) -> None:
         self.ops.sinks_finished(sinks)
         self._ops_changed()
@@ -83,42 +87,67 @@ class _ControllerOps:
 
 @ray.remote(num_cpus=0)
 class JobController(_ControllerOps):
-    """One per job. Lifecycle follows its ``JobLifecycle``; ``stop()`` ends its tasks."""
+    """One per job: lifecycle, host watch, the global injection order, checkpoints.
 
-    def __init__(self, job_name: str, sinks: list[tuple[str, int]], poll_interval_s: float,
-                 view: Any = None, broadcast: Tree | None = None, placement: dict | None = None):
+    Reports from hosts carry the *incarnation* they were set up in; after a
+    recovery, late reports of the old hosts are ignored. Lifecycle follows its
+    ``JobLifecycle``; ``stop()`` ends its tasks.
+    """
+
+    def __init__(self, job_name: str, sinks: list[tuple[str, int]], config: Any,
+                 view: Any = None, broadcast: Tree | None = None, placement: dict | None = None,
+                 storage: Any = None, sink_objects: dict[str, Any] | None = None,
+                 next_checkpoint_id: int = 1):
         self.job_name = job_name
-        self.lifecycle = JobLifecycle(sinks)
-        self.poll_interval_s = poll_interval_s
+        self.config = config
+        self.lifecycle = JobLifecycle(sinks, config.max_restarts)
+        self.poll_interval_s = config.poll_interval_s
         self.hosts: list[Any] = []
         self.broadcast = broadcast
         self.placement = placement or {}
+        self.storage = storage
+        self.sink_objects = sink_objects or {}
+        self.next_checkpoint_id = next_checkpoint_id
+        self.checkpoints: list[int] = []
+        self.incarnation = 0
         self.side_controllers: dict[str, Any] = {}
         self._changed = asyncio.Event()
         self._monitor: asyncio.Task | None = None
+        self._periodic: asyncio.Task | None = None
+        self._checkpoint_op: str | None = None
         self._seq = 0
         self._init_ops("controller", view)
 
-    async def start(self, hosts: list[Any]) -> None:
+    async def start(self, hosts: list[Any], incarnation: int = 0) -> None:
         self.hosts = hosts
-        self._monitor = asyncio.get_running_loop().create_task(self._watch_hosts())
+        self.incarnation = incarnation
+        self._monitor = asyncio.get_running_loop().create_task(self._watch_hosts(incarnation))
         self._start_timer()
+        if self.config.checkpoint_interval_s and self._periodic is None:
+            self._periodic = asyncio.get_running_loop().create_task(self._checkpoint_periodically())
 
     # -- lifecycle ---------------------------------------------------------------
 
     def _notify(self) -> None:
         self._changed.set()
         state = self.lifecycle.state
-        if state.terminal and state.value != "FINISHED":
-            error = self.lifecycle.error or JobFailedError(f"job {self.job_name!r} {state.value.lower()}")
+        if state.value in ("FAILED", "CANCELLED", "RECOVERING"):
+            error = self.lifecycle.error or JobFailedError(
+                f"job {self.job_name!r} is {state.value.lower()}: {self.lifecycle.recovery_reason}")
             self.ops.fail_all(error)
             self._ops_changed()
             for side in self.side_controllers.values():
                 side.job_failed.remote(error)
-            for host in self.hosts:
-                host.abort.remote()
+            if state.value != "RECOVERING":
+                for host in self.hosts:
+                    host.abort.remote()
 
-    async def instance_finished(self, operator: str, index: int, result: Any) -> None:
+    def _current(self, incarnation: int) -> bool:
+        return incarnation == self.incarnation and self.lifecycle.state.value == "RUNNING"
+
+    async def instance_finished(self, operator: str, index: int, result: Any, incarnation: int = 0) -> None:
+        if not self._current(incarnation):
+            return
         self.lifecycle.instance_finished((operator, index), result)
         if (operator, index) in self.lifecycle.results:
             self.ops.sinks_finished([(operator, index)])
@@ -127,12 +156,17 @@ class JobController(_ControllerOps):
                 side.sinks_finished.remote([(operator, index)])
         self._notify()
 
-    async def instance_failed(self, operator: str, index: int, error: BaseException) -> None:
-        self.lifecycle.fail(error, f"operator {operator!r} instance {index}: {error.__cause__!r}")
+    async def instance_failed(self, operator: str, index: int, error: BaseException, incarnation: int = 0) -> None:
+        if not self._current(incarnation):
+            return
+        reason = f"operator {operator!r} instance {index}: {error.__cause__!r}"
+        self.lifecycle.lost(error, reason, recoverable=self.config.restart_on_operator_error)
         self._notify()
 
-    async def host_error(self, host: int, reason: str) -> None:
-        self.lifecycle.fail(JobFailedError(f"job {self.job_name!r}: {reason}"), reason)
+    async def host_error(self, host: int, reason: str, incarnation: int = 0) -> None:
+        if not self._current(incarnation):
+            return
+        self.lifecycle.lost(JobFailedError(f"job {self.job_name!r}: {reason}"), reason)
         self._notify()
 
     async def cancel(self) -> LifecycleSnapshot:
@@ -142,9 +176,16 @@ class JobController(_ControllerOps):
 
     async def wait(self, timeout: float | None) -> LifecycleSnapshot:
         """Return once terminal or after ``timeout`` seconds (None: no limit)."""
+        return await self._wait_for(lambda: self.lifecycle.state.terminal, timeout)
+
+    async def wait_event(self, timeout: float | None) -> LifecycleSnapshot:
+        """Return once terminal or recovering (the supervisor's cue), or after ``timeout``."""
+        return await self._wait_for(lambda: self.lifecycle.state.value != "RUNNING", timeout)
+
+    async def _wait_for(self, condition: Any, timeout: float | None) -> LifecycleSnapshot:
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
-        while not self.lifecycle.state.terminal:
+        while not condition():
             self._changed.clear()
             remaining = None if deadline is None else deadline - loop.time()
             if remaining is not None and remaining <= 0:
@@ -162,20 +203,69 @@ class JobController(_ControllerOps):
         return dict(self.lifecycle.results)
 
     async def stop(self) -> None:
-        for task in (self._monitor, self._timer):
+        for task in (self._monitor, self._timer, self._periodic):
             if task is not None:
                 task.cancel()
 
-    async def _watch_hosts(self) -> None:
-        while not self.lifecycle.state.terminal:
+    async def _watch_hosts(self, incarnation: int) -> None:
+        while self.incarnation == incarnation and self.lifecycle.state.value == "RUNNING":
             await asyncio.sleep(self.poll_interval_s)
             for host_id, host in enumerate(self.hosts):
+                if self.incarnation != incarnation:
+                    return
                 try:
                     await asyncio.wait_for(host.ping.remote(), timeout=120.0)
                 except Exception as exc:
-                    if not self.lifecycle.state.terminal:
-                        await self.host_error(host_id, f"host {host_id} is unreachable: {exc!r}")
+                    await self.host_error(host_id, f"host {host_id} is unreachable: {exc!r}", incarnation)
                     return
+
+    # -- recovery ----------------------------------------------------------------
+
+    async def resume(self, hosts: list[Any], incarnation: int, checkpoint_id: int | None,
+                     seconds: float) -> None:
+        """The supervisor re-created the hosts from ``checkpoint_id``: run again."""
+        self.incarnation = incarnation
+        self._seq = 0  # new hosts: control inboxes start again at 0
+        self._checkpoint_op = None
+        self.lifecycle.restarted(checkpoint_id, seconds)
+        self.ops.finished_sinks.clear()
+        if self._monitor is not None:
+            self._monitor.cancel()
+        await self.start(hosts, incarnation)
+        self._notify()
+
+    async def recovery_reason(self) -> str | None:
+        return self.lifecycle.recovery_reason
+
+    # -- checkpoints ---------------------------------------------------------------
+
+    def _commit_sinks(self, sink: str, staged: list) -> None:
+        self.sink_objects[sink].commit(staged)
+
+    async def checkpoint(self) -> str:
+        """Start a checkpoint now; returns the op id (its result is the checkpoint id)."""
+        from control.ops.checkpoint import Checkpoint
+
+        if self.storage is None:
+            raise RuntimeError(f"job {self.job_name!r} has no checkpoint storage")
+        checkpoint_id = self.next_checkpoint_id
+        self.next_checkpoint_id += 1
+        job = {"name": self.job_name, "operators": self.ops.view.operators}
+        op = Checkpoint(checkpoint_id, self.storage, self.config.checkpoints_to_keep, self._commit_sinks, job)
+        op_id = await self.run_op(op)
+        self._checkpoint_op = op_id
+        return op_id
+
+    async def _checkpoint_periodically(self) -> None:
+        interval = self.config.checkpoint_interval_s
+        while not self.lifecycle.state.terminal:
+            await asyncio.sleep(interval)
+            running = self._checkpoint_op and self.ops.runs[self._checkpoint_op].state is OpState.RUNNING
+            if self.lifecycle.state.value == "RUNNING" and not running:
+                try:
+                    await self.checkpoint()
+                except Exception:  # the job ended meanwhile; the loop condition stops us
+                    pass
 
     # -- control ops ---------------------------------------------------------------
 
@@ -189,7 +279,7 @@ class JobController(_ControllerOps):
 
     async def inject(self, message: ControlMessage) -> int:
         """Give ``message`` the next global sequence number and broadcast it to the sources."""
-        if self.lifecycle.state.terminal:
+        if self.lifecycle.state.value != "RUNNING":
             raise JobFailedError(f"job {self.job_name!r} is {self.lifecycle.state.value}: "
                                  f"cannot start control op {message.op_id}")
         message = dataclasses.replace(message, seq=self._seq)

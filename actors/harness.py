@@ -77,12 +77,21 @@ class LocalRun:
                 self._in_flight.append((dst, "grant", list(grants)))
             for dst, items in out.extra.items():
                 self._in_flight.append((dst, "deliver_extra", list(items)))
+            for dst, names in out.ended.items():
+                self._in_flight.append((dst, "peer_ended", list(names)))
             for kind, table in (("relay", out.control.relays), ("inject", out.control.injections),
                                 ("collect", out.control.collects)):
                 for dst, items in table.items():
                     self._in_flight.append((dst, kind, list(items)))
             for ret in out.control.returns:
                 self.ops.on_return(ret)
+            for _origin, op_id, instance, payload, background in out.acks:
+                if background:
+                    try:
+                        payload = payload()
+                    except Exception as exc:
+                        payload = exc
+                self.ops.on_ack(op_id, instance, payload)
             for inst in host.take_finished():
                 if not inst.outputs:
                     self._finished_sinks.add(inst.name)
@@ -133,7 +142,9 @@ class LocalRun:
         for node in self.plan.graph.nodes.values():
             if node.kind is OperatorKind.SINK:
                 assert node.sink is not None
-                out[node.name] = node.sink.combine(results[(node.name, i)] for i in range(node.parallelism))
+                parts = [results[(node.name, i)] for i in range(node.parallelism)]
+                node.sink.commit_final(parts)
+                out[node.name] = node.sink.combine(parts)
         return out
 
     def instance(self, name: tuple[str, int]) -> Any:

@@ -43,18 +43,28 @@ class OperatorHost:
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._stopped = False
+        self._background: set[asyncio.Task] = set()
 
     async def setup(self, plan: Any, placement: dict, config: JobConfig, peers: dict,
-                    controller: Any) -> OperatorError | None:
-        """Build this host's instances; returns the error of a user constructor that raised."""
+                    controller: Any, restore: Any = None, incarnation: int = 0) -> OperatorError | None:
+        """Build this host's instances (from a checkpoint if ``restore``); returns a user constructor's error."""
         self.controller = controller
+        self.incarnation = incarnation
         self.controllers = {"controller": controller}
         self.transport = Transport(peers, self._peer_failed, self.controllers)
+        self._finished: list[tuple[str, int, Any]] = []
         try:
-            self.core = HostCore(self.host_id, plan, placement, config)
+            self.core = HostCore(self.host_id, plan, placement, config, restore)
         except OperatorFailure as failure:
             return self._operator_error(failure)
         return None
+
+    async def set_controller(self, controller: Any) -> None:
+        """A re-created job controller takes over: tell it which instances already finished."""
+        self.controller = controller
+        self.controllers["controller"] = controller
+        for operator, index, result in self._finished:
+            controller.instance_finished.remote(operator, index, result, self.incarnation)
 
     async def start(self) -> None:
         if self._task is None:
@@ -90,6 +100,11 @@ class OperatorHost:
         self.core.deliver_extra(items)  # type: ignore[union-attr]
         self._wake.set()
 
+    async def peer_ended(self, names: list) -> None:
+        """Instances on other hosts finished (extra-edge senders that will send nothing more)."""
+        self.core.peer_ended(names)  # type: ignore[union-attr]
+        self._wake.set()
+
     async def add_controller(self, name: str, handle: Any) -> None:
         """A side controller: sinks return its ops to it."""
         self.controllers[name] = handle
@@ -113,7 +128,8 @@ class OperatorHost:
 
     def _peer_failed(self, host: int, exc: BaseException) -> None:
         if not self._stopped:
-            self.controller.host_error.remote(host, f"a call from host {self.host_id} to host {host} failed: {exc!r}")
+            self.controller.host_error.remote(
+                host, f"a call from host {self.host_id} to host {host} failed: {exc!r}", self.incarnation)
 
     async def _run(self) -> None:
         core = self.core
@@ -128,13 +144,15 @@ class OperatorHost:
             except Exception as exc:
                 self._stopped = True
                 self.controller.host_error.remote(
-                    self.host_id, f"bug in host {self.host_id}: {traceback.format_exc()}")
+                    self.host_id, f"bug in host {self.host_id}: {traceback.format_exc()}", self.incarnation)
                 log.exception("host %s failed", self.host_id)
                 return
             self._report_finished()
             outbox = core.take_outbox()
             if outbox:
                 self.transport.send(outbox)
+                for ack in outbox.acks:
+                    self._send_ack(*ack)
             if progressed:
                 await asyncio.sleep(0)
                 continue
@@ -149,7 +167,26 @@ class OperatorHost:
 
     def _report_finished(self) -> None:
         for inst in self.core.take_finished():  # type: ignore[union-attr]
-            self.controller.instance_finished.remote(inst.info.operator, inst.info.index, inst.sink_result())
+            report = (inst.info.operator, inst.info.index, inst.sink_result())
+            self._finished.append(report)
+            self.controller.instance_finished.remote(*report, self.incarnation)
+
+    def _send_ack(self, origin: str, op_id: str, instance: tuple, payload: Any, background: bool) -> None:
+        if background:
+            task = asyncio.ensure_future(self._background_ack(origin, op_id, instance, payload))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+            return
+        handle = self.controllers.get(origin)
+        if handle is not None:
+            handle.op_ack.remote(op_id, instance, payload)
+
+    async def _background_ack(self, origin: str, op_id: str, instance: tuple, work: Any) -> None:
+        try:
+            payload = await asyncio.to_thread(work)
+        except Exception as exc:  # reported to the op, which fails with it
+            payload = portable(exc)
+        self._send_ack(origin, op_id, instance, payload, False)
 
     @staticmethod
     def _operator_error(failure: OperatorFailure) -> OperatorError:
@@ -160,6 +197,6 @@ class OperatorHost:
     def _report_failure(self, failure: OperatorFailure) -> None:
         self._stopped = True
         error = self._operator_error(failure)
-        self.controller.instance_failed.remote(failure.info.operator, failure.info.index, error)
+        self.controller.instance_failed.remote(failure.info.operator, failure.info.index, error, self.incarnation)
         if self.core is not None:
             self.core.close()

@@ -114,6 +114,7 @@ class OperatorInstance:
         self.extra_inbox: collections.deque[ControlMessage] = collections.deque()
         self.extra_sends: list[tuple[InstanceId, ControlMessage]] = []
         self.returns: list[ControlReturn] = []
+        self.acks: list[tuple[str, str, Any, bool]] = []  # (op id, origin, payload or work, background)
         downstream = [t for ts in self.targets for t in ts]
         self.ctx = InstanceControlContext(self, kind, downstream)
         self._next_input = 0
@@ -240,6 +241,11 @@ class OperatorInstance:
         if not self.outputs:
             payload = {self.name: c.payload_for(CONTROLLER)}
             self.returns.append(ControlReturn(message.op_id, (self.name,), payload, message.origin, message.op))
+
+    def sender_ended(self, name: InstanceId) -> None:
+        """Instance ``name`` finished: it will send nothing more along extra edges."""
+        if not self.finished:
+            self._complete_ops(self._call(self.control.input_ended, extra_input(name), self.ctx))
 
     def inject(self, message: ControlMessage) -> None:
         """A control message from the controller (sources only), placed by its global sequence."""

@@ -13,7 +13,13 @@ Example:
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import posixpath
+import re
+import shutil
+import tempfile
+import threading
 import time
 from typing import Any
 
@@ -27,13 +33,15 @@ from operators.graph import OperatorKind, PhysicalPlan, physical_plan
 from .config import JobConfig
 from .controller import JobController, SideController
 from .errors import JobCancelledError, JobFailedError
-from .host import OperatorHost
 from .instance import InstanceStatistics
 from .mailbox import control_trees
 from .ophandle import OpHandle
 from .placement import place
+from .restore import RestoreInfo
+from .storage import CheckpointError, CheckpointStorage
+from .supervisor import Deployment, Supervisor
 
-__all__ = ["submit", "Job", "JobStatus", "JobStatistics", "job_view"]
+__all__ = ["submit", "Job", "JobStatus", "JobStatistics", "restore_point"]
 
 
 def _check_timeout(timeout: float | None) -> None:
@@ -80,18 +88,55 @@ class JobStatistics:
             s.pending_out for s in self.instances)
 
 
-def submit(flow: Dataflow, *, config: JobConfig | None = None, **options: Any) -> "Job":
+def _private_graph(flow: Dataflow) -> Any:
+    """A copy of the flow's graph that the job may bind (sinks) without touching the user's Dataflow."""
+    graph = copy.copy(flow.graph)
+    graph.nodes = {k: dataclasses.replace(v, inputs=list(v.inputs)) for k, v in flow.graph.nodes.items()}
+    return graph
+
+
+def restore_point(restore_from: str, plan: PhysicalPlan) -> RestoreInfo:
+    """The checkpoint ``restore_from`` names: a ``chk-N`` directory, or a checkpoint root (its newest).
+
+    Raises:
+        CheckpointError: it is missing, incomplete or corrupt, or it does not fit the dataflow.
+    """
+    path = str(restore_from).rstrip("/")
+    match = re.match(r"^chk-(\d+)$", posixpath.basename(path))
+    if match:
+        storage = CheckpointStorage(posixpath.dirname(path) or ".")
+        manifest = storage.load(int(match.group(1)))
+    else:
+        storage = CheckpointStorage(path)
+        manifest = storage.latest()
+        if manifest is None:
+            raise CheckpointError(f"no complete checkpoint under {path!r}")
+    saved = manifest.get("job", {}).get("operators", {})
+    for node in plan.graph.nodes.values():
+        if node.kind is OperatorKind.KEYED and node.name in saved and saved[node.name]["num_bins"] != node.num_bins:
+            raise CheckpointError(
+                f"cannot restore operator {node.name!r} from {path!r}: it was saved with "
+                f"{saved[node.name]['num_bins']} bins, the dataflow has {node.num_bins}")
+    return RestoreInfo(storage, manifest)
+
+
+def submit(flow: Dataflow, *, config: JobConfig | None = None, restore_from: str | None = None,
+           **options: Any) -> "Job":
     """Validate ``flow``, deploy its controller and host actors, and start it.
 
     Args:
         flow: the dataflow.
         config: runtime options; or pass ``JobConfig`` fields as keywords.
+        restore_from: start from a checkpoint (a ``.../chk-N`` directory or a
+            checkpoint root, meaning its newest complete checkpoint), like a
+            savepoint restore; keyed operators may have another parallelism.
 
     Returns:
         The running job's handle.
 
     Raises:
         ValueError, TypeError: the dataflow is invalid (naming the operator).
+        CheckpointError: ``restore_from`` is missing, incomplete or does not fit.
     """
     if config is None:
         config = JobConfig(**options)
@@ -100,36 +145,50 @@ def submit(flow: Dataflow, *, config: JobConfig | None = None, **options: Any) -
     flow.validate()
     if not ray.is_initialized():
         ray.init()
-    plan = physical_plan(flow.graph)
+    plan = physical_plan(_private_graph(flow))
+    restore = restore_point(restore_from, plan) if restore_from is not None else None
     num_hosts, placement = place(plan, config.num_hosts, config.placement)
-    sinks = [i for i in plan.instances if plan.graph.nodes[i[0]].kind is OperatorKind.SINK]
+    own_dir = config.checkpoint_dir is None
+    root = tempfile.mkdtemp(prefix=f"chiray-{flow.name}-") if own_dir else config.checkpoint_dir
+    storage = CheckpointStorage(root)
+    sinks = {}
+    for node in plan.graph.nodes.values():
+        if node.kind is OperatorKind.SINK:
+            node.sink = node.sink.bind_output(storage.output_dir(node.name), node.name)
+            sinks[node.name] = node.sink
+    deployment = Deployment(flow.name, ray.put(plan), placement, num_hosts, config, storage, sinks)
     view = job_view(flow.name, plan)
     broadcast, _ = control_trees(plan, placement, config.control_fanout)
-    controller = JobController.remote(flow.name, sinks, config.poll_interval_s, view, broadcast, placement)
-    opts = {"num_cpus": config.host_num_cpus, "resources": config.host_resources or None,
-            "max_concurrency": 1000, **config.host_options}
-    hosts = [OperatorHost.options(**opts).remote(i, flow.name) for i in range(num_hosts)]
-    job = Job(flow.name, plan, controller, hosts, view)
+    sink_instances = [i for i in plan.instances if plan.graph.nodes[i[0]].kind is OperatorKind.SINK]
+
+    def make_controller() -> Any:
+        first = max(storage.checkpoint_ids(), default=0) + 1
+        return JobController.remote(flow.name, sink_instances, config, view, broadcast, placement,
+                                    storage, sinks, first)
+
+    controller = make_controller()
+    job = Job(flow.name, plan, controller, [], view)
+    job._own_dir = root if own_dir else None
     try:
-        plan_ref = ray.put(plan)
-        peers = dict(enumerate(hosts))
-        errors = ray.get([h.setup.remote(plan_ref, placement, config, peers, controller) for h in hosts])
-        for error in errors:
-            if error is not None:
-                raise error
-        ray.get(controller.start.remote(hosts))
-        ray.get([h.start.remote() for h in hosts])
+        job._hosts = deployment.start_hosts(controller, restore, 0)
+        ray.get(controller.start.remote(job._hosts, 0))
+        ray.get([h.start.remote() for h in job._hosts])
     except BaseException:
         job._shutdown()
         raise
+    job._deployment = deployment
+    job._supervisor = Supervisor(job, deployment, make_controller)
+    job._supervisor.start()
     return job
 
 
 class Job:
     """A running (or finished) job.
 
-    Not thread-safe: use one Job handle from one thread. Lifecycle:
-    ``RUNNING -> FINISHED | FAILED | CANCELLED``; once terminal, its actors are gone.
+    Use one Job handle from one thread; its supervisor thread may swap the
+    actors underneath (recovery) under ``_lock``. Lifecycle:
+    ``RUNNING (<-> RECOVERING) -> FINISHED | FAILED | CANCELLED``; once
+    terminal, its actors are gone.
     """
 
     def __init__(self, name: str, plan: PhysicalPlan, controller: Any, hosts: list[Any],
@@ -141,9 +200,31 @@ class Job:
         self._hosts = hosts
         self._side: dict[str, Any] = {}
         self._final: LifecycleSnapshot | None = None
-        self._results: dict[tuple[str, int], Any] = {}
+        self._results: dict[str, Any] = {}
         self._last_stats: JobStatistics | None = None
+        self._lock = threading.RLock()
+        self._own_dir: str | None = None
+        self._deployment: Deployment | None = None
+        self._supervisor: Supervisor | None = None
         self.started_at = time.time()
+
+    @property
+    def checkpoint_dir(self) -> str | None:
+        """Where this job's checkpoints go."""
+        return self._deployment.storage.root_uri if self._deployment else None
+
+    def _call(self, method: str, *args: Any, timeout: float | None = None) -> Any:
+        """Call the job controller; retry while the supervisor replaces a dead one."""
+        deadline = time.monotonic() + 60.0
+        while True:
+            controller = self._controller
+            try:
+                return ray.get(getattr(controller, method).remote(*args), timeout=timeout)
+            except ray.exceptions.RayActorError:
+                if self._final is not None or time.monotonic() > deadline:
+                    raise
+                while self._controller is controller and time.monotonic() < deadline:
+                    time.sleep(0.05)
 
     # -- waiting ---------------------------------------------------------------------
 
@@ -161,7 +242,7 @@ class Job:
         """
         _check_timeout(timeout)
         if self._final is None:
-            snap = ray.get(self._controller.wait.remote(timeout))
+            snap = self._call("wait", timeout)
             if not snap.state.terminal:
                 raise TimeoutError(f"job {self.name!r} still running after {timeout} s")
             self._finalize(snap)
@@ -176,14 +257,24 @@ class Job:
             raise JobCancelledError(f"job {self.name!r} was cancelled")
 
     def _finalize(self, snap: LifecycleSnapshot) -> None:
+        if self._supervisor is not None:
+            self._supervisor.stop()
         if snap.state is JobState.FINISHED:
-            self._results = ray.get(self._controller.results.remote())
+            per_instance = self._call("results")
             try:
                 self._last_stats = self._collect_statistics()
             except ray.exceptions.RayError:
                 pass
+            for node in self.plan.graph.nodes.values():
+                if node.kind is OperatorKind.SINK:
+                    assert node.sink is not None
+                    parts = [per_instance.get((node.name, i)) for i in range(node.parallelism)]
+                    node.sink.commit_final(parts)  # every instance finished: the last epoch is safe
+                    self._results[node.name] = node.sink.combine(parts)
         self._final = snap
         self._shutdown()
+        if self._own_dir is not None and snap.state is JobState.FINISHED:
+            shutil.rmtree(self._own_dir, ignore_errors=True)
 
     def result(self, sink: str | None = None) -> Any:
         """The combined output of a sink (``collect()``: a ``pyarrow.Table``).
@@ -204,9 +295,7 @@ class Job:
             if not matches:
                 raise ValueError(f"job {self.name!r} has no sink {sink!r}; sinks: {[s.name for s in sinks]}")
             node = matches[0]
-        assert node.sink is not None
-        parts = [self._results.get((node.name, i)) for i in range(node.parallelism)]
-        return node.sink.combine(parts)
+        return self._results[node.name]
 
     # -- control ---------------------------------------------------------------------
 
@@ -214,6 +303,8 @@ class Job:
         """Stop the job and remove its actors; unfinished sink output is discarded. Idempotent."""
         if self._final is not None:
             return
+        if self._supervisor is not None:
+            self._supervisor.stop()
         try:
             snap = ray.get(self._controller.cancel.remote(), timeout=30)
         except ray.exceptions.RayError:
@@ -229,6 +320,8 @@ class Job:
         self._shutdown()
 
     def _shutdown(self) -> None:
+        if self._supervisor is not None:
+            self._supervisor.stop()
         for actor in (*self._hosts, *self._side.values(), self._controller):
             try:
                 ray.kill(actor, no_restart=True)
@@ -247,8 +340,12 @@ class Job:
         Returns:
             A handle: ``result(timeout)`` waits for the op's result.
         """
-        handle = self._controller if controller is None else self._side_controller(controller)
-        op_id = ray.get(handle.run_op.remote(op))
+        if controller is None:
+            handle = self._controller
+            op_id = self._call("run_op", op)
+        else:
+            handle = self._side_controller(controller)
+            op_id = ray.get(handle.run_op.remote(op))
         return OpHandle(op_id, handle, getattr(op, "timeout_s", None))
 
     def add_controller(self, name: str) -> str:
@@ -263,6 +360,15 @@ class Job:
             raise ValueError(f"job {self.name!r} has no controller {name!r}; add it with add_controller()")
         return self._side[name]
 
+    def checkpoint(self, timeout: float | None = 120.0) -> int:
+        """Take an aligned, durable checkpoint now; returns its id once committed.
+
+        Raises:
+            OpFailedError / OpTimeoutError: the checkpoint failed (a host died, the input ended).
+        """
+        op_id = self._call("checkpoint")
+        return OpHandle(op_id, self._controller, timeout).result(timeout)
+
     def metrics(self, timeout: float | None = 60.0) -> Any:
         """Run a non-blocking ``Monitor`` op in-band and return its result."""
         from control.ops.monitor import Monitor
@@ -273,11 +379,13 @@ class Job:
 
     def status(self) -> JobStatus:
         """The job's state and events."""
-        snap = self._final or ray.get(self._controller.snapshot.remote())
+        snap = self._final or self._call("snapshot")
         return JobStatus(self.name, snap.state, snap.finished_instances, snap.events, snap.error)
 
     def _collect_statistics(self) -> JobStatistics:
-        per_host = ray.get([h.statistics.remote() for h in self._hosts])
+        with self._lock:
+            hosts = list(self._hosts)
+        per_host = ray.get([h.statistics.remote() for h in hosts])
         return JobStatistics(tuple(s for stats in per_host for s in stats), time.time())
 
     def statistics(self) -> JobStatistics:

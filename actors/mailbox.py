@@ -27,6 +27,7 @@ from .config import JobConfig
 from .instance import InstanceStatistics, OperatorFailure, OperatorInstance
 from .messages import Envelope, Grant
 from .relay import RelayOutput, RelayTable
+from .restore import RestoreInfo
 from .router import make_router
 
 __all__ = ["HostCore", "Outbox", "build_instance", "control_trees"]
@@ -41,9 +42,12 @@ class Outbox:
     extra: dict[int, list[tuple[InstanceId, ControlMessage]]] = dataclasses.field(
         default_factory=lambda: collections.defaultdict(list))
     control: RelayOutput = dataclasses.field(default_factory=RelayOutput)
+    acks: list[tuple[str, str, InstanceId, Any, bool]] = dataclasses.field(default_factory=list)
+    ended: dict[int, list[InstanceId]] = dataclasses.field(default_factory=lambda: collections.defaultdict(list))
 
     def __bool__(self) -> bool:
-        return bool(self.envelopes) or bool(self.grants) or bool(self.extra) or bool(self.control)
+        return (bool(self.envelopes) or bool(self.grants) or bool(self.extra) or bool(self.control)
+                or bool(self.acks) or bool(self.ended))
 
 
 def control_trees(plan: PhysicalPlan, placement: dict[tuple[str, int], int],
@@ -57,14 +61,18 @@ def control_trees(plan: PhysicalPlan, placement: dict[tuple[str, int], int],
 
 
 def build_instance(plan: PhysicalPlan, name: tuple[str, int], config: JobConfig, host: int = 0,
-                   source_offsets: dict[str, Any] | None = None) -> OperatorInstance:
-    """Create one instance of ``plan`` with its channels and routers."""
+                   restore: RestoreInfo | None = None) -> OperatorInstance:
+    """Create one instance of ``plan`` with its channels and routers (restored from a checkpoint if given)."""
     node = plan.graph.nodes[name[0]]
     info = InstanceInfo(node.name, name[1], node.parallelism, node.num_bins)
     if node.kind is OperatorKind.SOURCE:
         assert node.source is not None
         splits = assign_splits(plan.source_splits[node.name], node.parallelism, name[1])
-        logic: Any = SourceLogic(node.source, splits, source_offsets)
+        offsets = restore.source_offsets(node.name) if restore is not None else None
+        logic: Any = SourceLogic(node.source, splits, offsets)
+    elif node.kind is OperatorKind.SINK:
+        assert node.sink is not None
+        logic = SinkLogic(node.sink)
     else:
         assert node.make_logic is not None
         try:
@@ -80,7 +88,12 @@ def build_instance(plan: PhysicalPlan, name: tuple[str, int], config: JobConfig,
                         for c in chans])
         targets.append([c.dst for c in chans])
         routers.append(make_router(edge, len(chans), plan.bin_tables.get(down), down, name[1]))
-    return OperatorInstance(info, logic, inputs, outputs, routers, host, targets, node.kind.value)
+    instance = OperatorInstance(info, logic, inputs, outputs, routers, host, targets, node.kind.value)
+    if restore is not None and node.kind is OperatorKind.KEYED:
+        bins = restore.load_bins(node.name, name[1], plan.bin_tables[node.name])
+        if bins:
+            logic.state.install_bins(bins)
+    return instance
 
 
 class HostCore:
@@ -91,15 +104,16 @@ class HostCore:
         plan: the job's physical plan.
         placement: (operator, index) -> host id, for every instance of the job.
         config: channel capacities and friends.
+        restore: a checkpoint to start from (recovery or restore into a new job).
     """
 
     def __init__(self, host_id: int, plan: PhysicalPlan, placement: dict[tuple[str, int], int],
-                 config: JobConfig):
+                 config: JobConfig, restore: RestoreInfo | None = None):
         self.host_id = host_id
         self.config = config
         self.placement = placement
         self.instances: list[OperatorInstance] = [
-            build_instance(plan, name, config, host_id)
+            build_instance(plan, name, config, host_id, restore)
             for name in plan.instances if placement[name] == host_id
         ]
         self.by_name = {inst.name: inst for inst in self.instances}
@@ -157,6 +171,22 @@ class HostCore:
         for name, message in items:
             self.by_name[tuple(name)].extra_inbox.append(message)
 
+    def peer_ended(self, names: Iterable[InstanceId]) -> None:
+        """Instances elsewhere finished: ops here stop expecting extra-edge messages from them."""
+        for name in names:
+            for inst in self.instances:
+                inst.sender_ended(tuple(name))
+                self._dirty.update(ch.channel for ch in inst.output_channels())
+                if inst.extra_sends or inst.returns:
+                    self._route_control(inst)
+        self._flush()
+
+    def _announce_end(self, inst: OperatorInstance) -> None:
+        for host in set(self.placement.values()):
+            if host != self.host_id:
+                self.outbox.ended[host].append(inst.name)
+        self.peer_ended([inst.name])
+
     def _take_relay_output(self) -> None:
         out = self.relays.take_output()
         mine = self.outbox.control
@@ -210,8 +240,13 @@ class HostCore:
                 if newly_finished:
                     self._reported.add(id(inst))
                     self.finished_events.append(inst)
+                    self._announce_end(inst)
                 if inst.extra_sends or inst.returns or (newly_finished and not inst.outputs):
                     self._route_control(inst)
+                if inst.acks:
+                    self.outbox.acks.extend((origin, op_id, inst.name, payload, background)
+                                            for op_id, origin, payload, background in inst.acks)
+                    inst.acks.clear()
                 self._flush()
                 return True
         return False

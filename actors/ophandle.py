@@ -28,7 +28,12 @@ class OpHandle:
 
     def _poll(self, timeout: float | None) -> tuple[str, Any, BaseException | None, float]:
         if self._final is None:
-            state = ray.get(self._controller.op_result.remote(self.op_id, timeout))
+            try:
+                state = ray.get(self._controller.op_result.remote(self.op_id, timeout))
+            except ray.exceptions.RayActorError as exc:
+                error = OpFailedError(f"control op {self.op_id} failed: its controller died")
+                state = ("FAILED", None, error, 0.0)
+                error.__cause__ = exc
             if state[0] != "RUNNING":
                 self._final = state
                 self.elapsed_s = state[3]

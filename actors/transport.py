@@ -38,6 +38,8 @@ class Transport:
             self._watch(host, self.peers[host].grant.remote(grants))
         for host, extra in outbox.extra.items():
             self._watch(host, self.peers[host].deliver_extra.remote(extra))
+        for host, names in outbox.ended.items():
+            self._watch(host, self.peers[host].peer_ended.remote(names))
         control = outbox.control
         for host, relays in control.relays.items():
             self._watch(host, self.peers[host].relay.remote(relays))

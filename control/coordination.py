@@ -4,7 +4,8 @@ A plain state machine, unit-tested without Ray; ``actors.controller`` wraps
 it in a Ray actor. Lifecycle::
 
     RUNNING --all sinks finished--> FINISHED
-    RUNNING --instance failed / host lost--> FAILED
+    RUNNING --host lost, restarts left--> RECOVERING --restarted()--> RUNNING
+    RUNNING --instance failed / host lost, no restarts left--> FAILED
     RUNNING --cancel()--> CANCELLED
 
 The first terminal state wins; later events are ignored.
@@ -25,13 +26,14 @@ __all__ = ["JobState", "JobLifecycle", "LifecycleSnapshot", "OpCoordinator"]
 
 class JobState(str, enum.Enum):
     RUNNING = "RUNNING"
+    RECOVERING = "RECOVERING"
     FINISHED = "FINISHED"
     FAILED = "FAILED"
     CANCELLED = "CANCELLED"
 
     @property
     def terminal(self) -> bool:
-        return self is not JobState.RUNNING
+        return self in (JobState.FINISHED, JobState.FAILED, JobState.CANCELLED)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -52,15 +54,45 @@ class JobLifecycle:
         sinks: every sink instance; the job finishes when all have finished.
     """
 
-    def __init__(self, sinks: Iterable[tuple[str, int]]):
+    def __init__(self, sinks: Iterable[tuple[str, int]], max_restarts: int = 0):
         self.state = JobState.RUNNING
-        self._pending = set(sinks)
+        self._sinks = tuple(sinks)
+        self._pending = set(self._sinks)
         if not self._pending:
             raise ValueError("a job needs at least one sink instance")
         self._finished: list[tuple[str, int]] = []
         self.results: dict[tuple[str, int], Any] = {}
         self.error: BaseException | None = None
         self.events: list[str] = []
+        self.max_restarts = max_restarts
+        self.restarts = 0
+        self.recovery_reason: str | None = None
+
+    def lost(self, error: BaseException, reason: str, recoverable: bool = True) -> None:
+        """Something died: recover if allowed and restarts are left, else fail."""
+        if self.state is not JobState.RUNNING:
+            return
+        if recoverable and self.restarts < self.max_restarts:
+            self.restarts += 1
+            self.state = JobState.RECOVERING
+            self.recovery_reason = reason
+            self.events.append(f"recovering (restart {self.restarts} of {self.max_restarts}): {reason}")
+            return
+        if recoverable and self.max_restarts:
+            reason = f"{reason} (after {self.restarts} restarts, the limit)"
+            error = type(error)(f"{error} (after {self.restarts} restarts, the limit of max_restarts)")
+        self.fail(error, reason)
+
+    def restarted(self, checkpoint_id: int | None, seconds: float) -> None:
+        """Recovery done: every instance runs again from ``checkpoint_id`` (None: from the start)."""
+        if self.state is not JobState.RECOVERING:
+            return
+        self.state = JobState.RUNNING
+        self._pending = set(self._sinks)
+        self._finished = []
+        self.results = {}
+        where = f"checkpoint {checkpoint_id}" if checkpoint_id is not None else "the start"
+        self.events.append(f"recovered from {where} in {seconds:.2f} s")
 
     def instance_finished(self, instance: tuple[str, int], result: Any = None) -> None:
         if instance in self._finished:
@@ -91,6 +123,43 @@ class JobLifecycle:
                                  self.error, tuple(self.events))
 
 
+def check_extra_edges(op_id: str, edges: Iterable[Any], view: Any) -> tuple:
+    """An op's extra edges, checked: known instances, no repeats, and G' stays acyclic.
+
+    Raises:
+        ValueError: naming the op and the offending edge.
+    """
+    known = set(map(tuple, view.instances))
+    extra: list[tuple] = []
+    for a, b in edges:
+        edge = (tuple(a), tuple(b))
+        if edge[0] not in known or edge[1] not in known:
+            raise ValueError(f"control op {op_id}: extra edge {edge[0]} -> {edge[1]} names an unknown instance")
+        if edge in extra:
+            raise ValueError(f"control op {op_id}: extra edge {edge[0]} -> {edge[1]} is listed twice")
+        extra.append(edge)
+    graph: dict[tuple, list[tuple]] = {i: list(map(tuple, view.downstream_of(i))) for i in known}
+    for a, b in extra:
+        graph[a].append(b)
+    state: dict[tuple, int] = {}  # 1: on the path, 2: done
+
+    def visit(node: tuple, path: list[tuple]) -> None:
+        state[node] = 1
+        for nxt in graph[node]:
+            if state.get(nxt) == 1:
+                cycle = " -> ".join(map(str, path[path.index(nxt):] + [node, nxt])) if nxt in path else (
+                    f"{node} -> {nxt}")
+                raise ValueError(f"control op {op_id}: its extra edges make the meta-topology cyclic: {cycle}")
+            if nxt not in state:
+                visit(nxt, path + [node])
+        state[node] = 2
+
+    for node in sorted(known):
+        if node not in state:
+            visit(node, [])
+    return tuple(extra)
+
+
 class OpCoordinator:
     """The control ops one controller started: building their messages and tracking their returns.
 
@@ -118,11 +187,7 @@ class OpCoordinator:
             raise TypeError(f"run_control(): expected a ControlOp, got {type(op).__name__}")
         op_id = f"{self.name}:{next(self._ids)}:{op.kind}"
         configs = Configs(op.on_init(self.view) or {}, op.default_config())
-        extra = tuple((tuple(a), tuple(b)) for a, b in op.extra_edges(self.view))
-        known = set(map(tuple, self.view.instances))
-        for a, b in extra:
-            if a not in known or b not in known:
-                raise ValueError(f"control op {op_id}: extra edge {a} -> {b} names an unknown instance")
+        extra = check_extra_edges(op_id, op.extra_edges(self.view), self.view)
         run = OpRun(op, op_id, self.view, self.view.sinks)
         self.runs[op_id] = run
         run.sinks_finished(self.finished_sinks)
@@ -132,6 +197,11 @@ class OpCoordinator:
         run = self.runs.get(ret.op_id or "")
         if run is not None:
             run.on_return(ret.instances, ret.payload or {})
+
+    def on_ack(self, op_id: str, instance: tuple[str, int], payload: Any) -> None:
+        run = self.runs.get(op_id)
+        if run is not None:
+            run.on_ack(instance, payload)
 
     def sinks_finished(self, sinks: Iterable[tuple[str, int]]) -> None:
         sinks = [tuple(s) for s in sinks]

@@ -81,6 +81,15 @@ class InstanceContext(Protocol):
     def attach_all(self, payload: Any) -> None:
         """Attach ``payload`` for every downstream instance (and the controller at a sink)."""
 
+    def ack(self, payload: Any) -> None:
+        """In ``on_complete``: acknowledge the op to its controller directly, with ``payload``."""
+
+    def ack_in_background(self, work: Any) -> None:
+        """In ``on_complete``: run ``work()`` off the processing path, then acknowledge with its result."""
+
+    def sink_prepare(self, epoch: int) -> Any:
+        """A sink: stage the output written since the last epoch as epoch ``epoch``; returns what was staged."""
+
     def statistics(self) -> Any:
         """This instance's ``InstanceStatistics`` now."""
 

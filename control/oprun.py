@@ -84,6 +84,9 @@ class OpRun:
         self.op_id = op_id
         self.ctx = ctx
         self.waiting = set(sinks)
+        expected = getattr(op, "expected_acks", None)
+        self.acks_waiting: set[InstanceId] = set(expected(ctx)) if expected is not None else set()
+        op.acks = {}
         self.state = OpState.RUNNING
         self.result: Any = None
         self.error: BaseException | None = None
@@ -111,13 +114,32 @@ class OpRun:
         self.waiting.difference_update(tuple(i) for i in instances)
         self._maybe_complete()
 
+    def on_ack(self, instance: InstanceId, payload: Any) -> None:
+        """An instance acknowledged the op directly (e.g. its checkpoint state is durable)."""
+        if self.state is not OpState.RUNNING:
+            return
+        instance = tuple(instance)
+        if isinstance(payload, BaseException):
+            self.fail(OpFailedError(f"control op {self.op_id} ({self.op.kind}) failed at {instance}: "
+                                    f"{payload!r}"), payload)
+            return
+        self.op.acks[instance] = payload
+        self.acks_waiting.discard(instance)
+        self._maybe_complete()
+
     def sinks_finished(self, instances: Iterable[InstanceId]) -> None:
         """Sinks ended their input: they cannot return the op any more; stop waiting for them."""
-        self.waiting.difference_update(tuple(i) for i in instances)
+        instances = [tuple(i) for i in instances]
+        unacked = sorted(set(instances) & self.acks_waiting)
+        if unacked and self.state is OpState.RUNNING:
+            self.fail(OpFailedError(f"control op {self.op_id} ({self.op.kind}): {unacked} ended their "
+                                    "input before acknowledging it"))
+            return
+        self.waiting.difference_update(instances)
         self._maybe_complete()
 
     def _maybe_complete(self) -> None:
-        if self.waiting or self.state is not OpState.RUNNING:
+        if self.waiting or self.acks_waiting or self.state is not OpState.RUNNING:
             return
         try:
             self.result = self.op.on_complete(self.ctx)
@@ -143,7 +165,8 @@ class OpRun:
         if self.state is OpState.RUNNING and timeout is not None and now - self.started > timeout:
             self.fail(OpTimeoutError(
                 f"control op {self.op_id} ({self.op.kind}) did not complete in {timeout} s; "
-                f"sinks still to return it: {sorted(self.waiting)[:8]}"))
+                f"sinks still to return it: {sorted(self.waiting)[:8]}; "
+                f"instances still to acknowledge: {sorted(self.acks_waiting)[:8]}"))
             return True
         return False
 

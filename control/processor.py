@@ -50,12 +50,21 @@ class Completion:
 
 
 class _Attaching:
-    """The runtime's context, plus the attach calls of one ``on_complete``."""
+    """The runtime's context, plus the attach and ack calls of one ``on_complete``."""
 
-    def __init__(self, ctx: Any):
+    def __init__(self, ctx: Any, message: ControlMessage):
         self._ctx = ctx
+        self._message = message
         self.attachments: dict[Any, Any] = {}
         self.default: Any = None
+
+    def ack(self, payload: Any) -> None:
+        """Acknowledge the op to its controller directly (outside the dataflow)."""
+        self._ctx.queue_ack(self._message, payload, background=False)
+
+    def ack_in_background(self, work: Any) -> None:
+        """Run ``work()`` off the processing path; acknowledge with its result (or its exception)."""
+        self._ctx.queue_ack(self._message, work, background=True)
 
     def attach(self, target: Any, payload: Any) -> None:
         self.attachments[target] = payload
@@ -96,7 +105,8 @@ class ControlProcessor:
         exp: set[Hashable] = {ch for ch in self.inputs if ch not in self.ended}
         if self.is_source:
             exp.add(CONTROLLER)
-        exp.update(extra_input(src) for src, dst in message.extra_edges if tuple(dst) == self.instance)
+        exp.update(extra_input(src) for src, dst in message.extra_edges
+                   if tuple(dst) == self.instance and extra_input(src) not in self.ended)
         return frozenset(exp)
 
     def arrive(self, message: ControlMessage, source: Hashable, ctx: Any) -> list[Completion]:
@@ -109,11 +119,14 @@ class ControlProcessor:
             self._pending[message.op_id] = pending
             handler.on_begin(ctx)
         pending.handler.on_next(ctx, message.payload, message.sender)
+        if source in self.ended and source not in pending.state.expected:
+            return self._release(ctx)  # its sender ended meanwhile; the notice overtook this message
         pending.state = pending.state.arrive(source)
         return self._release(ctx)
 
     def input_ended(self, channel: Hashable, ctx: Any) -> list[Completion]:
-        """Data input ``channel`` ended: ops still waiting on it stop expecting it."""
+        """Input ``channel`` ended (a data channel's ``End``, or an extra-edge sender that finished):
+        ops still waiting on it stop expecting it."""
         self.ended.add(channel)
         for pending in self._pending.values():
             pending.state = pending.state.input_ended(channel)
@@ -126,7 +139,7 @@ class ControlProcessor:
             if not first.state.complete:
                 break
             del self._pending[first.message.op_id]
-            attaching = _Attaching(ctx)
+            attaching = _Attaching(ctx, first.message)
             returned = first.handler.on_complete(attaching)
             if returned is not None and attaching.default is None:
                 attaching.default = returned
@@ -136,10 +149,16 @@ class ControlProcessor:
         return done
 
     def blocked(self) -> frozenset:
-        """Input channels held back by pending blocking ops."""
+        """Input channels held back by pending blocking ops.
+
+        A blocking op keeps the inputs it arrived on blocked until its
+        ``on_complete`` has run, even once aligned while it waits behind an
+        earlier op (completions are released in global order).
+        """
         out: frozenset = frozenset()
         for pending in self._pending.values():
-            out |= pending.state.blocked
+            if pending.message.blocking:
+                out |= pending.state.arrived
         return out
 
     @property

@@ -150,8 +150,16 @@ class SinkWriter(abc.ABC):
     def write(self, batch: pa.RecordBatch) -> None:
         """Accept one batch."""
 
+    def prepare_commit(self, epoch: int) -> Any:
+        """Checkpoint barrier ``epoch``: stage the output written since the last one.
+
+        Returns what was staged (picklable, e.g. file paths); ``Sink.commit``
+        makes it visible once the checkpoint is durable. Default: nothing.
+        """
+        return None
+
     def finish(self) -> Any:
-        """End of input: make output final; return a picklable result for the job."""
+        """End of input: stage the rest; return a picklable result for the job (committed by the driver)."""
         return None
 
     def abort(self) -> None:
@@ -172,6 +180,21 @@ class Sink(abc.ABC):
     def bind_schema(self, schema: pa.Schema | None) -> "Sink":
         """This sink, told the schema of the stream it ends (known at build time, or None)."""
         return self
+
+    def bind_output(self, directory: str, name: str) -> "Sink":
+        """This sink, told its operator name and a durable directory for staged output (checkpoints on)."""
+        return self
+
+    def commit(self, staged: Iterable[Any]) -> Any:
+        """Make staged output visible (``prepare_commit``/``finish`` results); idempotent."""
+        return None
+
+    def commit_final(self, results: Iterable[Any]) -> Any:
+        """End of input, every instance finished: commit their ``finish()`` results."""
+        return self.commit(results)
+
+    def recover(self, committed: Iterable[Any]) -> None:
+        """Before a replay: finish committing ``committed`` and discard anything else staged."""
 
     def describe(self) -> str:
         """A short name for messages."""

@@ -1,12 +1,16 @@
-"""sinks.py: the built-in sinks (in-memory collect, Parquet files with staged commit).
+"""sinks.py: the built-in sinks: collect (to the driver) and Parquet files, both exactly-once.
 
 A :class:`logic.Sink` is cloudpickled into the sink's host actors; each sink
-instance gets one :class:`logic.SinkWriter` from ``create_writer`` and the
-driver merges their ``finish()`` results with ``combine``.
+instance gets one :class:`logic.SinkWriter` from ``create_writer``. Writers
+never make output visible themselves (two-phase commit, see ``staging``):
 
-The Parquet writer separates *staging* (hidden ``.inprogress`` files) from
-*commit* (atomic rename to ``part-*.parquet``) so that a checkpoint epoch can
-later commit exactly the files it covers (two-phase commit).
+* at a checkpoint barrier, ``prepare_commit(epoch)`` stages what was written
+  since the previous barrier and returns it; the controller calls
+  ``Sink.commit`` once the checkpoint's manifest is durable;
+* at end of input, ``finish()`` stages the rest; the driver commits it when
+  every sink instance has finished;
+* on recovery, ``Sink.recover`` finishes the last checkpoint's commit and
+  deletes whatever else was staged, since replay writes it again.
 
 Example:
     >>> from operators.logic import InstanceInfo
@@ -28,6 +32,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from operators.logic import InstanceInfo, Sink, SinkWriter
+from operators.staging import StagingArea
 
 __all__ = ["collect", "to_parquet", "CollectSink", "CollectWriter", "ParquetSink", "ParquetWriter"]
 
@@ -50,13 +55,15 @@ def _check_schema(where: str, expected: pa.Schema | None, batch: pa.RecordBatch)
 
 
 class CollectWriter(SinkWriter):
-    """Keeps one instance's batches in memory; ``finish()`` returns them as a list.
+    """Keeps one instance's batches; with a durable output directory, stages them per epoch.
 
-    Lifecycle: ``write()* -> finish() | abort()``; ``abort`` drops the batches.
+    Lifecycle: ``write()* [prepare_commit()]* -> finish() | abort()``.
     """
 
-    def __init__(self, info: InstanceInfo) -> None:
+    def __init__(self, info: InstanceInfo, area: StagingArea | None) -> None:
         self._where = f"collect sink {info}"
+        self._prefix = f"{_safe_name(info.operator)}-{info.index}"
+        self._area = area
         self._schema: pa.Schema | None = None
         self._batches: list[pa.RecordBatch] = []
 
@@ -64,28 +71,97 @@ class CollectWriter(SinkWriter):
         self._schema = _check_schema(self._where, self._schema, batch)
         self._batches.append(batch)
 
+    def prepare_commit(self, epoch: int) -> list[str]:
+        """Durable mode: write this epoch's batches to one staged Arrow file; else keep them."""
+        if self._area is None or not self._batches:
+            return []
+        path = self._area.path(StagingArea.staged_name(self._prefix, epoch, 0, ".arrow"))
+        table = pa.Table.from_batches(self._batches)
+        with self._area.filesystem.open_output_stream(path) if self._area.filesystem else open(path, "wb") as f:
+            with pa.ipc.new_file(f, table.schema) as writer:
+                writer.write_table(table)
+        self._batches.clear()
+        return [path]
+
     def finish(self) -> list[pa.RecordBatch]:
+        """The batches since the last epoch (delivered to the driver with the instance's result)."""
         return list(self._batches)
 
     def abort(self) -> None:
         self._batches.clear()
 
 
-class CollectSink(Sink):
-    """Collects every batch into one ``pa.Table`` on the driver (for tests and small results)."""
+_PART = re.compile(r"^part-(?P<op>.+)-(?P<index>\d+)-e(?P<epoch>\d+|final)-(?P<n>\d+)\.\w+$")
 
-    def __init__(self, schema: pa.Schema | None = None) -> None:
+
+class CollectSink(Sink):
+    """Collects the output into one ``pa.Table`` on the driver (for tests and small results).
+
+    Bound to a durable directory (the runtime does so when checkpoints are
+    on), each checkpoint epoch's output is staged there and committed with the
+    checkpoint, so a recovery neither loses nor repeats collected records.
+    """
+
+    def __init__(self, schema: pa.Schema | None = None, output_dir: str | None = None,
+                 name: str | None = None) -> None:
         self._schema = schema
+        self.output_dir = output_dir
+        self.name = name
+
+    def _area(self) -> StagingArea | None:
+        if self.output_dir is None:
+            return None
+        fs, path = (pafs.FileSystem.from_uri(self.output_dir) if "://" in self.output_dir
+                    else (None, self.output_dir))
+        return StagingArea(path, fs)
 
     def create_writer(self, info: InstanceInfo) -> SinkWriter:
-        return CollectWriter(info)
+        area = self._area()
+        if area is not None:
+            area.makedirs()
+        return CollectWriter(info, area)
 
     def bind_schema(self, schema: pa.Schema | None) -> "CollectSink":
         """A copy that knows the stream's schema, so an empty result keeps its columns."""
-        return self if self._schema is not None or schema is None else CollectSink(schema)
+        if self._schema is not None or schema is None:
+            return self
+        return CollectSink(schema, self.output_dir, self.name)
+
+    def bind_output(self, directory: str, name: str) -> "CollectSink":
+        """A copy that stages checkpoint epochs in ``directory`` (a path or ``pyarrow.fs`` URI)."""
+        return CollectSink(self._schema, directory, name)
+
+    def commit(self, staged: Iterable[Any]) -> list[str]:
+        area = self._area()
+        return area.commit(p for paths in staged for p in (paths or [])) if area else []
+
+    def commit_final(self, results: Iterable[Any]) -> None:
+        """The final batches travel to the driver by value: nothing to commit."""
+
+    def recover(self, committed: Iterable[Any]) -> None:
+        area = self._area()
+        if area is not None and self.name is not None:
+            keep = [p for paths in committed for p in (paths or [])]
+            area.commit(keep)
+            area.discard(_safe_name(self.name))
+
+    def _committed_batches(self) -> list[pa.RecordBatch]:
+        area = self._area()
+        if area is None or self.name is None:
+            return []
+        files = []
+        for name in area.names():
+            m = _PART.match(name)
+            if m and m.group("op") == _safe_name(self.name):
+                files.append((m.group("epoch"), int(m.group("index")), int(m.group("n")), area.path(name)))
+        batches: list[pa.RecordBatch] = []
+        for *_, path in sorted(files):
+            with area.filesystem.open_input_file(path) if area.filesystem else open(path, "rb") as f:
+                batches.extend(pa.ipc.open_file(f).read_all().to_batches())
+        return batches
 
     def combine(self, results: Iterable[Any]) -> pa.Table:
-        """Concatenate the instances' batches in instance order.
+        """Committed epochs first (epoch order), then each instance's final batches in instance order.
 
         Returns:
             One table; when there are no batches, an empty table with the
@@ -94,7 +170,7 @@ class CollectSink(Sink):
         Raises:
             ValueError: two instances produced different schemas.
         """
-        batches = [b for result in results for b in (result or [])]
+        batches = self._committed_batches() + [b for result in results for b in (result or [])]
         if not batches:
             return self._schema.empty_table() if self._schema is not None else pa.table({})
         schema = self._schema or batches[0].schema
@@ -132,29 +208,26 @@ def _safe_name(name: str) -> str:
 
 
 class ParquetWriter(SinkWriter):
-    """Writes one instance's batches to staged Parquet files and commits them by rename.
+    """Writes one instance's batches to hidden Parquet files, staged per epoch.
 
-    Files are written as ``.{op}-{index}-{n}.parquet.inprogress`` in the
-    target directory, a new one every ``max_rows_per_file`` rows; ``commit()``
-    renames every closed staged file to ``part-{op}-{index}-{n}.parquet``.
-
-    Lifecycle: ``write()* [commit()]* -> finish() | abort()``. Only the owning
-    sink instance touches a writer. ``abort()`` is idempotent and deletes
-    staged files, never committed ones.
+    Open files are ``.{op}-{index}-w{k}.inprogress``; ``prepare_commit(epoch)``
+    closes them and renames them to staged names carrying the epoch; a new file
+    starts every ``max_rows_per_file`` rows. Only the owning sink instance
+    touches a writer; ``abort()`` is idempotent and deletes hidden files only.
     """
 
-    def __init__(self, sink: ParquetSink, info: InstanceInfo) -> None:
+    def __init__(self, sink: "ParquetSink", info: InstanceInfo) -> None:
         self._sink = sink
+        self._area = sink.area()
         self._where = f"parquet sink {info}"
         self._prefix = f"{_safe_name(info.operator)}-{info.index}"
         self._schema: pa.Schema | None = None
         self._writer: pq.ParquetWriter | None = None
-        self._open: tuple[str, str] | None = None  # (staging path, final path) of the open file
         self._rows_in_file = 0
         self._next_file = 0
-        self._staged: list[tuple[str, str]] = []  # (staging path, final path), closed files
-        self._committed: list[str] = []
-        sink._makedirs()
+        self._closed: list[str] = []  # closed in-progress files of the current epoch
+        self._open: str | None = None
+        self._area.makedirs()
 
     def write(self, batch: pa.RecordBatch) -> None:
         self._schema = _check_schema(self._where, self._schema, batch)
@@ -171,45 +244,38 @@ class ParquetWriter(SinkWriter):
                 self._close_file()
 
     def _open_file(self) -> None:
-        n = self._next_file
+        self._open = self._area.path(f".{self._prefix}-w{self._next_file}.inprogress")
         self._next_file += 1
-        staging = self._sink._path(f".{self._prefix}-{n}.parquet.inprogress")
-        self._open = (staging, self._sink._path(f"part-{self._prefix}-{n}.parquet"))
-        self._writer = pq.ParquetWriter(staging, self._schema, filesystem=self._sink.filesystem)
+        self._writer = pq.ParquetWriter(self._open, self._schema, filesystem=self._sink.filesystem)
         self._rows_in_file = 0
 
     def _close_file(self) -> None:
         if self._writer is None:
             return
         self._writer.close()
-        self._staged.append(self._open)
+        self._closed.append(self._open)
         self._writer, self._open, self._rows_in_file = None, None, 0
 
-    def commit(self) -> list[str]:
-        """Close the open file and atomically rename every staged file to its final name.
-
-        Returns:
-            The paths committed by this call, in the order they were written.
-        """
+    def prepare_commit(self, epoch: int | str) -> list[str]:
+        """Close this epoch's files and give them staged names; returns the staged paths."""
         self._close_file()
-        done = []
-        for staging, final in self._staged:
-            self._sink._rename(staging, final)
-            done.append(final)
-        self._staged.clear()
-        self._committed.extend(done)
-        return done
+        staged = []
+        for n, path in enumerate(self._closed):
+            target = self._area.path(StagingArea.staged_name(self._prefix, epoch, n, ".parquet"))
+            self._area.rename(path, target)
+            staged.append(target)
+        self._closed.clear()
+        return staged
 
     def finish(self) -> list[str]:
-        """Commit everything written; return every path this writer committed."""
-        self.commit()
-        return list(self._committed)
+        """Stage the output since the last epoch; the driver commits it when every instance finished."""
+        return self.prepare_commit("final")
 
     def abort(self) -> None:
         self._close_file()
-        for staging, _ in self._staged:
-            self._sink._delete(staging)
-        self._staged.clear()
+        for path in self._closed:
+            self._area.delete(path)
+        self._closed.clear()
 
 
 class ParquetSink(Sink):
@@ -225,40 +291,38 @@ class ParquetSink(Sink):
         self.directory = os.fspath(directory)
         self.filesystem = filesystem
         self.max_rows_per_file = max_rows_per_file
+        self.name: str | None = None
+
+    def area(self) -> StagingArea:
+        return StagingArea(self.directory, self.filesystem)
 
     def create_writer(self, info: InstanceInfo) -> SinkWriter:
         return ParquetWriter(self, info)
 
+    def bind_output(self, directory: str, name: str) -> "ParquetSink":
+        """Parquet output stays in its own directory; only the sink's name is recorded."""
+        bound = ParquetSink(self.directory, self.filesystem, self.max_rows_per_file)
+        bound.name = name
+        return bound
+
+    def commit(self, staged: Iterable[Any]) -> list[str]:
+        return self.area().commit(p for paths in staged for p in (paths or []))
+
+    def recover(self, committed: Iterable[Any]) -> None:
+        area = self.area()
+        area.commit(p for paths in committed for p in (paths or []))
+        if self.name is not None:
+            area.discard(_safe_name(self.name))
+
     def combine(self, results: Iterable[Any]) -> list[str]:
-        """All committed paths of all instances, sorted."""
-        return sorted(p for paths in results for p in (paths or []))
+        """Every committed file of this sink, sorted."""
+        prefix = _safe_name(self.name) if self.name else None
+        names = self.area().names()
+        return sorted(self.area().path(n) for n in names
+                      if (m := _PART.match(n)) and (prefix is None or m.group("op") == prefix))
 
     def describe(self) -> str:
         return f"to_parquet({self.directory!r})"
-
-    def _path(self, name: str) -> str:
-        if self.filesystem is None:
-            return os.path.join(self.directory, name)
-        return f"{self.directory.rstrip('/')}/{name}"
-
-    def _makedirs(self) -> None:
-        if self.filesystem is None:
-            os.makedirs(self.directory, exist_ok=True)
-        else:
-            self.filesystem.create_dir(self.directory, recursive=True)
-
-    def _rename(self, src: str, dst: str) -> None:
-        if self.filesystem is None:
-            os.replace(src, dst)
-        else:
-            self.filesystem.move(src, dst)
-
-    def _delete(self, path: str) -> None:
-        if self.filesystem is None:
-            if os.path.exists(path):
-                os.remove(path)
-        elif self.filesystem.get_file_info(path).type != pafs.FileType.NotFound:
-            self.filesystem.delete_file(path)
 
 
 def to_parquet(
@@ -269,9 +333,11 @@ def to_parquet(
 ) -> Sink:
     """A sink that writes Parquet files, visible only once committed.
 
-    Each sink instance stages hidden files in ``directory`` and, at
-    ``finish()``, renames them atomically to ``part-{op}-{index}-{n}.parquet``.
-    The job's result is the sorted list of committed paths.
+    Each sink instance writes hidden files in ``directory``; they become
+    ``part-{op}-{index}-e{epoch}-{n}.parquet`` by atomic rename when the
+    checkpoint of their epoch commits (or, for the output after the last
+    checkpoint, when every sink instance has finished). The job's result is the
+    sorted list of committed paths.
 
     Args:
         directory: the output directory (created if needed).

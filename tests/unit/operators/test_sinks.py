@@ -84,7 +84,11 @@ def test_parquet_files_appear_only_after_finish(tmp_path):
     assert out.is_dir() and visible_parquet(out) == []
     assert any(f.endswith(".inprogress") for f in os.listdir(out))
 
-    paths = sink.combine([w0.finish(), w1.finish()])
+    staged = [w0.finish(), w1.finish()]
+    assert visible_parquet(out) == []  # staged, not yet visible
+    sink.commit(staged)
+    sink.commit(staged)  # idempotent: a re-created controller may repeat it
+    paths = sink.combine([])
     assert paths == sorted(paths) and len(paths) == 4  # 13 rows / 5 per file -> 3 files, + 1
     assert sorted(os.listdir(out)) == [os.path.basename(p) for p in paths]
     assert all(os.path.basename(p).startswith("part-out-") for p in paths)
@@ -111,13 +115,30 @@ def test_parquet_abort_leaves_nothing(tmp_path):
 
 
 def test_parquet_abort_keeps_committed_files(tmp_path):
-    w = writer(to_parquet(str(tmp_path)))
+    sink = to_parquet(str(tmp_path))
+    w = writer(sink)
     w.write(batch(0, 3))
-    committed = w.commit()
+    committed = sink.commit([w.prepare_commit(1)])  # checkpoint 1 commits epoch 1
     w.write(batch(3, 3))
     w.abort()
     assert visible_parquet(tmp_path) == [os.path.basename(p) for p in committed]
     assert pq.read_table(committed[0]).to_pandas().equals(batch(0, 3).to_pandas())
+
+
+def test_parquet_epochs_commit_separately_and_recover_discards_the_rest(tmp_path):
+    sink = to_parquet(str(tmp_path)).bind_output("", "out")
+    w = writer(sink)
+    w.write(batch(0, 3))
+    epoch1 = w.prepare_commit(1)
+    w.write(batch(3, 2))
+    epoch2 = w.prepare_commit(2)  # staged, but checkpoint 2 never commits
+    w.write(batch(5, 1))
+    assert visible_parquet(tmp_path) == []
+    sink.recover([epoch1])  # roll back to checkpoint 1
+    files = sink.combine([])
+    assert [os.path.basename(p) for p in files] == ["part-out-0-e000001-0.parquet"]
+    assert not any(os.path.exists(p) for p in epoch2)
+    assert pq.read_table(files[0]).to_pandas().equals(batch(0, 3).to_pandas())
 
 
 def test_parquet_schema_mismatch(tmp_path):
@@ -140,8 +161,8 @@ def test_parquet_with_pyarrow_filesystem(tmp_path):
     w = writer(sink)
     w.write(batch(0, 4))
     assert not [f for f in os.listdir(tmp_path / "nested" / "dir") if f.endswith(".parquet")]
-    paths = w.finish()
-    assert paths == ["nested/dir/part-out-0-0.parquet"]
+    paths = sink.commit([w.finish()])
+    assert paths == ["nested/dir/part-out-0-efinal-0.parquet"]
     got = pq.read_table(paths[0], filesystem=fs).to_pandas()
     pd.testing.assert_frame_equal(got, batch(0, 4).to_pandas())
 

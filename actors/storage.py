@@ -1,0 +1,170 @@
+"""storage.py: durable checkpoint storage on any ``pyarrow.fs`` filesystem: state files and manifests.
+
+Layout under the job's root (a local directory or a URI such as
+``s3://bucket/prefix``)::
+
+    ROOT/chk-000007/state-count-0.arrow      one file per (operator, instance): its bins
+    ROOT/chk-000007/_MANIFEST.json           written last, atomically: the checkpoint exists
+    ROOT/output/SINK/...                     sink output staged per epoch, committed by rename
+
+A checkpoint directory without a readable manifest, or whose manifest names a
+missing state file, is incomplete: listing skips it with a log line and
+restoring it by name raises :class:`CheckpointError`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import posixpath
+import re
+import uuid
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.ipc as ipc
+
+__all__ = ["CheckpointStorage", "CheckpointError", "MANIFEST"]
+
+log = logging.getLogger(__name__)
+
+MANIFEST = "_MANIFEST.json"
+_CHK = re.compile(r"^chk-(\d+)$")
+_BINS_SCHEMA = pa.schema([("bin", pa.int32()), ("data", pa.large_binary())])
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is missing, incomplete or corrupt."""
+
+
+class CheckpointStorage:
+    """Reads and writes one job's checkpoints under ``root``.
+
+    Args:
+        root: a local directory or a ``pyarrow.fs`` URI.
+
+    Safe to use from several processes: every file is written under a temporary
+    name and moved into place; the manifest is written last.
+    """
+
+    def __init__(self, root: str):
+        self.root_uri = root
+        self.fs, self.root = pafs.FileSystem.from_uri(root) if "://" in root else (
+            pafs.LocalFileSystem(), root)
+        self.fs.create_dir(self.root, recursive=True)
+
+    def __reduce__(self):
+        return (CheckpointStorage, (self.root_uri,))
+
+    # -- paths -------------------------------------------------------------------
+
+    def chk_dir(self, checkpoint_id: int) -> str:
+        return posixpath.join(self.root, f"chk-{checkpoint_id:06d}")
+
+    def output_dir(self, sink: str) -> str:
+        return posixpath.join(self.root, "output", sink)
+
+    def _write_atomic(self, path: str, data: bytes) -> None:
+        tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+        with self.fs.open_output_stream(tmp) as out:
+            out.write(data)
+        self.fs.move(tmp, path)
+
+    # -- state files -------------------------------------------------------------
+
+    def write_state(self, checkpoint_id: int, operator: str, index: int, bins: dict[int, bytes]) -> str:
+        """Write one instance's bins; returns the file's path (relative to the root)."""
+        directory = self.chk_dir(checkpoint_id)
+        self.fs.create_dir(directory, recursive=True)
+        name = f"state-{operator}-{index}.arrow"
+        table = pa.table({"bin": pa.array(list(bins), pa.int32()),
+                          "data": pa.array(list(bins.values()), pa.large_binary())}, schema=_BINS_SCHEMA)
+        sink = pa.BufferOutputStream()
+        with ipc.new_file(sink, _BINS_SCHEMA) as writer:
+            writer.write_table(table)
+        self._write_atomic(posixpath.join(directory, name), sink.getvalue().to_pybytes())
+        return posixpath.join(posixpath.basename(directory), name)
+
+    def read_state(self, relative: str, bins: set[int] | None = None) -> dict[int, bytes]:
+        """The bins stored in one state file (only ``bins`` if given)."""
+        with self.fs.open_input_file(posixpath.join(self.root, relative)) as f:
+            table = ipc.open_file(f).read_all()
+        out: dict[int, bytes] = {}
+        for b, data in zip(table.column("bin").to_pylist(), table.column("data").to_pylist()):
+            if bins is None or b in bins:
+                out[b] = data
+        return out
+
+    # -- manifests ---------------------------------------------------------------
+
+    def commit(self, checkpoint_id: int, manifest: dict[str, Any]) -> None:
+        """Write the manifest last and atomically: from now on the checkpoint exists."""
+        directory = self.chk_dir(checkpoint_id)
+        self.fs.create_dir(directory, recursive=True)
+        body = json.dumps({**manifest, "checkpoint_id": checkpoint_id}, sort_keys=True, default=str)
+        self._write_atomic(posixpath.join(directory, MANIFEST), body.encode())
+
+    def load(self, checkpoint_id: int) -> dict[str, Any]:
+        """The manifest of a complete checkpoint.
+
+        Raises:
+            CheckpointError: it does not exist, has no manifest, or is corrupt.
+        """
+        directory = self.chk_dir(checkpoint_id)
+        path = posixpath.join(directory, MANIFEST)
+        try:
+            with self.fs.open_input_stream(path) as f:
+                manifest = json.loads(f.read().decode())
+        except (FileNotFoundError, OSError) as exc:
+            raise CheckpointError(f"checkpoint {checkpoint_id} in {self.root_uri!r} is incomplete or "
+                                  f"missing: no readable {MANIFEST} ({exc})") from None
+        except ValueError as exc:
+            raise CheckpointError(f"checkpoint {checkpoint_id} in {self.root_uri!r} has a corrupt "
+                                  f"manifest: {exc}") from None
+        for rel in manifest.get("state_files", {}).values():
+            info = self.fs.get_file_info(posixpath.join(self.root, rel))
+            if info.type != pafs.FileType.File:
+                raise CheckpointError(f"checkpoint {checkpoint_id} in {self.root_uri!r} is corrupt: "
+                                      f"its state file {rel!r} is missing")
+        return manifest
+
+    def checkpoint_ids(self) -> list[int]:
+        """Every chk-N directory, complete or not, ascending."""
+        infos = self.fs.get_file_info(pafs.FileSelector(self.root, allow_not_found=True))
+        ids = [int(m.group(1)) for i in infos if i.type == pafs.FileType.Directory
+               and (m := _CHK.match(i.base_name))]
+        return sorted(ids)
+
+    def committed(self) -> list[int]:
+        """Complete checkpoints, ascending; incomplete or corrupt ones are skipped with a log line."""
+        out = []
+        for checkpoint_id in self.checkpoint_ids():
+            try:
+                self.load(checkpoint_id)
+            except CheckpointError as exc:
+                log.warning("skipping checkpoint: %s", exc)
+                continue
+            out.append(checkpoint_id)
+        return out
+
+    def latest(self) -> dict[str, Any] | None:
+        """The newest complete checkpoint's manifest, or None."""
+        ids = self.committed()
+        return self.load(ids[-1]) if ids else None
+
+    def delete(self, checkpoint_id: int) -> None:
+        try:
+            self.fs.delete_dir(self.chk_dir(checkpoint_id))
+        except (FileNotFoundError, OSError):
+            pass
+
+    def retain(self, keep: int) -> None:
+        """Delete all but the newest ``keep`` complete checkpoints (and older incomplete ones)."""
+        committed = self.committed()
+        if len(committed) <= keep:
+            return
+        oldest_kept = committed[-keep]
+        for checkpoint_id in self.checkpoint_ids():
+            if checkpoint_id < oldest_kept:
+                self.delete(checkpoint_id)

@@ -1,0 +1,161 @@
+"""supervisor.py: deploying a job's hosts, and the driver-side supervisor that recovers the job.
+
+Chi's default checkpoint-replay policy: when the controller reports that a
+host died (and restarts are left), the supervisor rolls the *whole* dataflow
+back to the last complete checkpoint. It kills every host (the survivors too:
+this is the simplest way to make sure nothing of the failed run keeps going),
+finishes the sinks' commit of that checkpoint and discards their later
+staged output, starts new hosts where Ray finds room (on another node if one
+is gone), restores their state from the checkpoint, seeks the sources to its
+offsets, and resumes. If the job controller itself dies, a new one is started
+from the same configuration and storage, and the hosts report to it; ops that
+were in flight fail.
+
+The supervisor runs in a thread of the driver process, which owns every
+actor of the job.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Callable
+
+import ray
+
+from .config import JobConfig
+from .host import OperatorHost
+from .restore import RestoreInfo
+
+__all__ = ["Deployment", "Supervisor"]
+
+log = logging.getLogger(__name__)
+
+
+class Deployment:
+    """What it takes to (re)start a job's hosts.
+
+    Attributes:
+        name: the job's name.
+        plan_ref: the physical plan in the object store.
+        placement: instance -> host id.
+        num_hosts: how many hosts.
+        config: the runtime options.
+        storage: the checkpoint storage (or None).
+        sinks: sink operator name -> its (bound) ``Sink``.
+    """
+
+    def __init__(self, name: str, plan_ref: Any, placement: dict, num_hosts: int, config: JobConfig,
+                 storage: Any, sinks: dict[str, Any]):
+        self.name = name
+        self.plan_ref = plan_ref
+        self.placement = placement
+        self.num_hosts = num_hosts
+        self.config = config
+        self.storage = storage
+        self.sinks = sinks
+
+    def start_hosts(self, controller: Any, restore: RestoreInfo | None, incarnation: int) -> list[Any]:
+        """Create, set up and start every host; raises a user constructor's error."""
+        config = self.config
+        opts = {"num_cpus": config.host_num_cpus, "resources": config.host_resources or None,
+                "max_concurrency": 1000, **config.host_options}
+        hosts = [OperatorHost.options(**opts).remote(i, self.name) for i in range(self.num_hosts)]
+        try:
+            peers = dict(enumerate(hosts))
+            errors = ray.get([h.setup.remote(self.plan_ref, self.placement, config, peers, controller,
+                                             restore, incarnation) for h in hosts])
+            for error in errors:
+                if error is not None:
+                    raise error
+        except BaseException:
+            kill(hosts)
+            raise
+        return hosts
+
+
+def kill(actors: list[Any]) -> None:
+    for actor in actors:
+        try:
+            ray.kill(actor, no_restart=True)
+        except Exception:
+            pass
+
+
+class Supervisor(threading.Thread):
+    """Watches a job's controller and carries out recoveries.
+
+    Args:
+        job: the ``Job`` (its ``_hosts`` / ``_controller`` are replaced under ``job._lock``).
+        deployment: how to start hosts.
+        make_controller: starts a fresh job controller (after the old one died).
+    """
+
+    def __init__(self, job: Any, deployment: Deployment, make_controller: Callable[[], Any]):
+        super().__init__(name=f"chiray-supervisor-{job.name}", daemon=True)
+        self.job = job
+        self.deployment = deployment
+        self.make_controller = make_controller
+        self.incarnation = 0
+        self._stop = threading.Event()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                snap = ray.get(self.job._controller.wait_event.remote(0.5))
+            except ray.exceptions.RayActorError:
+                if not self._stop.is_set():
+                    self._replace_controller()
+                continue
+            except Exception:  # Ray shutting down under us
+                if self._stop.is_set():
+                    return
+                time.sleep(0.2)
+                continue
+            if snap.state.terminal:
+                return
+            if snap.state.value == "RECOVERING":
+                self._recover()
+
+    def _recover(self) -> None:
+        started = time.monotonic()
+        dep = self.deployment
+        with self.job._lock:
+            kill(self.job._hosts)
+        manifest = dep.storage.latest() if dep.storage is not None else None
+        restore = RestoreInfo(dep.storage, manifest) if manifest is not None else None
+        for name, sink in dep.sinks.items():
+            sink.recover(restore.sink_staged(name) if restore is not None else [])
+        self.incarnation += 1
+        controller = self.job._controller
+        try:
+            hosts = dep.start_hosts(controller, restore, self.incarnation)
+        except Exception as exc:
+            log.exception("recovery of job %s failed", dep.name)
+            ray.get(controller.host_error.remote(-1, f"recovery failed: {exc!r}", self.job_incarnation()))
+            return
+        with self.job._lock:
+            self.job._hosts = hosts
+        checkpoint_id = restore.checkpoint_id if restore is not None else None
+        ray.get(controller.resume.remote(hosts, self.incarnation, checkpoint_id, time.monotonic() - started))
+        ray.get([h.start.remote() for h in hosts])
+        log.warning("job %s recovered from %s in %.2f s", dep.name,
+                    f"checkpoint {checkpoint_id}" if checkpoint_id else "the start", time.monotonic() - started)
+
+    def job_incarnation(self) -> int:
+        return self.incarnation
+
+    def _replace_controller(self) -> None:
+        """The job controller died: start a new one and point the hosts at it."""
+        controller = self.make_controller()
+        with self.job._lock:
+            hosts = list(self.job._hosts)
+        ray.get(controller.start.remote(hosts, self.incarnation))
+        ray.get([h.set_controller.remote(controller) for h in hosts])
+        with self.job._lock:
+            self.job._controller = controller  # only now: ready to take calls
+        log.warning("job %s: the controller died and was replaced", self.deployment.name)

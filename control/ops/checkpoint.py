@@ -1,0 +1,134 @@
+"""checkpoint.py: ``Checkpoint``, the in-band, aligned, durable checkpoint (a safe blocking op).
+
+At each instance, in ``on_complete`` (so the barrier has arrived on every input
+and the instance's state reflects exactly the records before it):
+
+* a source acknowledges its split offsets;
+* a keyed instance serialises its bins and writes them to storage in a
+  background thread (off the processing path), then acknowledges the file;
+* a sink closes its output of this epoch as staged files and acknowledges them;
+* any other instance acknowledges at once.
+
+The controller commits the manifest (atomically, written last) when every sink
+has returned the op and every instance has acknowledged; then it makes the
+staged sink output of the epoch visible and deletes old checkpoints beyond the
+retention. The op's result is the checkpoint id.
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+from typing import Any, Callable, Protocol
+
+import cloudpickle
+
+from ..message import InstanceId
+from ..op import ControlOp, InstanceHandler
+
+__all__ = ["Checkpoint", "CheckpointStore", "encode_offsets", "decode_offsets", "instance_key"]
+
+
+class CheckpointStore(Protocol):
+    """What the checkpoint op needs of durable storage (``actors.storage.CheckpointStorage``)."""
+
+    def write_state(self, checkpoint_id: int, operator: str, index: int, bins: dict[int, bytes]) -> str: ...
+
+    def commit(self, checkpoint_id: int, manifest: dict[str, Any]) -> None: ...
+
+    def retain(self, keep: int) -> None: ...
+
+
+def instance_key(instance: InstanceId) -> str:
+    """How an instance is named in a manifest: ``"operator/index"``."""
+    return f"{instance[0]}/{instance[1]}"
+
+
+def encode_offsets(offsets: Any) -> str:
+    """Source offsets (any picklable value) as manifest text."""
+    return base64.b64encode(cloudpickle.dumps(offsets)).decode()
+
+
+def decode_offsets(text: str) -> Any:
+    return cloudpickle.loads(base64.b64decode(text))
+
+
+class Checkpoint(ControlOp):
+    """Take checkpoint ``checkpoint_id`` into ``storage``.
+
+    Args:
+        checkpoint_id: the id (also the epoch of sink output it commits).
+        storage: where state files and the manifest go.
+        keep: how many complete checkpoints to retain.
+        commit_sinks: at the controller, makes one sink's staged output visible:
+            ``commit_sinks(sink_name, [staged per instance])``.
+        job: metadata recorded in the manifest (operators, parallelism, bins).
+    """
+
+    blocking = True
+
+    def __init__(self, checkpoint_id: int, storage: CheckpointStore, keep: int = 3,
+                 commit_sinks: Callable[[str, list], None] | None = None,
+                 job: dict[str, Any] | None = None, timeout_s: float | None = 120.0):
+        super().__init__()
+        self.checkpoint_id = checkpoint_id
+        self.storage = storage
+        self.keep = keep
+        self.commit_sinks = commit_sinks
+        self.job = job or {}
+        self.timeout_s = timeout_s
+        self.started = time.time()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Travels to every instance: leave the controller's commit callback behind.
+        state = dict(self.__dict__)
+        state["commit_sinks"] = None
+        return state
+
+    def expected_acks(self, ctx: Any) -> set[InstanceId]:
+        return set(map(tuple, ctx.instances))
+
+    class Instance(InstanceHandler):
+        def on_complete(self, ctx: Any) -> None:
+            op: Checkpoint = self.op  # type: ignore[assignment]
+            if ctx.kind == "source":
+                ctx.ack({"offsets": encode_offsets(ctx.source_offsets())})
+            elif ctx.kind == "sink":
+                ctx.ack({"staged": ctx.sink_prepare(op.checkpoint_id)})
+            elif ctx.state is not None:
+                state = ctx.state
+                bins = state.snapshot_bins(state.bins())
+                operator, index = ctx.instance
+                ctx.ack_in_background(lambda: {
+                    "file": op.storage.write_state(op.checkpoint_id, operator, index, bins),
+                    "bins": sorted(bins)})
+            else:
+                ctx.ack(None)
+
+    def manifest(self, acks: dict[InstanceId, Any]) -> dict[str, Any]:
+        manifest: dict[str, Any] = {"job": self.job, "created": time.time(), "epoch": self.checkpoint_id,
+                                    "state_files": {}, "state_bins": {}, "sources": {}, "sinks": {}}
+        for instance, ack in acks.items():
+            key = instance_key(instance)
+            if not ack:
+                continue
+            if "file" in ack:
+                manifest["state_files"][key] = ack["file"]
+                manifest["state_bins"][key] = ack["bins"]
+            if "offsets" in ack:
+                manifest["sources"][key] = ack["offsets"]
+            if "staged" in ack:
+                manifest["sinks"][key] = ack["staged"]
+        return manifest
+
+    def on_complete(self, ctx: Any) -> int:
+        manifest = self.manifest(self.acks)
+        self.storage.commit(self.checkpoint_id, manifest)
+        if self.commit_sinks is not None:
+            by_sink: dict[str, list] = {}
+            for key, staged in sorted(manifest["sinks"].items()):
+                by_sink.setdefault(key.split("/")[0], []).append(staged)
+            for sink, staged in by_sink.items():
+                self.commit_sinks(sink, staged)
+        self.storage.retain(self.keep)
+        return self.checkpoint_id

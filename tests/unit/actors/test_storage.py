@@ -1,0 +1,70 @@
+"""Checkpoint storage without Ray: state files, atomic manifests, incomplete and corrupt checkpoints."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+import pyarrow.fs as pafs
+import pytest
+
+from actors.storage import MANIFEST, CheckpointError, CheckpointStorage
+
+
+def test_state_round_trip_and_bin_filter(tmp_path):
+    storage = CheckpointStorage(str(tmp_path))
+    bins = {3: b"three", 17: b"x" * 1000, 900: b""}
+    rel = storage.write_state(1, "count", 0, bins)
+    assert storage.read_state(rel) == bins
+    assert storage.read_state(rel, {17, 5}) == {17: bins[17]}
+
+
+def test_a_checkpoint_exists_only_once_its_manifest_is_written(tmp_path):
+    storage = CheckpointStorage(str(tmp_path))
+    rel = storage.write_state(2, "count", 0, {1: b"a"})
+    assert storage.committed() == []
+    storage.commit(2, {"state_files": {"count/0": rel}})
+    assert storage.committed() == [2]
+    assert storage.latest()["checkpoint_id"] == 2
+    assert not [n for n in os.listdir(storage.chk_dir(2)) if ".tmp-" in n]
+
+
+def test_incomplete_and_corrupt_checkpoints_are_skipped_with_a_log_line(tmp_path, caplog):
+    storage = CheckpointStorage(str(tmp_path))
+    storage.commit(1, {})
+    os.makedirs(storage.chk_dir(2))  # crashed before its manifest
+    storage.commit(3, {})
+    with open(os.path.join(storage.chk_dir(3), MANIFEST), "w") as f:
+        f.write("{not json")
+    storage.commit(4, {"state_files": {"count/0": "chk-000004/state-count-0.arrow"}})  # file missing
+    with caplog.at_level(logging.WARNING, logger="actors.storage"):
+        assert storage.committed() == [1]
+    text = caplog.text
+    assert "checkpoint 2" in text and "incomplete" in text
+    assert "checkpoint 3" in text and "corrupt manifest" in text
+    assert "checkpoint 4" in text and "missing" in text
+    assert storage.latest()["checkpoint_id"] == 1
+    for bad, what in ((2, "incomplete"), (3, "corrupt"), (4, "missing"), (9, "incomplete or missing")):
+        with pytest.raises(CheckpointError, match=what):
+            storage.load(bad)
+
+
+def test_retention_keeps_the_newest(tmp_path):
+    storage = CheckpointStorage(str(tmp_path))
+    for i in range(1, 6):
+        storage.commit(i, {"n": i})
+    os.makedirs(storage.chk_dir(6))  # in progress: newer than every complete one, kept
+    storage.retain(2)
+    assert storage.committed() == [4, 5]
+    assert storage.checkpoint_ids() == [4, 5, 6]
+    assert json.loads(open(os.path.join(storage.chk_dir(5), MANIFEST)).read())["n"] == 5
+
+
+def test_any_pyarrow_filesystem_uri(tmp_path):
+    uri = f"file://{tmp_path}/remote"
+    storage = CheckpointStorage(uri)
+    rel = storage.write_state(1, "op", 2, {0: b"z"})
+    storage.commit(1, {"state_files": {"op/2": rel}})
+    assert CheckpointStorage(uri).latest()["state_files"] == {"op/2": rel}
+    assert isinstance(storage.fs, pafs.LocalFileSystem)
