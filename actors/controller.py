@@ -36,8 +36,9 @@ class _ControllerOps:
         self._timer: asyncio.Task | None = None
 
     def _ops_changed(self) -> None:
-        for op_id, event in self._op_events.items():
-            if self.ops.runs[op_id].state is not OpState.RUNNING:
+        for op_id in self.ops.take_finished():
+            event = self._op_events.pop(op_id, None)
+            if event is not None:
                 event.set()
 
     async def _check_timeouts(self) -> None:
@@ -69,13 +70,19 @@ class _ControllerOps:
 
     async def op_result(self, op_id: str, timeout: float | None) -> tuple[str, Any, BaseException | None, float]:
         """Wait up to ``timeout`` s; return (state, result, error, elapsed seconds)."""
-        run = self.ops.runs.get(op_id)
-        if run is None:
-            raise KeyError(f"no control op {op_id!r} at controller {self.ops.name!r}")
-        event = self._op_events.setdefault(op_id, asyncio.Event())
-        if run.state is OpState.RUNNING:
+        deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
+        while True:  # run_op may still be on its way (run_control does not wait for it)
+            run = self.ops.runs.get(op_id)
+            if run is not None:
+                break
+            if deadline is not None and asyncio.get_running_loop().time() >= deadline:
+                return "RUNNING", None, None, 0.0
+            await asyncio.sleep(0.005)
+        event = self._op_events.get(op_id)
+        if run.state is OpState.RUNNING and event is not None:
+            remaining = None if deadline is None else max(0.0, deadline - asyncio.get_running_loop().time())
             try:
-                await asyncio.wait_for(event.wait(), timeout)
+                await asyncio.wait_for(event.wait(), remaining)
             except asyncio.TimeoutError:
                 pass
         return run.state.value, run.result, run.error, run.elapsed_s
@@ -234,6 +241,16 @@ class JobController(_ControllerOps):
         await self.start(hosts, incarnation)
         self._notify()
 
+    async def recovery_failed(self, error: BaseException, reason: str) -> None:
+        """The supervisor could not restart the job: it fails."""
+        self.lifecycle.fail(error, reason)
+        self._notify()
+
+    async def begin_recovery(self, reason: str) -> None:
+        """Roll the job back (the supervisor restarts its hosts), e.g. after the controller died."""
+        self.lifecycle.lost(JobFailedError(f"job {self.job_name!r}: {reason}"), reason)
+        self._notify()
+
     async def recovery_reason(self) -> str | None:
         return self.lifecycle.recovery_reason
 
@@ -286,16 +303,22 @@ class JobController(_ControllerOps):
         self._seq += 1
         tree = self.broadcast
         assert tree is not None, "bug: controller started without a broadcast tree"
+        relays: dict[int, list] = {}
+        direct: dict[int, list] = {}
         for node in tree.top:
             if isinstance(node, Relay):
-                self.hosts[tree.host[node]].relay.remote([(message, node)])
+                relays.setdefault(tree.host[node], []).append((message, node))
             else:
-                self.hosts[self.placement[node]].inject.remote([(message, [node])])
+                direct.setdefault(self.placement[node], []).append(node)
+        for host, items in relays.items():
+            self.hosts[host].relay.remote(items)
+        for host, sources in direct.items():  # one call per host, however many sources it holds
+            self.hosts[host].inject.remote([(message, sources)])
         return message.seq
 
-    async def run_op(self, op: Any) -> str:
+    async def run_op(self, op: Any, op_id: str | None = None) -> str:
         """Start ``op``; returns its id (wait with ``op_result``)."""
-        message = self.ops.start(op)
+        message = self.ops.start(op, op_id)
         self._op_events[message.op_id] = asyncio.Event()
         try:
             await self.inject(message)
@@ -313,9 +336,9 @@ class SideController(_ControllerOps):
         self.job_controller = job_controller
         self._init_ops(name, view)
 
-    async def run_op(self, op: Any) -> str:
+    async def run_op(self, op: Any, op_id: str | None = None) -> str:
         self._start_timer()
-        message = self.ops.start(op)
+        message = self.ops.start(op, op_id)
         self._op_events[message.op_id] = asyncio.Event()
         try:
             await self.job_controller.inject.remote(message)

@@ -28,6 +28,10 @@ __all__ = ["OperatorHost"]
 
 log = logging.getLogger(__name__)
 
+STEP_BUDGET = 64
+STEP_BUDGET_S = 0.002
+"""The loop takes up to this many steps (or this long) before it sends and yields to deliveries."""
+
 
 @ray.remote
 class OperatorHost:
@@ -112,6 +116,10 @@ class OperatorHost:
     async def ping(self) -> int:
         return self.host_id
 
+    async def node_id(self) -> str:
+        """The Ray node this host runs on."""
+        return ray.get_runtime_context().get_node_id()
+
     async def pid(self) -> int:
         """The host's process id (for tooling that measures memory)."""
         return os.getpid()
@@ -137,7 +145,7 @@ class OperatorHost:
         while not self._stopped:
             self._wake.clear()
             try:
-                progressed = core.run_step()
+                progressed = self._run_some(core)
             except OperatorFailure as failure:
                 self._report_failure(failure)
                 return
@@ -153,10 +161,24 @@ class OperatorHost:
                 self.transport.send(outbox)
                 for ack in outbox.acks:
                     self._send_ack(*ack)
+            self.transport.check()
             if progressed:
                 await asyncio.sleep(0)
                 continue
             await self._idle(core.next_wakeup())
+
+    @staticmethod
+    def _run_some(core: HostCore) -> bool:
+        """Steps until nothing is runnable or the budget is spent, so sends to a peer share one call."""
+        deadline = time.perf_counter() + STEP_BUDGET_S
+        progressed = False
+        for _ in range(STEP_BUDGET):
+            if not core.run_step():
+                break
+            progressed = True
+            if time.perf_counter() > deadline:
+                break
+        return progressed
 
     async def _idle(self, wake_at: float | None) -> None:
         timeout = None if wake_at is None else max(0.0, wake_at - time.monotonic())

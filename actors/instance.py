@@ -109,6 +109,8 @@ class OperatorInstance:
         self.kind = kind
         self.is_source = isinstance(logic, SourceLogic)
         self.finished = False
+        self._index_of = {ch.channel: i for i, ch in enumerate(self.inputs)}
+        self._ready_inputs: dict[int, None] = {}  # inputs with a message to take and not blocked, in turn
         self.control = ControlProcessor(self.name, [ch.channel for ch in self.inputs], self.is_source)
         self.inbox = InputChannel(CONTROL_INBOX, -1) if self.is_source else None
         self.extra_inbox: collections.deque[ControlMessage] = collections.deque()
@@ -139,7 +141,15 @@ class OperatorInstance:
             return True
         if self.is_source:
             return self.inbox.ready() or self._source_due(now)  # type: ignore[union-attr]
-        return any(ch.ready() for ch in self.inputs)
+        return bool(self._ready_inputs)
+
+    def refresh_input(self, channel: int) -> None:
+        """Channel ``channel``'s queue or blocked flag changed: update the set of inputs to take from."""
+        i = self._index_of[channel]
+        if self.inputs[i].ready():
+            self._ready_inputs.setdefault(i, None)
+        else:
+            self._ready_inputs.pop(i, None)
 
     def _source_due(self, now: float) -> bool:
         ready = self.logic.ready_at()  # type: ignore[union-attr]
@@ -192,14 +202,15 @@ class OperatorInstance:
             self.busy_s += time.perf_counter() - started
 
     def _take_input(self) -> Envelope:
-        n = len(self.inputs)
-        for k in range(n):
-            i = (self._next_input + k) % n
-            if self.inputs[i].ready():
-                self._current = i
-                self._next_input = (i + 1) % n
-                return self.inputs[i].take()
-        raise AssertionError(f"bug in scheduler: {self.info} stepped without input")
+        if not self._ready_inputs:
+            raise AssertionError(f"bug in scheduler: {self.info} stepped without input")
+        i = next(iter(self._ready_inputs))
+        del self._ready_inputs[i]  # back of the line if it has more: inputs take turns
+        self._current = i
+        env = self.inputs[i].take()
+        if self.inputs[i].ready():
+            self._ready_inputs[i] = None
+        return env
 
     def _dispatch(self, env: Envelope, channel: InputChannel) -> None:
         message = env.message
@@ -225,9 +236,11 @@ class OperatorInstance:
     def _complete_ops(self, completions: list[Completion]) -> None:
         for c in completions:
             self._forward(c)
-        blocked = self.control.blocked()
-        for ch in self.inputs:
-            ch.blocked = ch.channel in blocked
+        for source, blocked in self.control.take_block_changes():
+            i = self._index_of.get(source)  # type: ignore[arg-type]
+            if i is not None:
+                self.inputs[i].blocked = blocked
+                self.refresh_input(source)  # type: ignore[arg-type]
 
     def _forward(self, c: Completion) -> None:
         """Send a completed op on: every output channel, its extra edges, or back to the controller."""

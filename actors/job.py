@@ -21,6 +21,7 @@ import shutil
 import tempfile
 import threading
 import time
+import uuid
 from typing import Any
 
 import ray
@@ -340,12 +341,9 @@ class Job:
         Returns:
             A handle: ``result(timeout)`` waits for the op's result.
         """
-        if controller is None:
-            handle = self._controller
-            op_id = self._call("run_op", op)
-        else:
-            handle = self._side_controller(controller)
-            op_id = ray.get(handle.run_op.remote(op))
+        op_id = f"{controller or 'controller'}:{uuid.uuid4().hex[:12]}:{type(op).__name__}"
+        handle = self._controller if controller is None else self._side_controller(controller)
+        handle.run_op.remote(op, op_id)  # no round trip: result() waits for it
         return OpHandle(op_id, handle, getattr(op, "timeout_s", None))
 
     def add_controller(self, name: str) -> str:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import heapq
+import itertools
 import time
 from typing import Any, Iterable
 
@@ -30,7 +32,10 @@ from .relay import RelayOutput, RelayTable
 from .restore import RestoreInfo
 from .router import make_router
 
-__all__ = ["HostCore", "Outbox", "build_instance", "control_trees"]
+__all__ = ["HostCore", "Outbox", "build_instance", "control_trees", "RECHECK_S"]
+
+RECHECK_S = 0.05
+"""A source whose next batch is not due is looked at again after at most this long."""
 
 
 @dataclasses.dataclass(slots=True)
@@ -54,8 +59,9 @@ def control_trees(plan: PhysicalPlan, placement: dict[tuple[str, int], int],
                   fanout: int | None) -> tuple[Tree, Tree]:
     """The broadcast tree over the sources and the aggregation tree over the sinks."""
     kinds = {n.name: n.kind for n in plan.graph.nodes.values()}
-    sources = [i for i in plan.instances if kinds[i[0]] is OperatorKind.SOURCE]
-    sinks = [i for i in plan.instances if kinds[i[0]] is OperatorKind.SINK]
+    by_host = lambda i: (placement[i], i)  # noqa: E731 - relays then serve leaves of one host
+    sources = sorted((i for i in plan.instances if kinds[i[0]] is OperatorKind.SOURCE), key=by_host)
+    sinks = sorted((i for i in plan.instances if kinds[i[0]] is OperatorKind.SINK), key=by_host)
     host_of = placement.__getitem__
     return build_tree(sources, fanout, host_of), build_tree(sinks, fanout, host_of)
 
@@ -119,7 +125,7 @@ class HostCore:
         self.by_name = {inst.name: inst for inst in self.instances}
         broadcast, aggregation = control_trees(plan, placement, config.control_fanout)
         self.relays = RelayTable(host_id, broadcast, aggregation, placement.__getitem__,
-                                 lambda message, name: self.by_name[name].inject(message))
+                                 lambda message, name: self._inject_local(message, name))
         self._flat_aggregation = aggregation.depth == 0
         self._inputs: dict[int, tuple[OperatorInstance, InputChannel]] = {}
         self._outputs: dict[int, OutputChannel] = {}
@@ -133,7 +139,13 @@ class HostCore:
         self._dst_host = {c.channel_id: placement[c.dst] for c in plan.channels}
         self._src_host = {c.channel_id: placement[c.src] for c in plan.channels}
         self._dirty: set[int] = {c for c in self._outputs}
-        self._next = 0
+        # Scheduling: instances that may be runnable, in turn; paced sources wait on a timer heap.
+        self._candidates: dict[OperatorInstance, None] = dict.fromkeys(self.instances)
+        self._timers: list[tuple[float, int, OperatorInstance]] = []
+        self._timer_seq = itertools.count()
+        self.ended_peers: set[InstanceId] = set()
+        for inst in self.instances:
+            inst.control.ended_senders = self.ended_peers
         self.outbox = Outbox()
         self.finished_events: list[OperatorInstance] = []
         self._reported: set[int] = set()
@@ -147,12 +159,19 @@ class HostCore:
             if entry is None:
                 raise RuntimeError(f"bug: host {self.host_id} received channel {env.channel} it does not own")
             entry[1].offer(env)
+            entry[0].refresh_input(env.channel)
+            self._candidates[entry[0]] = None
 
     def inject(self, items: Iterable[tuple[ControlMessage, list[InstanceId]]]) -> None:
         """Control messages from a controller (or a relay) for sources on this host."""
         for message, targets in items:
             for name in targets:
-                self.by_name[tuple(name)].inject(message)
+                self._inject_local(message, tuple(name))
+
+    def _inject_local(self, message: ControlMessage, name: InstanceId) -> None:
+        inst = self.by_name[name]
+        inst.inject(message)
+        self._candidates[inst] = None
 
     def relay(self, items: Iterable[tuple[ControlMessage, Relay]]) -> None:
         """Broadcast relays hosted here forward control messages to their children."""
@@ -169,16 +188,23 @@ class HostCore:
     def deliver_extra(self, items: Iterable[tuple[InstanceId, ControlMessage]]) -> None:
         """Control messages along an op's extra (control-only) edges."""
         for name, message in items:
-            self.by_name[tuple(name)].extra_inbox.append(message)
+            inst = self.by_name[tuple(name)]
+            inst.extra_inbox.append(message)
+            self._candidates[inst] = None
 
     def peer_ended(self, names: Iterable[InstanceId]) -> None:
         """Instances elsewhere finished: ops here stop expecting extra-edge messages from them."""
-        for name in names:
-            for inst in self.instances:
-                inst.sender_ended(tuple(name))
-                self._dirty.update(ch.channel for ch in inst.output_channels())
-                if inst.extra_sends or inst.returns:
-                    self._route_control(inst)
+        names = [tuple(n) for n in names]
+        self.ended_peers.update(names)  # ops that arrive later will not expect them
+        for inst in self.instances:
+            if not inst.control.pending_ops:
+                continue
+            for name in names:
+                inst.sender_ended(name)
+            self._dirty.update(ch.channel for ch in inst.output_channels())
+            self._candidates[inst] = None
+            if inst.extra_sends or inst.returns:
+                self._route_control(inst)
         self._flush()
 
     def _announce_end(self, inst: OperatorInstance) -> None:
@@ -204,6 +230,7 @@ class HostCore:
             host = self.placement[name]
             if host == self.host_id:
                 self.by_name[name].extra_inbox.append(message)
+                self._candidates[self.by_name[name]] = None
             else:
                 self.outbox.extra[host].append((name, message))
         for ret in returns:
@@ -228,27 +255,34 @@ class HostCore:
         """
         now = time.monotonic() if now is None else now
         self._flush()
-        n = len(self.instances)
-        for k in range(n):
-            inst = self.instances[(self._next + k) % n]
-            if inst.runnable(now):
-                self._next = (self._next + k + 1) % n
-                grants = inst.step()
-                self._return_credit(grants)
-                self._dirty.update(ch.channel for ch in inst.output_channels())
-                newly_finished = inst.finished and id(inst) not in self._reported
-                if newly_finished:
-                    self._reported.add(id(inst))
-                    self.finished_events.append(inst)
-                    self._announce_end(inst)
-                if inst.extra_sends or inst.returns or (newly_finished and not inst.outputs):
-                    self._route_control(inst)
-                if inst.acks:
-                    self.outbox.acks.extend((origin, op_id, inst.name, payload, background)
-                                            for op_id, origin, payload, background in inst.acks)
-                    inst.acks.clear()
-                self._flush()
-                return True
+        while self._timers and self._timers[0][0] <= now:
+            self._candidates[heapq.heappop(self._timers)[2]] = None
+        while self._candidates:
+            inst = next(iter(self._candidates))
+            del self._candidates[inst]
+            if not inst.runnable(now):
+                wake = inst.wake_time()
+                if wake is not None and wake > now:
+                    # Re-check a paused source at least every RECHECK_S: what it waits for may change.
+                    heapq.heappush(self._timers, (min(wake, now + RECHECK_S), next(self._timer_seq), inst))
+                continue
+            self._candidates[inst] = None  # it may have more: back of the line
+            grants = inst.step()
+            self._return_credit(grants)
+            self._dirty.update(ch.channel for ch in inst.output_channels())
+            newly_finished = inst.finished and id(inst) not in self._reported
+            if newly_finished:
+                self._reported.add(id(inst))
+                self.finished_events.append(inst)
+                self._announce_end(inst)
+            if inst.extra_sends or inst.returns or (newly_finished and not inst.outputs):
+                self._route_control(inst)
+            if inst.acks:
+                self.outbox.acks.extend((origin, op_id, inst.name, payload, background)
+                                        for op_id, origin, payload, background in inst.acks)
+                inst.acks.clear()
+            self._flush()
+            return True
         return False
 
     def _return_credit(self, grants: list[Grant]) -> None:
@@ -269,11 +303,14 @@ class HostCore:
             self._owner[channel].note_outputs(now)
             if not envs:
                 continue
+            self._candidates[self._owner[channel]] = None
             dst = self._dst_host[channel]
             if dst == self.host_id:
                 inst, ich = self._inputs[channel]
                 for env in envs:
                     ich.offer(env)
+                inst.refresh_input(channel)
+                self._candidates[inst] = None
             else:
                 self.outbox.envelopes[dst].extend(envs)
 
@@ -289,8 +326,7 @@ class HostCore:
 
     def next_wakeup(self) -> float | None:
         """The earliest time a paced source becomes runnable, if any."""
-        times = [t for t in (i.wake_time() for i in self.instances) if t is not None]
-        return min(times) if times else None
+        return self._timers[0][0] if self._timers else None
 
     @property
     def done(self) -> bool:

@@ -8,8 +8,8 @@ finishes the sinks' commit of that checkpoint and discards their later
 staged output, starts new hosts where Ray finds room (on another node if one
 is gone), restores their state from the checkpoint, seeks the sources to its
 offsets, and resumes. If the job controller itself dies, a new one is started
-from the same configuration and storage, and the hosts report to it; ops that
-were in flight fail.
+from the same configuration and storage and the job is rolled back the same
+way; ops that were in flight fail.
 
 The supervisor runs in a thread of the driver process, which owns every
 actor of the job.
@@ -25,12 +25,16 @@ from typing import Any, Callable
 import ray
 
 from .config import JobConfig
+from .errors import OperatorError
 from .host import OperatorHost
 from .restore import RestoreInfo
 
 __all__ = ["Deployment", "Supervisor"]
 
 log = logging.getLogger(__name__)
+
+MAX_FAILED_ATTEMPTS = 5
+"""Recovery attempts in a row that may fail (hosts dying while they start) before the job fails."""
 
 
 class Deployment:
@@ -98,6 +102,7 @@ class Supervisor(threading.Thread):
         self.deployment = deployment
         self.make_controller = make_controller
         self.incarnation = 0
+        self._failed_attempts = 0
         self._stop = threading.Event()
 
     def stop(self) -> None:
@@ -119,7 +124,26 @@ class Supervisor(threading.Thread):
             if snap.state.terminal:
                 return
             if snap.state.value == "RECOVERING":
-                self._recover()
+                self._attempt_recovery()
+
+    def _attempt_recovery(self) -> None:
+        """One recovery; a host that dies meanwhile just means another attempt."""
+        try:
+            self._recover()
+            self._failed_attempts = 0
+        except OperatorError as error:  # a user constructor raised on restart: it would again
+            self._give_up(error, "restarting the job failed in user code")
+        except Exception as exc:
+            self._failed_attempts += 1
+            log.warning("job %s: recovery attempt %d failed: %r", self.deployment.name, self._failed_attempts, exc)
+            if self._failed_attempts >= MAX_FAILED_ATTEMPTS:
+                self._give_up(exc, f"recovery failed {self._failed_attempts} times")
+
+    def _give_up(self, error: BaseException, reason: str) -> None:
+        try:
+            ray.get(self.job._controller.recovery_failed.remote(error, f"{reason}: {error!r}"))
+        except Exception:  # the controller is gone too: the job's next wait() reports it
+            log.exception("job %s: could not report a failed recovery", self.deployment.name)
 
     def _recover(self) -> None:
         started = time.monotonic()
@@ -132,12 +156,7 @@ class Supervisor(threading.Thread):
             sink.recover(restore.sink_staged(name) if restore is not None else [])
         self.incarnation += 1
         controller = self.job._controller
-        try:
-            hosts = dep.start_hosts(controller, restore, self.incarnation)
-        except Exception as exc:
-            log.exception("recovery of job %s failed", dep.name)
-            ray.get(controller.host_error.remote(-1, f"recovery failed: {exc!r}", self.job_incarnation()))
-            return
+        hosts = dep.start_hosts(controller, restore, self.incarnation)
         with self.job._lock:
             self.job._hosts = hosts
         checkpoint_id = restore.checkpoint_id if restore is not None else None
@@ -146,16 +165,16 @@ class Supervisor(threading.Thread):
         log.warning("job %s recovered from %s in %.2f s", dep.name,
                     f"checkpoint {checkpoint_id}" if checkpoint_id else "the start", time.monotonic() - started)
 
-    def job_incarnation(self) -> int:
-        return self.incarnation
-
     def _replace_controller(self) -> None:
-        """The job controller died: start a new one and point the hosts at it."""
+        """The job controller died: start a new one, which rolls the job back to its last checkpoint.
+
+        A rollback, not a hand-over: ops the old controller had injected into
+        only some sources would otherwise leave aligned instances waiting for
+        ever. The new controller finds the checkpoints on storage; ops that
+        were in flight fail.
+        """
         controller = self.make_controller()
         with self.job._lock:
-            hosts = list(self.job._hosts)
-        ray.get(controller.start.remote(hosts, self.incarnation))
-        ray.get([h.set_controller.remote(controller) for h in hosts])
-        with self.job._lock:
-            self.job._controller = controller  # only now: ready to take calls
-        log.warning("job %s: the controller died and was replaced", self.deployment.name)
+            self.job._controller = controller
+        ray.get(controller.begin_recovery.remote("the job controller died"))
+        log.warning("job %s: the controller died; a new one rolls the job back", self.deployment.name)

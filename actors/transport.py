@@ -1,14 +1,18 @@
 """transport.py: the one place that sends data between hosts with ``.remote()``.
 
 Every envelope list bound for one host goes in one ``deliver`` call; credit
-grants in one ``grant`` call. Calls are not awaited on the hot path; a
-watcher task reports a failed call (a dead host) through ``on_error``.
+grants in one ``grant`` call. Calls are not awaited on the hot path: the host
+loop calls :meth:`Transport.check` now and then, which finds failed calls (a
+dead host) with one non-blocking ``ray.wait`` over the calls in flight and
+reports them through ``on_error``.
 """
 
 from __future__ import annotations
 
-import asyncio
+import time
 from typing import Any, Callable
+
+import ray
 
 from .mailbox import Outbox
 
@@ -28,7 +32,8 @@ class Transport:
         self.peers = peers
         self.on_error = on_error
         self.controllers = controllers if controllers is not None else {}
-        self._watchers: set[asyncio.Task] = set()
+        self._in_flight: list[tuple[int, Any]] = []
+        self._last_check = time.monotonic()
         self.calls = 0
 
     def send(self, outbox: Outbox) -> None:
@@ -57,16 +62,29 @@ class Transport:
 
     def _watch(self, host: int, ref: Any) -> None:
         self.calls += 1
-        task = asyncio.ensure_future(self._await(host, ref))
-        self._watchers.add(task)
-        task.add_done_callback(self._watchers.discard)
+        self._in_flight.append((host, ref))
 
-    async def _await(self, host: int, ref: Any) -> None:
-        try:
-            await ref
-        except Exception as exc:  # a dead or failing peer: the controller decides
-            self.on_error(host, exc)
+    def check(self, every_s: float = 0.1) -> None:
+        """Report failed calls among those that finished (at most once per ``every_s``)."""
+        now = time.monotonic()
+        if not self._in_flight or now - self._last_check < every_s:
+            return
+        self._last_check = now
+        refs = [ref for _, ref in self._in_flight]
+        done, _ = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)
+        if not done:
+            return
+        finished = set(done)
+        still = []
+        for host, ref in self._in_flight:
+            if ref not in finished:
+                still.append((host, ref))
+                continue
+            try:
+                ray.get(ref, timeout=0)
+            except Exception as exc:  # a dead or failing peer: the controller decides
+                self.on_error(host, exc)
+        self._in_flight = still
 
     def close(self) -> None:
-        for task in list(self._watchers):
-            task.cancel()
+        self._in_flight.clear()

@@ -11,41 +11,50 @@ asynchronous barrier; Flink's ``WaitingForFirstBarrier`` /
 
 An input that ends (``End``) before the message arrives on it no longer
 counts as expected, so an op always terminates.
+
+Each arrival costs O(1): the states share one ``arrived`` set and count the
+inputs still missing, so an instance with thousands of inputs aligns in
+linear, not quadratic, time. Only the owning instance touches a state.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Hashable
+from typing import Hashable, Iterable
 
 __all__ = ["AlignmentState", "WaitingForFirst", "Collecting", "Aligned"]
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
 class AlignmentState:
     """Where one op's alignment stands.
 
     Attributes:
         expected: the inputs (channel ids, or extra-edge senders) the message must arrive on.
-        arrived: the inputs it has arrived on.
+        arrived: the inputs it has arrived on (shared with the states that follow).
+        missing: how many expected inputs it has not arrived on yet.
     """
 
-    expected: frozenset
-    arrived: frozenset = frozenset()
+    __slots__ = ("expected", "arrived", "missing")
+
+    def __init__(self, expected: Iterable[Hashable], arrived: set | None = None, missing: int | None = None):
+        self.expected = expected if isinstance(expected, frozenset) else frozenset(expected)
+        self.arrived = arrived if arrived is not None else set()
+        self.missing = len(self.expected - self.arrived) if missing is None else missing
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(arrived {len(self.arrived)}, missing {self.missing})"
 
     @property
     def complete(self) -> bool:
-        return self.expected <= self.arrived
+        return self.missing == 0
 
     @property
     def blocked(self) -> frozenset:
         """Inputs to hold back now."""
-        return frozenset() if self.complete else self.arrived
+        return frozenset() if self.complete else frozenset(self.arrived)
 
-    def _next(self, arrived: frozenset, expected: frozenset) -> "AlignmentState":
-        if expected <= arrived:
-            return Aligned(expected, arrived)
-        return Collecting(expected, arrived)
+    def _next(self) -> "AlignmentState":
+        kind = Aligned if self.missing == 0 else Collecting
+        return self if type(self) is kind else kind(self.expected, self.arrived, self.missing)
 
     def arrive(self, source: Hashable) -> "AlignmentState":
         """The message arrived on ``source``.
@@ -57,22 +66,32 @@ class AlignmentState:
             raise RuntimeError(f"bug in alignment: control message arrived twice on {source!r}")
         if source not in self.expected:
             raise RuntimeError(f"bug in alignment: control message arrived on unexpected input {source!r}")
-        return self._next(self.arrived | {source}, self.expected)
+        self.arrived.add(source)
+        self.missing -= 1
+        return self._next()
 
     def input_ended(self, source: Hashable) -> "AlignmentState":
         """``source`` ended before the message arrived on it: stop expecting it."""
         if source in self.arrived or source not in self.expected:
             return self
-        return self._next(self.arrived, self.expected - {source})
+        self.expected = self.expected - {source}
+        self.missing -= 1
+        return self._next()
 
 
 class WaitingForFirst(AlignmentState):
     """Nothing has arrived yet."""
 
+    __slots__ = ()
+
 
 class Collecting(AlignmentState):
     """Arrived on some inputs; those are blocked."""
 
+    __slots__ = ()
+
 
 class Aligned(AlignmentState):
     """Arrived on every expected input: run ``on_complete``, then unblock."""
+
+    __slots__ = ()

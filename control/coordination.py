@@ -13,6 +13,7 @@ The first terminal state wins; later events are ignored.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import enum
 import itertools
@@ -168,14 +169,34 @@ class OpCoordinator:
         view: the job's topology, handed to op handlers as their context.
     """
 
-    def __init__(self, name: str, view: Any):
+    def __init__(self, name: str, view: Any, keep_finished: int = 1000):
         self.name = name
         self.view = view
-        self.runs: dict[str, Any] = {}
+        self.runs: dict[str, Any] = {}  # every op still running, and the newest finished ones
+        self.running: dict[str, Any] = {}
         self.finished_sinks: set[tuple[str, int]] = set()
+        self.keep_finished = keep_finished
+        self._finished: list[str] = []  # finished since the last take_finished()
+        self._retired: collections.deque[str] = collections.deque()
         self._ids = itertools.count()
 
-    def start(self, op: Any) -> ControlMessage:
+    def _sweep(self) -> None:
+        """Move ops that finished out of ``running``; forget the oldest beyond ``keep_finished``."""
+        for op_id, run in list(self.running.items()):
+            if run.state.value != "RUNNING":
+                del self.running[op_id]
+                self._finished.append(op_id)
+                self._retired.append(op_id)
+        while len(self._retired) > self.keep_finished:
+            self.runs.pop(self._retired.popleft(), None)
+
+    def take_finished(self) -> list[str]:
+        """Ops that completed or failed since the last call."""
+        self._sweep()
+        done, self._finished = self._finished, []
+        return done
+
+    def start(self, op: Any, op_id: str | None = None) -> ControlMessage:
         """Run ``op.on_init`` and build its message (``seq`` is set by the injector).
 
         Raises:
@@ -185,34 +206,37 @@ class OpCoordinator:
 
         if not isinstance(op, ControlOp):
             raise TypeError(f"run_control(): expected a ControlOp, got {type(op).__name__}")
-        op_id = f"{self.name}:{next(self._ids)}:{op.kind}"
+        op_id = op_id or f"{self.name}:{next(self._ids)}:{op.kind}"
+        if op_id in self.runs:
+            raise ValueError(f"control op id {op_id!r} is already in use")
         configs = Configs(op.on_init(self.view) or {}, op.default_config())
         extra = check_extra_edges(op_id, op.extra_edges(self.view), self.view)
         run = OpRun(op, op_id, self.view, self.view.sinks)
         self.runs[op_id] = run
+        self.running[op_id] = run
         run.sinks_finished(self.finished_sinks)
         return ControlMessage(op_id, op.kind, bool(op.blocking), -1, self.name, op, configs, extra)
 
     def on_return(self, ret: ControlReturn) -> None:
-        run = self.runs.get(ret.op_id or "")
+        run = self.running.get(ret.op_id or "")
         if run is not None:
             run.on_return(ret.instances, ret.payload or {})
 
     def on_ack(self, op_id: str, instance: tuple[str, int], payload: Any) -> None:
-        run = self.runs.get(op_id)
+        run = self.running.get(op_id)
         if run is not None:
             run.on_ack(instance, payload)
 
     def sinks_finished(self, sinks: Iterable[tuple[str, int]]) -> None:
         sinks = [tuple(s) for s in sinks]
         self.finished_sinks.update(sinks)
-        for run in self.runs.values():
+        for run in list(self.running.values()):
             run.sinks_finished(sinks)
 
     def fail_all(self, error: BaseException) -> None:
-        for run in self.runs.values():
+        for run in list(self.running.values()):
             run.fail(OpFailedError(f"control op {run.op_id} ({run.op.kind}) failed: {error}"), error)
 
     def check_timeouts(self) -> None:
-        for run in self.runs.values():
+        for run in list(self.running.values()):
             run.check_timeout()

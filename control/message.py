@@ -89,8 +89,9 @@ class ControlMessage:
     payload: Any = None
 
     def hop(self, sender: InstanceId, payload: Any) -> "ControlMessage":
-        """The copy ``sender`` forwards, carrying ``payload`` for one receiver."""
-        return dataclasses.replace(self, sender=sender, payload=payload)
+        """The copy ``sender`` forwards, carrying ``payload`` for one receiver (shares everything else)."""
+        return ControlMessage(self.op_id, self.kind, self.blocking, self.seq, self.origin, self.op,
+                              self.configs, self.extra_edges, sender, payload)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

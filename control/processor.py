@@ -99,6 +99,9 @@ class ControlProcessor:
         self.ended: set[Hashable] = set()
         self._pending: dict[str, _Pending] = {}
         self.completed = 0
+        self.ended_senders: set = set()  # instances that finished (shared by the host): no extra edges from them
+        self._blocking: dict[Hashable, int] = {}  # input -> pending blocking ops that hold it
+        self._changes: list[tuple[Hashable, bool]] = []
 
     def expected(self, message: ControlMessage) -> frozenset:
         """The inputs ``message`` must arrive on at this instance."""
@@ -106,7 +109,8 @@ class ControlProcessor:
         if self.is_source:
             exp.add(CONTROLLER)
         exp.update(extra_input(src) for src, dst in message.extra_edges
-                   if tuple(dst) == self.instance and extra_input(src) not in self.ended)
+                   if tuple(dst) == self.instance and extra_input(src) not in self.ended
+                   and tuple(src) not in self.ended_senders)
         return frozenset(exp)
 
     def arrive(self, message: ControlMessage, source: Hashable, ctx: Any) -> list[Completion]:
@@ -119,10 +123,32 @@ class ControlProcessor:
             self._pending[message.op_id] = pending
             handler.on_begin(ctx)
         pending.handler.on_next(ctx, message.payload, message.sender)
-        if source in self.ended and source not in pending.state.expected:
+        if source not in pending.state.expected and (
+                source in self.ended or (isinstance(message.sender, tuple) and message.sender in self.ended_senders)):
             return self._release(ctx)  # its sender ended meanwhile; the notice overtook this message
         pending.state = pending.state.arrive(source)
+        if message.blocking:
+            self._hold(source)
         return self._release(ctx)
+
+    def _hold(self, source: Hashable) -> None:
+        count = self._blocking.get(source, 0)
+        self._blocking[source] = count + 1
+        if count == 0:
+            self._changes.append((source, True))
+
+    def _let_go(self, source: Hashable) -> None:
+        count = self._blocking[source] - 1
+        if count:
+            self._blocking[source] = count
+        else:
+            del self._blocking[source]
+            self._changes.append((source, False))
+
+    def take_block_changes(self) -> list[tuple[Hashable, bool]]:
+        """Inputs whose blocked state changed since the last call: (input, now blocked)."""
+        changes, self._changes = self._changes, []
+        return changes
 
     def input_ended(self, channel: Hashable, ctx: Any) -> list[Completion]:
         """Input ``channel`` ended (a data channel's ``End``, or an extra-edge sender that finished):
@@ -139,6 +165,9 @@ class ControlProcessor:
             if not first.state.complete:
                 break
             del self._pending[first.message.op_id]
+            if first.message.blocking:
+                for source in first.state.arrived:
+                    self._let_go(source)
             attaching = _Attaching(ctx, first.message)
             returned = first.handler.on_complete(attaching)
             if returned is not None and attaching.default is None:
@@ -155,11 +184,7 @@ class ControlProcessor:
         ``on_complete`` has run, even once aligned while it waits behind an
         earlier op (completions are released in global order).
         """
-        out: frozenset = frozenset()
-        for pending in self._pending.values():
-            if pending.message.blocking:
-                out |= pending.state.arrived
-        return out
+        return frozenset(self._blocking)
 
     @property
     def pending_ops(self) -> list[str]:

@@ -7,20 +7,19 @@ last arrival.
 
 from __future__ import annotations
 
-import dataclasses
-
 from .alignment import AlignmentState
 
 __all__ = ["Tracking"]
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
 class Tracking(AlignmentState):
     """A non-blocking op's progress: like alignment, with ``blocked`` always empty."""
+
+    __slots__ = ()
 
     @property
     def blocked(self) -> frozenset:
         return frozenset()
 
-    def _next(self, arrived: frozenset, expected: frozenset) -> "AlignmentState":
-        return Tracking(expected, arrived)
+    def _next(self) -> "AlignmentState":
+        return self

@@ -34,7 +34,8 @@ class SourceLogic:
     def __init__(self, source: Source, splits: Sequence[SourceSplit], offsets: dict[str, Any] | None = None):
         self.source = source
         self.splits = list(splits)
-        self._offsets: dict[str, Any] = dict(offsets or {})
+        mine = {s.split_id for s in self.splits}  # a restore hands every instance all offsets: keep ours
+        self._offsets: dict[str, Any] = {k: v for k, v in (offsets or {}).items() if k in mine}
         self._done: set[str] = set()
         self._position = 0
         self._reader: SplitReader | None = None

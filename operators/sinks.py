@@ -66,6 +66,7 @@ class CollectWriter(SinkWriter):
         self._area = area
         self._schema: pa.Schema | None = None
         self._batches: list[pa.RecordBatch] = []
+        self._staged: list[str] = []
 
     def write(self, batch: pa.RecordBatch) -> None:
         self._schema = _check_schema(self._where, self._schema, batch)
@@ -81,11 +82,12 @@ class CollectWriter(SinkWriter):
             with pa.ipc.new_file(f, table.schema) as writer:
                 writer.write_table(table)
         self._batches.clear()
+        self._staged.append(path)
         return [path]
 
-    def finish(self) -> list[pa.RecordBatch]:
-        """The batches since the last epoch (delivered to the driver with the instance's result)."""
-        return list(self._batches)
+    def finish(self) -> dict[str, list]:
+        """The batches since the last epoch (they travel to the driver) and every file staged so far."""
+        return {"batches": list(self._batches), "staged": list(self._staged)}
 
     def abort(self) -> None:
         self._batches.clear()
@@ -136,7 +138,8 @@ class CollectSink(Sink):
         return area.commit(p for paths in staged for p in (paths or [])) if area else []
 
     def commit_final(self, results: Iterable[Any]) -> None:
-        """The final batches travel to the driver by value: nothing to commit."""
+        """Commit every file the instances staged (the final batches travel to the driver by value)."""
+        self.commit([r["staged"] for r in results if isinstance(r, dict)])
 
     def recover(self, committed: Iterable[Any]) -> None:
         area = self._area()
@@ -170,7 +173,8 @@ class CollectSink(Sink):
         Raises:
             ValueError: two instances produced different schemas.
         """
-        batches = self._committed_batches() + [b for result in results for b in (result or [])]
+        finals = [r["batches"] if isinstance(r, dict) else (r or []) for r in results]
+        batches = self._committed_batches() + [b for result in finals for b in result]
         if not batches:
             return self._schema.empty_table() if self._schema is not None else pa.table({})
         schema = self._schema or batches[0].schema
@@ -227,6 +231,7 @@ class ParquetWriter(SinkWriter):
         self._next_file = 0
         self._closed: list[str] = []  # closed in-progress files of the current epoch
         self._open: str | None = None
+        self._staged: list[str] = []  # everything staged by this writer (committed or not)
         self._area.makedirs()
 
     def write(self, batch: pa.RecordBatch) -> None:
@@ -265,11 +270,18 @@ class ParquetWriter(SinkWriter):
             self._area.rename(path, target)
             staged.append(target)
         self._closed.clear()
+        self._staged.extend(staged)
         return staged
 
     def finish(self) -> list[str]:
-        """Stage the output since the last epoch; the driver commits it when every instance finished."""
-        return self.prepare_commit("final")
+        """Stage the rest; return everything this writer staged.
+
+        The driver commits all of it once every instance has finished: then
+        the whole output of this run is final, including epochs whose
+        checkpoint never completed (committing twice is harmless).
+        """
+        self.prepare_commit("final")
+        return list(self._staged)
 
     def abort(self) -> None:
         self._close_file()

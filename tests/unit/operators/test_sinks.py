@@ -34,7 +34,7 @@ def test_collect_combines_in_instance_order():
     w0.write(batch(0, 2))
     w0.write(batch(2, 4))
     results = [w0.finish(), w1.finish()]
-    assert all(isinstance(b, pa.RecordBatch) for r in results for b in r)
+    assert all(isinstance(b, pa.RecordBatch) for r in results for b in r["batches"])
     table = sink.combine(results)
     expected = pd.DataFrame({"i": [0, 1, 2, 3, 4, 5, 100, 101, 102]})
     expected["s"] = [f"v{i}" for i in expected["i"]]
@@ -63,7 +63,21 @@ def test_collect_abort_discards():
     w = writer(collect())
     w.write(batch(0, 3))
     w.abort()
-    assert w.finish() == []
+    assert w.finish() == {"batches": [], "staged": []}
+
+
+def test_durable_collect_commits_epochs_and_the_unconfirmed_rest_at_the_end(tmp_path):
+    sink = collect().bind_output(str(tmp_path / "out"), "out")
+    w = writer(sink)
+    w.write(batch(0, 2))
+    sink.commit([w.prepare_commit(1)])  # checkpoint 1 committed
+    w.write(batch(2, 3))
+    w.prepare_commit(2)  # checkpoint 2's barrier passed, but it never completed
+    w.write(batch(5, 1))
+    results = [w.finish()]
+    sink.commit_final(results)  # every instance finished: all of this run's output is final
+    assert sink.combine(results).column("i").to_pylist() == list(range(6))
+    assert not [f for f in os.listdir(tmp_path / "out") if f.startswith(".")]
 
 
 # --------------------------------------------------------------------------- to_parquet
