@@ -211,9 +211,10 @@ class _KeyStore:
             self._tail, self._tail_len = [], 0
 
     def take(self, slots: np.ndarray) -> pa.Array:
-        if not self._tail:
-            return self._main.take(slots)
-        return pa.chunked_array([self._main, *self._tail]).take(slots).combine_chunks()
+        if self._tail:  # consolidate once: a snapshot takes once per bin
+            self._main = pa.concat_arrays([self._main, *self._tail])
+            self._tail, self._tail_len = [], 0
+        return self._main.take(slots)
 
     def nbytes(self) -> int:
         return self._main.nbytes + sum(chunk.nbytes for chunk in self._tail)

@@ -29,7 +29,7 @@ import abc
 import dataclasses
 import json
 import sys
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Callable, Any, Iterable, Iterator, Mapping, Sequence
 
 import cloudpickle
 import numpy as np
@@ -76,6 +76,14 @@ class BinnedState(abc.ABC):
     @abc.abstractmethod
     def bin_sizes(self) -> dict[int, int]:
         """Approximate bytes per non-empty bin."""
+
+    def snapshot_later(self, bins: Iterable[int]) -> Callable[[], dict[int, bytes]]:
+        """Capture ``bins`` now; serialise them when the returned function is called (off the hot path).
+
+        The state may change after this returns; the function still gives the bins as they were.
+        """
+        data = self.snapshot_bins(bins)
+        return lambda: data
 
     @abc.abstractmethod
     def snapshot_bins(self, bins: Iterable[int]) -> dict[int, bytes]:
@@ -381,11 +389,27 @@ class ColumnarAggState(BinnedState):
         return {b: int(round(n * per_slot)) for b, n in self.bin_key_counts().items()}
 
     def snapshot_bins(self, bins: Iterable[int]) -> dict[int, bytes]:
+        return self.snapshot_later(bins)()
+
+    def snapshot_later(self, bins: Iterable[int]) -> Callable[[], dict[int, bytes]]:
+        """Copy the bins' rows now (a few array copies); encode them later, e.g. in another thread."""
         wanted = self._check_bins(bins)
         members = np.flatnonzero(np.isin(self._bin[: self._n], wanted))
         members = members[np.argsort(self._bin[members], kind="stable")]
         bounds = np.searchsorted(self._bin[members], wanted + [self._num_bins])
-        return {b: self._encode(b, members[bounds[i]:bounds[i + 1]]) for i, b in enumerate(wanted)}
+        keys = self.keys_at(members) if self.configured else None
+        cols = {a.name: self._cols[a.name][members] for a in self._accs}  # copies
+        versions = {b: int(self._versions[b]) for b in wanted}
+
+        def encode() -> dict[int, bytes]:
+            out = {}
+            for i, b in enumerate(wanted):
+                lo, hi = int(bounds[i]), int(bounds[i + 1])
+                part = keys.slice(lo, hi - lo) if keys is not None else None
+                out[b] = self._encode_rows(b, versions[b], part, {n: c[lo:hi] for n, c in cols.items()})
+            return out
+
+        return encode
 
     def extract_bins(self, bins: Iterable[int]) -> dict[int, bytes]:
         out = self.snapshot_bins(bins)
@@ -422,15 +446,15 @@ class ColumnarAggState(BinnedState):
         for i, acc in enumerate(self._accs, start=1):
             self._cols[acc.name][slots] = table.column(i).to_numpy()
 
-    def _encode(self, b: int, slots: np.ndarray) -> bytes:
-        header = {"num_bins": self._num_bins, "bin": b, "version": int(self._versions[b]),
+    def _encode_rows(self, b: int, version: int, keys: pa.Array | None, cols: dict[str, np.ndarray]) -> bytes:
+        header = {"num_bins": self._num_bins, "bin": b, "version": version,
                   "accumulators": [[a.name, a.op, a.dtype] for a in self._accs]}
         metadata = {b"format": _COLUMNAR_FORMAT.encode(), b"header": json.dumps(header).encode(),
                     b"meta": self._meta}
         fields = [pa.field("key", self._key_type or pa.null())]
         fields += [pa.field(f"acc{i}", a.dtype) for i, a in enumerate(self._accs)]
-        arrays = [self.keys_at(slots) if self.configured else pa.nulls(0)]
-        arrays += [pa.array(self._cols[a.name][slots]) for a in self._accs]
+        arrays = [keys if keys is not None else pa.nulls(0)]
+        arrays += [pa.array(cols[a.name]) for a in self._accs]
         table = pa.Table.from_arrays(arrays, schema=pa.schema(fields, metadata=metadata))
         sink = pa.BufferOutputStream()
         with pa.ipc.new_stream(sink, table.schema) as writer:

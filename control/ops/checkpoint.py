@@ -4,8 +4,9 @@ At each instance, in ``on_complete`` (so the barrier has arrived on every input
 and the instance's state reflects exactly the records before it):
 
 * a source acknowledges its split offsets;
-* a keyed instance serialises its bins and writes them to storage in a
-  background thread (off the processing path), then acknowledges the file;
+* a keyed instance copies its bins' rows, then serialises and writes them to
+  storage in a background thread (off the processing path) and acknowledges
+  the file;
 * a sink closes its output of this epoch as staged files and acknowledges them;
 * any other instance acknowledges at once.
 
@@ -97,10 +98,11 @@ class Checkpoint(ControlOp):
                 ctx.ack({"staged": ctx.sink_prepare(op.checkpoint_id)})
             elif ctx.state is not None:
                 state = ctx.state
-                bins = state.snapshot_bins(state.bins())
+                bins = state.bins()
+                encode = state.snapshot_later(bins)  # copies now; serialises in the background
                 operator, index = ctx.instance
                 ctx.ack_in_background(lambda: {
-                    "file": op.storage.write_state(op.checkpoint_id, operator, index, bins),
+                    "file": op.storage.write_state(op.checkpoint_id, operator, index, encode()),
                     "bins": sorted(bins)})
             else:
                 ctx.ack(None)

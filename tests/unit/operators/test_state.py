@@ -282,3 +282,19 @@ def test_bins_load_in_another_process() -> None:
                          capture_output=True, check=True)
     expected = sorted(zip(keys, range(30)))
     assert out.stdout.decode().strip() == f"{expected} {expected}"
+
+
+def test_snapshot_later_captures_the_state_as_it_was_when_called() -> None:
+    s = ColumnarAggState(8)
+    s.configure(pa.string(), ACCS)
+    keys = pa.array([f"k{i}" for i in range(40)])
+    one = {"n": np.ones(40, np.int64), "lo": np.zeros(40), "hi": np.zeros(40, np.int64)}
+    s.update(keys, one)
+    before = _dump(s)
+    encode = s.snapshot_later(s.bins())
+    s.update(keys, {name: v * 5 for name, v in one.items()})  # the state moves on before encoding
+    s.update(pa.array(["new-key"]), {name: v[:1] for name, v in one.items()})
+    restored = ColumnarAggState(8)
+    restored.install_bins(encode())
+    assert _dump(restored) == before
+    assert _dump(restored) != _dump(s)
