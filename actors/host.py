@@ -161,7 +161,7 @@ class OperatorHost:
                 self.transport.send(outbox)
                 for ack in outbox.acks:
                     self._send_ack(*ack)
-            self.transport.check()
+            await self.transport.check()
             if progressed:
                 await asyncio.sleep(0)
                 continue

@@ -64,7 +64,7 @@ class Transport:
         self.calls += 1
         self._in_flight.append((host, ref))
 
-    def check(self, every_s: float = 0.1) -> None:
+    async def check(self, every_s: float = 0.1) -> None:
         """Report failed calls among those that finished (at most once per ``every_s``)."""
         now = time.monotonic()
         if not self._in_flight or now - self._last_check < every_s:
@@ -81,7 +81,7 @@ class Transport:
                 still.append((host, ref))
                 continue
             try:
-                ray.get(ref, timeout=0)
+                await ref  # finished already: no wait
             except Exception as exc:  # a dead or failing peer: the controller decides
                 self.on_error(host, exc)
         self._in_flight = still

@@ -82,7 +82,8 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=5_000_000)
     parser.add_argument("--keys", type=int, default=100_000)
     parser.add_argument("--dist", choices=["uniform", "zipf"], default="uniform")
-    parser.add_argument("--batch-size", type=int, default=100_000)
+    parser.add_argument("--batch-size", type=int, default=200_000,
+                        help="rows per source batch (each of the 2 routed parts is then ~2 MB)")
     parser.add_argument("--parallelism", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help="1,000,000 records")
     args = parser.parse_args()

@@ -36,10 +36,12 @@ class Tag(ControlOp):
             _ORDER[ctx.instance].append(self.op.name)
 
 
-class CollectOrder(ControlOp):
-    """Gathers every instance's recorded order (the Monitor pattern: pass it on to one downstream)."""
+class Gather(ControlOp):
+    """Gathers ``record(ctx)`` of every instance (the Monitor pattern: pass it all on to one downstream)."""
 
-    blocking = False
+    @staticmethod
+    def record(ctx):
+        raise NotImplementedError
 
     class Instance(InstanceHandler):
         def on_begin(self, ctx):
@@ -49,7 +51,7 @@ class CollectOrder(ControlOp):
             self.seen.update(payload or {})
 
         def on_complete(self, ctx):
-            self.seen[ctx.instance] = list(_ORDER[ctx.instance])
+            self.seen[ctx.instance] = self.op.record(ctx)
             ctx.attach(ctx.downstream[0] if ctx.downstream else "controller", self.seen)
 
     def on_complete(self, ctx):
@@ -57,6 +59,16 @@ class CollectOrder(ControlOp):
         for payload in self.returned.values():
             merged.update(payload or {})
         return merged
+
+
+class CollectOrder(Gather):
+    """Non-blocking: every instance's recorded order of ops."""
+
+    blocking = False
+
+    @staticmethod
+    def record(ctx):
+        return list(_ORDER[ctx.instance])
 
 
 def _endless(flow: Dataflow, parallelism: int = 2, rate: float = 50_000, name: str = "src"):
@@ -159,28 +171,15 @@ def test_monitor_through_trees_equals_the_sum_over_instances():
         job.cancel()
 
 
-class CutProbe(ControlOp):
+class CutProbe(Gather):
     """Blocking: every instance reports the records it had taken in / sent out when it completes."""
 
     blocking = True
 
-    class Instance(InstanceHandler):
-        def on_begin(self, ctx):
-            self.seen: dict = {}
-
-        def on_next(self, ctx, payload, sender):
-            self.seen.update(payload or {})
-
-        def on_complete(self, ctx):
-            stats = ctx.statistics()
-            self.seen[ctx.instance] = (stats.records_in, stats.records_out)
-            ctx.attach(ctx.downstream[0] if ctx.downstream else "controller", self.seen)
-
-    def on_complete(self, ctx):
-        merged: dict = {}
-        for payload in self.returned.values():
-            merged.update(payload or {})
-        return merged
+    @staticmethod
+    def record(ctx):
+        stats = ctx.statistics()
+        return (stats.records_in, stats.records_out)
 
 
 @pytest.mark.parametrize("p", [1, 3])
