@@ -1,8 +1,9 @@
 """cli.py: the ``chiray`` command line: ``chiray demo`` runs the main job on an embedded Ray.
 
 ``demo`` counts records per key (and sums a value) over a generated,
-deterministic stream, shows a progress bar with the rate, and checks the
-result against pandas over the same records.
+deterministic stream, shows a progress bar with the rate, takes an aligned
+checkpoint mid-run, and checks the result against pandas over the same
+records.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ def demo(args: argparse.Namespace) -> int:
     job = flow.submit()
     print(f"  deployed in {time.perf_counter() - start:.1f} s; running")
     t0 = time.perf_counter()
+    checkpointed = None
     while True:
         try:
             job.wait(timeout=0.5)
@@ -65,6 +67,9 @@ def demo(args: argparse.Namespace) -> int:
         except TimeoutError:
             done = job.statistics().records_in("count")
             print(_progress(done, args.records, done / (time.perf_counter() - t0)), end="", flush=True)
+            if checkpointed is None and done > args.records // 3:
+                c0 = time.perf_counter()
+                checkpointed = (job.checkpoint(timeout=60), time.perf_counter() - c0)  # in-band, aligned
     elapsed = time.perf_counter() - t0
     print(_progress(args.records, args.records, args.records / elapsed))
     result = job.result().to_pandas().set_index("key").sort_index()
@@ -72,6 +77,9 @@ def demo(args: argparse.Namespace) -> int:
     ok = result[["count", "total"]].astype("int64").equals(expected.astype("int64"))
     top = result.sort_values("count", ascending=False).head(5)
     print(f"  {len(result):,} keys, {args.records / elapsed / 1e6:.2f} M records/s end to end")
+    if checkpointed is not None:
+        print(f"  checkpoint {checkpointed[0]} taken mid-run, without stopping the job, "
+              f"in {checkpointed[1] * 1000:.0f} ms")
     print("  top keys:\n" + "\n".join(f"    {k:>10}  {int(r['count']):>8,}" for k, r in top.iterrows()))
     print(f"  check against pandas: {'OK' if ok else 'MISMATCH'}")
     return 0 if ok else 1
@@ -82,7 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="chiray", description="Stream processing on Ray.")
     sub = parser.add_subparsers(dest="command", required=True)
     d = sub.add_parser("demo", help="run the demo job on a local (or given) Ray and check it")
-    d.add_argument("--records", type=int, default=2_000_000)
+    d.add_argument("--records", type=int, default=5_000_000)
     d.add_argument("--keys", type=int, default=100_000)
     d.add_argument("--dist", choices=["uniform", "zipf"], default="zipf")
     d.add_argument("--parallelism", type=int, default=2)
