@@ -9,6 +9,7 @@ records.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 import time
@@ -25,7 +26,6 @@ def _progress(done: int, total: int, rate: float, width: int = 30) -> str:
 
 def _oracle(source, num_records: int):
     """The same records read straight from the source's splits, aggregated by pandas."""
-    import pandas as pd
     import pyarrow as pa
 
     tables = []
@@ -47,7 +47,7 @@ def demo(args: argparse.Namespace) -> int:
     print(f"chiray demo: keyed count + sum over {args.records:,} generated records, "
           f"{args.keys:,} keys ({args.dist}), parallelism {args.parallelism}")
     if not ray.is_initialized():
-        ray.init(address=args.address, include_dashboard=False, logging_level="ERROR")
+        ray.init(address=args.address, include_dashboard=False, logging_level=logging.ERROR)
     source = generate(args.records, num_keys=args.keys, dist=args.dist, batch_size=50_000,
                       seed=args.seed, num_splits=args.parallelism)
     flow = Dataflow("demo")

@@ -18,7 +18,6 @@ import random
 from typing import Any
 
 from control.coordination import OpCoordinator
-from control.message import ControlMessage
 from control.oprun import OpRun, job_view
 from control.trees import Relay
 from operators.dataflow import Dataflow
@@ -79,8 +78,10 @@ class LocalRun:
                 self._in_flight.append((dst, "deliver_extra", list(items)))
             for dst, names in out.ended.items():
                 self._in_flight.append((dst, "peer_ended", list(names)))
-            for kind, table in (("relay", out.control.relays), ("inject", out.control.injections),
-                                ("collect", out.control.collects)):
+            tables: tuple[tuple[str, dict[int, list[Any]]], ...] = (
+                ("relay", out.control.relays), ("inject", out.control.injections),  # type: ignore[arg-type]
+                ("collect", out.control.collects))
+            for kind, table in tables:
                 for dst, items in table.items():
                     self._in_flight.append((dst, kind, list(items)))
             for ret in out.control.returns:

@@ -149,7 +149,7 @@ class OperatorHost:
             except OperatorFailure as failure:
                 self._report_failure(failure)
                 return
-            except Exception as exc:
+            except Exception:
                 self._stopped = True
                 self.controller.host_error.remote(
                     self.host_id, f"bug in host {self.host_id}: {traceback.format_exc()}", self.incarnation)

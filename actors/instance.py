@@ -23,7 +23,7 @@ from typing import Any, Sequence
 
 import pyarrow as pa
 
-from control.message import CONTROLLER, ControlMessage, ControlReturn, InstanceId
+from control.message import CONTROLLER, ControlMessage, ControlReturn, InstanceId, instance_id
 from control.processor import Completion, ControlProcessor, extra_input
 from operators.endpoints import SinkLogic, SourceLogic
 from operators.logic import InstanceInfo, OperatorLogic
@@ -217,7 +217,7 @@ class OperatorInstance:
         if isinstance(message, Data):
             self.records_in += message.batch.num_rows
             self.batches_in += 1
-            self._emit(self._call(self.logic.process, message.batch, channel.input_index))
+            self._emit(self._call(self.logic.process, message.batch, channel.input_index))  # type: ignore[union-attr]
         elif isinstance(message, ControlMessage):
             self._on_control(message, channel.channel)
         elif isinstance(message, End):
@@ -237,7 +237,7 @@ class OperatorInstance:
         for c in completions:
             self._forward(c)
         for source, blocked in self.control.take_block_changes():
-            i = self._index_of.get(source)  # type: ignore[arg-type]
+            i = self._index_of.get(source) if isinstance(source, int) else None
             if i is not None:
                 self.inputs[i].blocked = blocked
                 self.refresh_input(source)  # type: ignore[arg-type]
@@ -250,7 +250,8 @@ class OperatorInstance:
                 ch.enqueue(message.hop(self.name, c.payload_for(target)))
         for src, dst in message.extra_edges:
             if tuple(src) == self.name:
-                self.extra_sends.append((tuple(dst), message.hop(self.name, c.payload_for(tuple(dst)))))
+                target = instance_id(dst)
+                self.extra_sends.append((target, message.hop(self.name, c.payload_for(target))))
         if not self.outputs:
             payload = {self.name: c.payload_for(CONTROLLER)}
             self.returns.append(ControlReturn(message.op_id, (self.name,), payload, message.origin, message.op))

@@ -109,9 +109,10 @@ def restore_point(restore_from: str, plan: PhysicalPlan) -> RestoreInfo:
         manifest = storage.load(int(match.group(1)))
     else:
         storage = CheckpointStorage(path)
-        manifest = storage.latest()
-        if manifest is None:
+        latest = storage.latest()
+        if latest is None:
             raise CheckpointError(f"no complete checkpoint under {path!r}")
+        manifest = latest
     saved = manifest.get("job", {}).get("operators", {})
     for node in plan.graph.nodes.values():
         if node.kind is OperatorKind.KEYED and node.name in saved and saved[node.name]["num_bins"] != node.num_bins:
@@ -150,11 +151,12 @@ def submit(flow: Dataflow, *, config: JobConfig | None = None, restore_from: str
     restore = restore_point(restore_from, plan) if restore_from is not None else None
     num_hosts, placement = place(plan, config.num_hosts, config.placement)
     own_dir = config.checkpoint_dir is None
-    root = tempfile.mkdtemp(prefix=f"chiray-{flow.name}-") if own_dir else config.checkpoint_dir
+    root = tempfile.mkdtemp(prefix=f"chiray-{flow.name}-") if config.checkpoint_dir is None else config.checkpoint_dir
     storage = CheckpointStorage(root)
     sinks = {}
     for node in plan.graph.nodes.values():
         if node.kind is OperatorKind.SINK:
+            assert node.sink is not None
             node.sink = node.sink.bind_output(storage.output_dir(node.name), node.name)
             sinks[node.name] = node.sink
     deployment = Deployment(flow.name, ray.put(plan), placement, num_hosts, config, storage, sinks)
@@ -164,8 +166,8 @@ def submit(flow: Dataflow, *, config: JobConfig | None = None, restore_from: str
 
     def make_controller() -> Any:
         first = max(storage.checkpoint_ids(), default=0) + 1
-        return JobController.remote(flow.name, sink_instances, config, view, broadcast, placement,
-                                    storage, sinks, first)
+        return JobController.remote(  # type: ignore[attr-defined]
+            flow.name, sink_instances, config, view, broadcast, placement, storage, sinks, first)
 
     controller = make_controller()
     job = Job(flow.name, plan, controller, [], view)
@@ -348,7 +350,8 @@ class Job:
 
     def add_controller(self, name: str) -> str:
         """Start a side controller (its own actor) that can run ops concurrently; returns its name."""
-        side = SideController.options(name=None).remote(name, self.view, self._controller)
+        side = SideController.options(name=None).remote(  # type: ignore[attr-defined]
+            name, self.view, self._controller)
         ray.get(self._controller.register_controller.remote(name, side))
         self._side[name] = side
         return name

@@ -18,7 +18,7 @@ import itertools
 import time
 from typing import Any, Iterable
 
-from control.message import ControlMessage, ControlReturn, InstanceId
+from control.message import ControlMessage, ControlReturn, InstanceId, instance_id
 from control.trees import Relay, Tree, build_tree
 from operators.endpoints import SinkLogic, SourceLogic, assign_splits
 from operators.graph import OperatorKind, PhysicalPlan
@@ -166,7 +166,7 @@ class HostCore:
         """Control messages from a controller (or a relay) for sources on this host."""
         for message, targets in items:
             for name in targets:
-                self._inject_local(message, tuple(name))
+                self._inject_local(message, instance_id(name))
 
     def _inject_local(self, message: ControlMessage, name: InstanceId) -> None:
         inst = self.by_name[name]
@@ -188,13 +188,13 @@ class HostCore:
     def deliver_extra(self, items: Iterable[tuple[InstanceId, ControlMessage]]) -> None:
         """Control messages along an op's extra (control-only) edges."""
         for name, message in items:
-            inst = self.by_name[tuple(name)]
+            inst = self.by_name[instance_id(name)]
             inst.extra_inbox.append(message)
             self._candidates[inst] = None
 
     def peer_ended(self, names: Iterable[InstanceId]) -> None:
         """Instances elsewhere finished: ops here stop expecting extra-edge messages from them."""
-        names = [tuple(n) for n in names]
+        names = [instance_id(n) for n in names]
         self.ended_peers.update(names)  # ops that arrive later will not expect them
         for inst in self.instances:
             if not inst.control.pending_ops:

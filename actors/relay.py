@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from typing import Any, Callable
+from typing import Callable
 
 from control.message import ControlMessage, ControlReturn, InstanceId
 from control.trees import Relay, Tree

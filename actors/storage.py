@@ -50,6 +50,8 @@ class CheckpointStorage:
 
     def __init__(self, root: str):
         self.root_uri = root
+        self.fs: pafs.FileSystem
+        self.root: str
         self.fs, self.root = pafs.FileSystem.from_uri(root) if "://" in root else (
             pafs.LocalFileSystem(), root)
         self.fs.create_dir(self.root, recursive=True)

@@ -65,7 +65,8 @@ class Deployment:
         config = self.config
         opts = {"num_cpus": config.host_num_cpus, "resources": config.host_resources or None,
                 "max_concurrency": 1000, **config.host_options}
-        hosts = [OperatorHost.options(**opts).remote(i, self.name) for i in range(self.num_hosts)]
+        hosts = [OperatorHost.options(**opts).remote(i, self.name)  # type: ignore[attr-defined]
+                 for i in range(self.num_hosts)]
         try:
             peers = dict(enumerate(hosts))
             errors = ray.get([h.setup.remote(self.plan_ref, self.placement, config, peers, controller,

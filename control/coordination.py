@@ -19,7 +19,7 @@ import enum
 import itertools
 from typing import Any, Iterable
 
-from .message import Configs, ControlMessage, ControlReturn
+from .message import Configs, ControlMessage, ControlReturn, instance_id
 from .oprun import OpFailedError, OpRun
 
 __all__ = ["JobState", "JobLifecycle", "LifecycleSnapshot", "OpCoordinator"]
@@ -228,7 +228,7 @@ class OpCoordinator:
             run.on_ack(instance, payload)
 
     def sinks_finished(self, sinks: Iterable[tuple[str, int]]) -> None:
-        sinks = [tuple(s) for s in sinks]
+        sinks = [instance_id(s) for s in sinks]
         self.finished_sinks.update(sinks)
         for run in list(self.running.values()):
             run.sinks_finished(sinks)

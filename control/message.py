@@ -20,10 +20,15 @@ from typing import Any, Mapping
 
 import cloudpickle
 
-__all__ = ["InstanceId", "Configs", "ControlMessage", "ControlReturn", "CONTROLLER"]
+__all__ = ["InstanceId", "instance_id", "Configs", "ControlMessage", "ControlReturn", "CONTROLLER"]
 
 InstanceId = tuple[str, int]
 """An instance's name: (operator, index)."""
+
+
+def instance_id(value: Any) -> InstanceId:
+    """An instance name from any (operator, index) pair (a list after a round trip, say)."""
+    return (str(value[0]), int(value[1]))
 
 CONTROLLER = "controller"
 """The sender name of a message injected at a source by the controller."""

@@ -17,7 +17,7 @@ import enum
 import time
 from typing import Any, Iterable, Mapping
 
-from .message import InstanceId
+from .message import InstanceId, instance_id
 
 __all__ = ["OpState", "OpRun", "JobView", "job_view", "OpTimeoutError", "OpFailedError"]
 
@@ -48,7 +48,7 @@ class JobView:
     edges: dict[InstanceId, list[InstanceId]]
 
     def downstream_of(self, instance: InstanceId) -> list[InstanceId]:
-        return list(self.edges.get(tuple(instance), []))
+        return list(self.edges.get(instance_id(instance), []))
 
 
 def job_view(name: str, plan: Any) -> JobView:
@@ -111,14 +111,14 @@ class OpRun:
         except Exception as exc:
             self.fail(OpFailedError(f"control op {self.op_id} ({self.op.kind}): on_next raised {exc!r}"), exc)
             return
-        self.waiting.difference_update(tuple(i) for i in instances)
+        self.waiting.difference_update(instance_id(i) for i in instances)
         self._maybe_complete()
 
     def on_ack(self, instance: InstanceId, payload: Any) -> None:
         """An instance acknowledged the op directly (e.g. its checkpoint state is durable)."""
         if self.state is not OpState.RUNNING:
             return
-        instance = tuple(instance)
+        instance = instance_id(instance)
         if isinstance(payload, BaseException):
             self.fail(OpFailedError(f"control op {self.op_id} ({self.op.kind}) failed at {instance}: "
                                     f"{payload!r}"), payload)
@@ -129,7 +129,7 @@ class OpRun:
 
     def sinks_finished(self, instances: Iterable[InstanceId]) -> None:
         """Sinks ended their input: they cannot return the op any more; stop waiting for them."""
-        instances = [tuple(i) for i in instances]
+        instances = [instance_id(i) for i in instances]
         unacked = sorted(set(instances) & self.acks_waiting)
         if unacked and self.state is OpState.RUNNING:
             self.fail(OpFailedError(f"control op {self.op_id} ({self.op.kind}): {unacked} ended their "

@@ -197,8 +197,8 @@ def _hash_strings(arr: pa.Array, distinct: bool = False) -> np.ndarray:
         data = np.concatenate([data, np.zeros(8, dtype=np.uint8)])
         words = np.ndarray(shape=(len(data) - 7,), dtype=np.uint64, buffer=data, strides=(1,))
         for k in range(0, longest, 8):
-            live = np.flatnonzero(lengths > k)
-            if len(live) == n:
+            live: np.ndarray | None = np.flatnonzero(lengths > k)
+            if live is not None and len(live) == n:
                 live = None
             at = starts + k if live is None else starts[live] + k
             left = (lengths if live is None else lengths[live]) - k

@@ -145,6 +145,10 @@ class KeyIndex:
             self._overflow.update(zip(canon, slots[clash].tolist()))
         return slots
 
+    _hash: np.ndarray
+    _keys: "_KeyStore"
+    _table: "_SlotTable"
+
     def _reset(self, capacity: int) -> None:
         self._hash = np.zeros(capacity, dtype=np.uint64)
         self._keys = _KeyStore(self.key_type)

@@ -242,6 +242,7 @@ class ParquetWriter(SinkWriter):
             if self._writer is None:
                 self._open_file()
             take = min(batch.num_rows - start, limit - self._rows_in_file)
+            assert self._writer is not None
             self._writer.write_batch(batch.slice(start, take))
             self._rows_in_file += take
             start += take
@@ -258,6 +259,7 @@ class ParquetWriter(SinkWriter):
         if self._writer is None:
             return
         self._writer.close()
+        assert self._open is not None
         self._closed.append(self._open)
         self._writer, self._open, self._rows_in_file = None, None, 0
 

@@ -329,7 +329,7 @@ class ParquetSource(Source):
 
     def splits(self) -> list[SourceSplit]:
         first = self.schema()
-        out = []
+        out: list[SourceSplit] = []
         for path in self._files:
             schema = self._file_schema(path)
             if not schema.equals(first):

@@ -266,6 +266,11 @@ class ColumnarAggState(BinnedState):
         (['a', 'b'], [2, 3])
     """
 
+    _n: int
+    _bin: np.ndarray
+    _cols: dict[str, np.ndarray]
+    _index: KeyIndex
+
     def __init__(self, num_bins: int, *, index_hash_bits: int = 64) -> None:
         """Create an empty, unconfigured state.
 
@@ -384,7 +389,7 @@ class ColumnarAggState(BinnedState):
 
     def bin_sizes(self) -> dict[int, int]:
         """Approximate bytes per non-empty bin (keys counted at their average size)."""
-        per_slot = 12 + sum(np.dtype(a.dtype).itemsize for a in self._accs)
+        per_slot: float = 12 + sum(np.dtype(a.dtype).itemsize for a in self._accs)
         per_slot += self._index.keys_nbytes() / max(self._n, 1)
         return {b: int(round(n * per_slot)) for b, n in self.bin_key_counts().items()}
 

@@ -80,6 +80,8 @@ class Checkpoint(ControlOp):
         self.timeout_s = timeout_s
         self.started = time.time()
 
+    acks: dict[InstanceId, Any]  # filled at the controller as instances acknowledge
+
     def __getstate__(self) -> dict[str, Any]:
         # Travels to every instance: leave the controller's commit callback behind.
         state = dict(self.__dict__)

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from operators import Dataflow, collect, from_arrow
+from operators import Dataflow, from_arrow
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
