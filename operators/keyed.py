@@ -346,14 +346,32 @@ class ProcessLogic(_KeyedLogic):
         order = np.argsort(codes, kind="stable")
         bounds = np.concatenate([[0], np.cumsum(np.bincount(codes, minlength=len(uniques)))])
         outputs: list[pa.RecordBatch] = []
+        pending_rows: list[dict] = []  # row outputs of consecutive keys: one batch, types inferred over all
         for i, key in enumerate(uniques.to_pylist()):
             rows = batch.take(order[bounds[i]:bounds[i + 1]])
             result = self.fn(key, rows, ValueState(self._state, key, bins[i]))
+            if isinstance(result, (list, tuple)) and result and isinstance(result[0], dict):
+                self._check_fields(pending_rows[0] if pending_rows else result[0], result)
+                pending_rows.extend(result)
+                continue
+            if pending_rows:
+                outputs.append(self._conform(pa.RecordBatch.from_pylist(pending_rows, schema=self.output_schema)))
+                pending_rows = []
             outputs.extend(self._conform(b) for b in to_batches(result, self.output_schema))
+        if pending_rows:
+            outputs.append(self._conform(pa.RecordBatch.from_pylist(pending_rows, schema=self.output_schema)))
         outputs = [b for b in outputs if b.num_rows]
         if len(outputs) <= 1:
             return outputs
         return pa.Table.from_batches(outputs).combine_chunks().to_batches()
+
+    def _check_fields(self, first: dict, rows: Sequence[dict]) -> None:
+        fields = first.keys()
+        for row in rows:
+            if row.keys() != fields:
+                raise TypeError(
+                    f"process function {_fn_name(self.fn)} returned rows with fields {sorted(row)}; "
+                    f"expected {sorted(fields)} (pass output_schema= to fix the schema)")
 
     def _conform(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         """Give an output batch the operator's output schema (the first output's if none given)."""

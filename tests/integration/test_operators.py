@@ -66,7 +66,8 @@ def build(batches: list[pa.RecordBatch], p: int) -> Dataflow:
         state.value = (state.value or 0) + rows.num_rows
         return [{"k": key, "seen": state.value}]
 
-    keyed.process(running, parallelism=p, name="process").collect(name="o_process")
+    keyed.process(running, parallelism=p, name="process",
+                  schema=pa.schema([("k", pa.string()), ("seen", pa.int64())])).collect(name="o_process")
     src.union(src.filter(lambda b: pc.greater(b.column("x"), 1.0), name="big"), name="union").collect(
         name="o_union")
     return flow

@@ -456,3 +456,19 @@ def test_process_value_state_none_clears_and_zero_rows_are_fine() -> None:
     logic.process(batch, 0)
     assert len(logic.state) == 0
     assert logic.process(pa.RecordBatch.from_pylist([], schema=batch.schema), 0) == []
+
+
+def test_process_infers_row_outputs_over_all_keys_of_a_batch() -> None:
+    """A null key first must not fix the output key column's type to null."""
+    from operators.keyed import ProcessLogic
+    from operators.logic import InstanceInfo
+
+    logic = ProcessLogic("k", lambda key, rows, state: [{"k": key, "n": rows.num_rows}], 16)
+    logic.open(InstanceInfo("p", 0, 1, 16))
+    batch = pa.record_batch({"k": pa.array([None, "a", None, "b"], pa.string()), "v": [1, 2, 3, 4]})
+    [out] = logic.process(batch, 0)
+    assert out.schema.field("k").type == pa.string()
+    assert sorted(out.to_pylist(), key=lambda r: str(r["k"])) == [
+        {"k": None, "n": 2}, {"k": "a", "n": 1}, {"k": "b", "n": 1}]
+    [later] = logic.process(pa.record_batch({"k": ["c"], "v": [5]}), 0)
+    assert later.to_pylist() == [{"k": "c", "n": 1}]
