@@ -42,6 +42,8 @@ class JobConfig:
         max_restarts: recoveries allowed after hosts die before the job fails.
         restart_on_operator_error: also recover when a user function raises
             (off by default: a deterministic error would only repeat).
+        deploy_timeout_s: how long starting the hosts may take before the job
+            fails (Ray has no room for them, say).
     """
 
     channel_capacity: int = 8
@@ -58,6 +60,7 @@ class JobConfig:
     checkpoints_to_keep: int = 3
     max_restarts: int = 3
     restart_on_operator_error: bool = False
+    deploy_timeout_s: float = 120.0
 
     def __post_init__(self) -> None:
         if self.channel_capacity < 1:

@@ -297,8 +297,9 @@ class JobController(_ControllerOps):
     async def inject(self, message: ControlMessage) -> int:
         """Give ``message`` the next global sequence number and broadcast it to the sources."""
         if self.lifecycle.state.value != "RUNNING":
-            raise JobFailedError(f"job {self.job_name!r} is {self.lifecycle.state.value}: "
-                                 f"cannot start control op {message.op_id}")
+            why = self.lifecycle.error or self.lifecycle.recovery_reason
+            raise JobFailedError(f"job {self.job_name!r} is {self.lifecycle.state.value}"
+                                 f"{f' ({why})' if why else ''}: cannot start control op {message.op_id}")
         message = dataclasses.replace(message, seq=self._seq)
         self._seq += 1
         tree = self.broadcast

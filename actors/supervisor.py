@@ -25,7 +25,7 @@ from typing import Any, Callable
 import ray
 
 from .config import JobConfig
-from .errors import OperatorError
+from .errors import JobFailedError, OperatorError
 from .host import OperatorHost
 from .restore import RestoreInfo
 
@@ -69,8 +69,17 @@ class Deployment:
                  for i in range(self.num_hosts)]
         try:
             peers = dict(enumerate(hosts))
-            errors = ray.get([h.setup.remote(self.plan_ref, self.placement, config, peers, controller,
-                                             restore, incarnation) for h in hosts])
+            try:
+                errors = ray.get([h.setup.remote(self.plan_ref, self.placement, config, peers, controller,
+                                                 restore, incarnation) for h in hosts],
+                                 timeout=config.deploy_timeout_s)
+            except ray.exceptions.GetTimeoutError:
+                raise JobFailedError(
+                    f"job {self.name!r}: could not start its {self.num_hosts} hosts in "
+                    f"{config.deploy_timeout_s} s; each asks for {config.host_num_cpus} CPUs"
+                    f"{f' and {config.host_resources}' if config.host_resources else ''}, and Ray has "
+                    f"{ray.available_resources().get('CPU', 0)} CPUs free (lower host_num_cpus or add nodes)"
+                ) from None
             for error in errors:
                 if error is not None:
                     raise error

@@ -300,12 +300,24 @@ def test_a_host_failure_during_an_op_fails_the_op_clearly():
     src = flow.source(PausedSource(2, batches=2, rows=5), parallelism=2, name="src")
     src.key_by("key").count(parallelism=2, emit="updates", name="count").collect(name="out")
     job = flow.submit(poll_interval_s=0.2, max_restarts=0)  # no recovery: the job fails with the op
-    count_host = job.actors[0]  # keyed instance 0 lives on host 0; the sink on host 2
-    handle = job.run_control(Slow())
-    ray.kill(count_host, no_restart=True)
-    started = time.monotonic()
-    with pytest.raises(OpFailedError, match="host 0"):
-        handle.result(timeout=60)
-    assert time.monotonic() - started < 30, "the op failed only after a long hang"
-    with pytest.raises(Exception, match="host 0"):
-        job.wait(timeout=60)
+    try:
+        count_host = job.actors[0]  # keyed instance 0 lives on host 0; the sink on host 2
+        handle = job.run_control(Slow())
+        deadline = time.monotonic() + 30
+        while True:  # run_control does not wait: make sure the op is in flight before the kill
+            try:
+                if handle.progress()["state"] == "RUNNING":
+                    break
+            except Exception:  # not registered yet
+                pass
+            assert time.monotonic() < deadline, "the op never started"
+            time.sleep(0.01)
+        ray.kill(count_host, no_restart=True)
+        started = time.monotonic()
+        with pytest.raises(OpFailedError, match="host 0"):
+            handle.result(timeout=60)
+        assert time.monotonic() - started < 30, "the op failed only after a long hang"
+        with pytest.raises(Exception, match="host 0"):
+            job.wait(timeout=60)
+    finally:
+        job.cancel()

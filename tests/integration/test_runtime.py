@@ -165,3 +165,14 @@ def test_collect_to_driver_preserves_records_across_hosts():
     for r in rows:
         expected[r["k"]] = expected.get(r["k"], 0) + r["v"]
     assert got == expected
+
+
+def test_a_job_ray_has_no_room_for_fails_fast_with_a_clear_error():
+    from actors import JobFailedError
+
+    flow = Dataflow("too-big")
+    flow.source(from_items([{"x": 1}])).collect()
+    started = time.monotonic()
+    with pytest.raises(JobFailedError, match=r"could not start its 1 hosts .* asks for 64 CPUs"):
+        flow.submit(host_num_cpus=64, deploy_timeout_s=2)
+    assert time.monotonic() - started < 30
