@@ -115,7 +115,6 @@ class JobController(_ControllerOps):
         self.storage = storage
         self.sink_objects = sink_objects or {}
         self.next_checkpoint_id = next_checkpoint_id
-        self.checkpoints: list[int] = []
         self.incarnation = 0
         self.side_controllers: dict[str, Any] = {}
         self._changed = asyncio.Event()

@@ -119,7 +119,6 @@ class OperatorInstance:
         self.acks: list[tuple[str, str, Any, bool]] = []  # (op id, origin, payload or work, background)
         downstream = [t for ts in self.targets for t in ts]
         self.ctx = InstanceControlContext(self, kind, downstream)
-        self._next_input = 0
         self._bp_since: float | None = None
         self.backpressured_s = 0.0
         self.busy_s = 0.0

@@ -333,13 +333,6 @@ class HostCore:
         """Every instance finished and its output left this host."""
         return all(i.drained for i in self.instances) and not self.outbox
 
-    def run_until_idle(self, max_steps: int = 1_000_000) -> int:
-        """Test helper: step until nothing is runnable; returns the number of steps."""
-        steps = 0
-        while steps < max_steps and self.run_step():
-            steps += 1
-        return steps
-
     def statistics(self) -> list[InstanceStatistics]:
         return [i.statistics() for i in self.instances]
 

@@ -38,20 +38,20 @@ class Transport:
 
     def send(self, outbox: Outbox) -> None:
         for host, envelopes in outbox.envelopes.items():
-            self._watch(host, self.peers[host].deliver.remote(envelopes))
+            self._track(host, self.peers[host].deliver.remote(envelopes))
         for host, grants in outbox.grants.items():
-            self._watch(host, self.peers[host].grant.remote(grants))
+            self._track(host, self.peers[host].grant.remote(grants))
         for host, extra in outbox.extra.items():
-            self._watch(host, self.peers[host].deliver_extra.remote(extra))
+            self._track(host, self.peers[host].deliver_extra.remote(extra))
         for host, names in outbox.ended.items():
-            self._watch(host, self.peers[host].peer_ended.remote(names))
+            self._track(host, self.peers[host].peer_ended.remote(names))
         control = outbox.control
         for host, relays in control.relays.items():
-            self._watch(host, self.peers[host].relay.remote(relays))
+            self._track(host, self.peers[host].relay.remote(relays))
         for host, injections in control.injections.items():
-            self._watch(host, self.peers[host].inject.remote(injections))
+            self._track(host, self.peers[host].inject.remote(injections))
         for host, collects in control.collects.items():
-            self._watch(host, self.peers[host].collect.remote(collects))
+            self._track(host, self.peers[host].collect.remote(collects))
         by_origin: dict[str, list] = {}
         for ret in control.returns:
             by_origin.setdefault(ret.origin, []).append(ret)
@@ -60,7 +60,7 @@ class Transport:
             if handle is not None:  # a controller that is gone has no op to return to
                 handle.op_returned.remote(rets)
 
-    def _watch(self, host: int, ref: Any) -> None:
+    def _track(self, host: int, ref: Any) -> None:
         self.calls += 1
         self._in_flight.append((host, ref))
 

@@ -81,7 +81,12 @@ class JobLifecycle:
             return
         if recoverable and self.max_restarts:
             reason = f"{reason} (after {self.restarts} restarts, the limit)"
-            error = type(error)(f"{error} (after {self.restarts} restarts, the limit of max_restarts)")
+            try:
+                limited = type(error)(f"{error} (after {self.restarts} restarts, the limit of max_restarts)")
+                limited.__cause__ = error.__cause__
+                error = limited
+            except TypeError:  # an error built from other arguments (OperatorError) stays as it was
+                pass
         self.fail(error, reason)
 
     def restarted(self, checkpoint_id: int | None, seconds: float) -> None:

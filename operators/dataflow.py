@@ -23,7 +23,6 @@ from typing import Any, Callable
 import pyarrow as pa
 
 from . import keyed, stateless
-from .endpoints import SinkLogic
 from .graph import (
     InputEdge,
     LogicalGraph,
@@ -242,7 +241,7 @@ class Stream:
             self.flow._name("sink", name), OperatorKind.SINK,
             self.node.parallelism if parallelism is None else parallelism,
             inputs=[InputEdge(self.node.name, Partition.FORWARD)],
-            make_logic=lambda: SinkLogic(sink), sink=sink, schema=self.schema,
+            sink=sink, schema=self.schema,
             origin=sink.describe(),
         )
         return self.flow._add(node)

@@ -71,7 +71,8 @@ class OperatorNode:
         kind: source, transform, keyed or sink.
         parallelism: the number of instances.
         inputs: the logical inputs, in input-index order.
-        make_logic: builds the per-instance logic (transforms and keyed operators).
+        make_logic: builds the per-instance logic (transforms and keyed operators; the
+            runtime builds sources and sinks from ``source`` / ``sink``).
         source: the source (sources only).
         sink: the sink (sinks only).
         schema: the output schema if known at build time.

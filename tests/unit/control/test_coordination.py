@@ -218,3 +218,19 @@ def test_a_repeated_extra_edge_is_rejected_or_merged():
     except ValueError:
         return
     assert len(message.extra_edges) == 1
+
+
+def test_restart_limit_keeps_a_user_error_that_takes_other_arguments():
+    """An OperatorError (built from operator, index, cause) must survive the restart-limit message."""
+    from actors.errors import OperatorError
+    from control.coordination import JobLifecycle, JobState
+
+    life = JobLifecycle([("out", 0)], max_restarts=1)
+    cause = ValueError("bad row")
+    life.lost(OperatorError("map", 0, cause), "map[0] raised")
+    assert life.state is JobState.RECOVERING
+    life.restarted(None, 0.1)
+    life.lost(OperatorError("map", 0, cause), "map[0] raised")
+    assert life.state is JobState.FAILED
+    assert isinstance(life.error, OperatorError) and life.error.__cause__ is cause
+    assert "the limit" in life.events[-1]
