@@ -27,6 +27,7 @@ __all__ = [
     "PhysicalPlan",
     "physical_plan",
     "initial_bin_table",
+    "rescaled_plan",
 ]
 
 
@@ -151,6 +152,7 @@ class PhysicalPlan:
         output_edges: per operator, its consumers' (operator, input index, edge) in order.
         bin_tables: per keyed operator, the initial bin -> instance table.
         source_splits: per source, its splits (computed once, on the driver).
+        next_channel_id: the lowest channel id never used in the job (rescales add channels).
     """
 
     graph: LogicalGraph
@@ -159,6 +161,7 @@ class PhysicalPlan:
     output_edges: dict[str, list[tuple[str, int, InputEdge]]]
     bin_tables: dict[str, list[int]]
     source_splits: dict[str, list[SourceSplit]] = dataclasses.field(default_factory=dict)
+    next_channel_id: int = 0
 
     def inputs_of(self, instance: tuple[str, int]) -> list[ChannelSpec]:
         return [c for c in self.channels if c.dst == instance]
@@ -184,21 +187,12 @@ def physical_plan(graph: LogicalGraph) -> PhysicalPlan:
     A ``FORWARD`` edge between operators of different parallelism becomes a
     ``REBALANCE`` edge.
     """
+    channels = physical_plan_channels(graph)
     instances = [(n.name, i) for n in graph.nodes.values() for i in range(n.parallelism)]
     output_edges: dict[str, list[tuple[str, int, InputEdge]]] = {n: [] for n in graph.nodes}
-    channels: list[ChannelSpec] = []
     for node in graph.nodes.values():
         for input_index, edge in enumerate(node.inputs):
-            up = graph.nodes[edge.upstream]
-            if edge.partition is Partition.FORWARD and up.parallelism != node.parallelism:
-                edge = dataclasses.replace(edge, partition=Partition.REBALANCE)
-                node.inputs[input_index] = edge
-            edge_index = len(output_edges[up.name])
-            output_edges[up.name].append((node.name, input_index, edge))
-            for i, j in _edge_pairs(edge, up.parallelism, node.parallelism):
-                channels.append(
-                    ChannelSpec(len(channels), (up.name, i), (node.name, j), input_index, edge_index)
-                )
+            output_edges[edge.upstream].append((node.name, input_index, edge))
     bin_tables = {
         n.name: initial_bin_table(n.num_bins, n.parallelism)
         for n in graph.nodes.values()
@@ -212,7 +206,7 @@ def physical_plan(graph: LogicalGraph) -> PhysicalPlan:
                 source_splits[n.name] = list(n.source.splits())
             except Exception as exc:
                 raise type(exc)(f"{n.describe()}: listing the source's splits failed: {exc}") from exc
-    return PhysicalPlan(graph, instances, channels, output_edges, bin_tables, source_splits)
+    return PhysicalPlan(graph, instances, channels, output_edges, bin_tables, source_splits, len(channels))
 
 
 def describe_callable(fn: Any) -> str:
@@ -222,3 +216,59 @@ def describe_callable(fn: Any) -> str:
     if code is None:
         return str(name)
     return f"{name} at {code.co_filename}:{code.co_firstlineno}"
+
+
+def rescaled_plan(plan: PhysicalPlan, operator: str, parallelism: int,
+                  table: list[int] | None = None) -> PhysicalPlan:
+    """``plan`` with ``operator`` at ``parallelism`` (and, if keyed, bin table ``table``).
+
+    Channels that still connect the same instances on the same edge keep their
+    ids; new channels get ids above every id ``plan`` ever used, so a channel
+    id is never reused within a job. Edges that become ``FORWARD`` between
+    different parallelisms turn into ``REBALANCE`` (and stay so).
+    """
+    graph = LogicalGraph(plan.graph.name)
+    for node in plan.graph.nodes.values():
+        graph.add(dataclasses.replace(node, inputs=list(node.inputs),
+                                      parallelism=parallelism if node.name == operator else node.parallelism))
+    fresh = physical_plan_channels(graph)
+    old_ids = {(c.src, c.dst, c.input_index, c.edge_index): c.channel_id for c in plan.channels}
+    next_id = max((c.channel_id for c in plan.channels), default=-1) + 1
+    next_id = max(next_id, plan.next_channel_id)
+    channels = []
+    for c in fresh:
+        cid = old_ids.get((c.src, c.dst, c.input_index, c.edge_index))
+        if cid is None:
+            cid, next_id = next_id, next_id + 1
+        channels.append(dataclasses.replace(c, channel_id=cid))
+    instances = [(n.name, i) for n in graph.nodes.values() for i in range(n.parallelism)]
+    output_edges: dict[str, list[tuple[str, int, InputEdge]]] = {n: [] for n in graph.nodes}
+    for node in graph.nodes.values():
+        for input_index, edge in enumerate(node.inputs):
+            output_edges[edge.upstream].append((node.name, input_index, edge))
+    bin_tables = dict(plan.bin_tables)
+    if graph.nodes[operator].kind is OperatorKind.KEYED:
+        if table is None or len(table) != graph.nodes[operator].num_bins:
+            raise ValueError(f"rescaling keyed operator {operator!r} needs a table of "
+                             f"{graph.nodes[operator].num_bins} bins")
+        bin_tables[operator] = list(table)
+    return PhysicalPlan(graph, instances, channels, output_edges, bin_tables, dict(plan.source_splits),
+                        next_id)
+
+
+def physical_plan_channels(graph: LogicalGraph) -> list[ChannelSpec]:
+    """The channels of ``graph``, numbered from 0 (``FORWARD`` edges between different
+    parallelisms become ``REBALANCE`` in ``graph``)."""
+    channels: list[ChannelSpec] = []
+    edge_counts: dict[str, int] = {n: 0 for n in graph.nodes}
+    for node in graph.nodes.values():
+        for input_index, edge in enumerate(node.inputs):
+            up = graph.nodes[edge.upstream]
+            if edge.partition is Partition.FORWARD and up.parallelism != node.parallelism:
+                edge = dataclasses.replace(edge, partition=Partition.REBALANCE)
+                node.inputs[input_index] = edge
+            edge_index = edge_counts[up.name]
+            edge_counts[up.name] += 1
+            for i, j in _edge_pairs(edge, up.parallelism, node.parallelism):
+                channels.append(ChannelSpec(len(channels), (up.name, i), (node.name, j), input_index, edge_index))
+    return channels
