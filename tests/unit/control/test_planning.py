@@ -101,7 +101,7 @@ def test_ssm_scale_out_of_a_uniform_table_moves_the_minimum():
     assert got.bytes_moved == m - 2 * cap
     rr = plan("round_robin", current, 3)
     ch = plan("consistent_hash", current, 3)
-    assert got.bytes_moved < rr.bytes_moved and got.max_load_ratio <= 1.0 + 1e-9
+    assert got.bytes_moved < rr.bytes_moved and got.max_load_ratio <= 1.01 + 1e-9
     assert ch.bytes_moved > 0
 
 
