@@ -52,6 +52,35 @@ class InstanceControlContext:
     def downstream(self) -> list[InstanceId]:
         return list(self._downstream)
 
+    def set_downstream(self, downstream: list[InstanceId]) -> None:
+        self._downstream = list(downstream)
+
+    def set_bin_table(self, operator: str, table: list[int]) -> None:
+        from .router import HashRouter
+
+        for router in self._instance.routers:
+            if isinstance(router, HashRouter) and router.operator == operator:
+                router.set_table(table, max(router.num_targets, max(table) + 1))
+
+    def hold_bins(self, bins: list[int], key: str) -> None:
+        self._instance.hold_bins(bins, key)
+
+    def release_bins(self, bins: list[int]) -> None:
+        self._instance.release_bins(bins)
+
+    def keep_replicas(self, operator: str, replicas: dict[int, tuple[int, bytes]]) -> None:
+        for b, (version, data) in replicas.items():
+            self._instance.replicas[(operator, b)] = (version, data)
+
+    def take_replicas(self, operator: str, bins: list[int]) -> dict[int, bytes]:
+        out = {}
+        for b in bins:
+            entry = self._instance.replicas.pop((operator, b), None)
+            if entry is None:
+                raise RuntimeError(f"{self._instance.info}: no replica of bin {b} of {operator!r} to reload")
+            out[b] = entry[1]
+        return out
+
     def parameters(self) -> dict[str, Any]:
         return dict(getattr(self._instance.logic, "params", None) or {})
 

@@ -87,6 +87,10 @@ class _ControllerOps:
                 pass
         return run.state.value, run.result, run.error, run.elapsed_s
 
+    async def set_view(self, view: Any) -> None:
+        """The job's topology changed (a rescale): later ops see ``view``."""
+        self.ops.view = view
+
     async def op_progress(self, op_id: str) -> dict:
         run = self.ops.runs[op_id]
         return {"state": run.state.value, "waiting": len(run.waiting), "elapsed_s": run.elapsed_s}
@@ -109,7 +113,7 @@ class JobController(_ControllerOps):
         self.config = config
         self.lifecycle = JobLifecycle(sinks, config.max_restarts)
         self.poll_interval_s = config.poll_interval_s
-        self.hosts: list[Any] = []
+        self.hosts: dict[int, Any] = {}
         self.broadcast = broadcast
         self.placement = placement or {}
         self.storage = storage
@@ -124,8 +128,8 @@ class JobController(_ControllerOps):
         self._seq = 0
         self._init_ops("controller", view)
 
-    async def start(self, hosts: list[Any], incarnation: int = 0) -> None:
-        self.hosts = hosts
+    async def start(self, hosts: list[Any] | dict[int, Any], incarnation: int = 0) -> None:
+        self.hosts = dict(hosts) if isinstance(hosts, dict) else dict(enumerate(hosts))
         self.incarnation = incarnation
         self._monitor = asyncio.get_running_loop().create_task(self._watch_hosts(incarnation))
         self._start_timer()
@@ -145,7 +149,7 @@ class JobController(_ControllerOps):
             for side in self.side_controllers.values():
                 side.job_failed.remote(error)
             if state.value != "RECOVERING":
-                for host in self.hosts:
+                for host in self.hosts.values():
                     host.abort.remote()
 
     def _current(self, incarnation: int) -> bool:
@@ -216,18 +220,22 @@ class JobController(_ControllerOps):
     async def _watch_hosts(self, incarnation: int) -> None:
         while self.incarnation == incarnation and self.lifecycle.state.value == "RUNNING":
             await asyncio.sleep(self.poll_interval_s)
-            for host_id, host in enumerate(self.hosts):
+            for host_id, host in list(self.hosts.items()):
+                if host_id not in self.hosts:  # retired by a rescale meanwhile
+                    continue
                 if self.incarnation != incarnation:
                     return
                 try:
                     await asyncio.wait_for(host.ping.remote(), timeout=120.0)
                 except Exception as exc:
+                    if self.hosts.get(host_id) is not host:  # retired by a rescale: gone on purpose
+                        continue
                     await self.host_error(host_id, f"host {host_id} is unreachable: {exc!r}", incarnation)
                     return
 
     # -- recovery ----------------------------------------------------------------
 
-    async def resume(self, hosts: list[Any], incarnation: int, checkpoint_id: int | None,
+    async def resume(self, hosts: list[Any] | dict[int, Any], incarnation: int, checkpoint_id: int | None,
                      seconds: float) -> None:
         """The supervisor re-created the hosts from ``checkpoint_id``: run again."""
         self.incarnation = incarnation
@@ -289,7 +297,7 @@ class JobController(_ControllerOps):
         """Make a side controller known to every host (sinks return its ops to it)."""
         if name in self.side_controllers or name == self.ops.name:
             raise ValueError(f"job {self.job_name!r} already has a controller named {name!r}")
-        await asyncio.gather(*[h.add_controller.remote(name, handle) for h in self.hosts])
+        await asyncio.gather(*[h.add_controller.remote(name, handle) for h in self.hosts.values()])
         self.side_controllers[name] = handle
         handle.sinks_finished.remote(sorted(self.ops.finished_sinks))
 
@@ -299,7 +307,7 @@ class JobController(_ControllerOps):
             why = self.lifecycle.error or self.lifecycle.recovery_reason
             raise JobFailedError(f"job {self.job_name!r} is {self.lifecycle.state.value}"
                                  f"{f' ({why})' if why else ''}: cannot start control op {message.op_id}")
-        message = dataclasses.replace(message, seq=self._seq)
+        message = dataclasses.replace(message, seq=self._seq)  # no await before this: start + seq are atomic
         self._seq += 1
         tree = self.broadcast
         assert tree is not None, "bug: controller started without a broadcast tree"
@@ -316,9 +324,19 @@ class JobController(_ControllerOps):
             self.hosts[host].inject.remote([(message, sources)])
         return message.seq
 
-    async def run_op(self, op: Any, op_id: str | None = None) -> str:
-        """Start ``op``; returns its id (wait with ``op_result``)."""
-        message = self.ops.start(op, op_id)
+    async def set_hosts(self, hosts: dict[int, Any]) -> None:
+        """A rescale added or retired hosts: watch (and inject into) these."""
+        self.hosts = dict(hosts)
+
+    async def run_op(self, op: Any, op_id: str | None = None, view: Any = None, next_view: Any = None) -> str:
+        """Start ``op``; returns its id (wait with ``op_result``).
+
+        A topology-changing op (a rescale step) runs with ``view`` (the old and
+        new instances); ops injected after it see ``next_view``.
+        """
+        message = self.ops.start(op, op_id, view)
+        if next_view is not None:
+            self.ops.view = next_view
         self._op_events[message.op_id] = asyncio.Event()
         try:
             await self.inject(message)

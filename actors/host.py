@@ -109,6 +109,23 @@ class OperatorHost:
         self.core.peer_ended(names)  # type: ignore[union-attr]
         self._wake.set()
 
+    async def prepare_change(self, op_id: str, plan: Any, placement: dict, peers: dict) -> None:
+        """A rescale: op ``op_id`` will change the topology to ``plan`` (see ``topology.py``)."""
+        self.transport.peers.update(peers)
+        try:
+            self.core.prepare_change(op_id, plan, placement)  # type: ignore[union-attr]
+        except OperatorFailure as failure:  # a new instance's constructor raised
+            raise self._operator_error(failure) from None
+        self._wake.set()
+
+    async def forget_peers(self, host_ids: list) -> None:
+        """Hosts retired by a rescale: drop what would still go to them (credit, end notices)."""
+        self.transport.forget(host_ids)
+
+    async def is_done(self) -> bool:
+        """Every instance here finished and its output left (a retired host may go)."""
+        return self.core is not None and self.core.done
+
     async def add_controller(self, name: str, handle: Any) -> None:
         """A side controller: sinks return its ops to it."""
         self.controllers[name] = handle

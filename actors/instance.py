@@ -19,8 +19,9 @@ from __future__ import annotations
 import collections
 import dataclasses
 import time
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
+import numpy as np
 import pyarrow as pa
 
 from control.message import CONTROLLER, ControlMessage, ControlReturn, InstanceId, instance_id
@@ -32,6 +33,9 @@ from .channel import InputChannel, OutputChannel
 from .context import InstanceControlContext
 from .messages import Data, End, Envelope, Grant
 from .router import Router
+
+if TYPE_CHECKING:
+    from .topology import InstanceChange
 
 CONTROL_INBOX = -1
 """The channel id of a source's control inbox (ordered by global injection sequence)."""
@@ -123,6 +127,11 @@ class OperatorInstance:
         self.backpressured_s = 0.0
         self.busy_s = 0.0
         self.records_in = self.records_out = self.batches_in = self.batches_out = 0
+        self.pending_changes: dict[str, "InstanceChange"] = {}  # op id -> topology change it activates
+        self.replicas: dict[tuple[str, int], tuple[int, bytes]] = {}  # (operator, bin) -> (version, state)
+        self._held_mask: np.ndarray | None = None  # bins whose records wait for their state (migration)
+        self._held_key: str | None = None
+        self._held: list[tuple[pa.RecordBatch, np.ndarray, int]] = []
         self._call(self.logic.open, info)
 
     # -- scheduling ---------------------------------------------------------------
@@ -214,9 +223,10 @@ class OperatorInstance:
     def _dispatch(self, env: Envelope, channel: InputChannel) -> None:
         message = env.message
         if isinstance(message, Data):
-            self.records_in += message.batch.num_rows
-            self.batches_in += 1
-            self._emit(self._call(self.logic.process, message.batch, channel.input_index))  # type: ignore[union-attr]
+            if self._held_mask is not None:
+                self._process_holding(message.batch, channel.input_index)
+            else:
+                self._process(message.batch, channel.input_index)
         elif isinstance(message, ControlMessage):
             self._on_control(message, channel.channel)
         elif isinstance(message, End):
@@ -227,6 +237,67 @@ class OperatorInstance:
         else:
             raise TypeError(f"bug: {self.info} received an unknown message {type(message).__name__}")
 
+    def _process(self, batch: pa.RecordBatch, input_index: int) -> None:
+        self.records_in += batch.num_rows
+        self.batches_in += 1
+        self._emit(self._call(self.logic.process, batch, input_index))  # type: ignore[union-attr]
+
+    # -- migration: holding the records of bins whose state is on its way -----------
+
+    def hold_bins(self, bins: Sequence[int], key: str) -> None:
+        """Buffer records of ``bins`` (in arrival order) until :meth:`release_bins`."""
+        if self._held_mask is None:
+            self._held_mask = np.zeros(self.info.num_bins, dtype=bool)
+        self._held_mask[np.asarray(list(bins), dtype=np.int64)] = True
+        self._held_key = key
+
+    def _process_holding(self, batch: pa.RecordBatch, input_index: int) -> None:
+        from operators.hashing import bins_of
+
+        assert self._held_mask is not None and self._held_key is not None
+        bins = bins_of(batch.column(self._held_key), self.info.num_bins)
+        held = self._held_mask[bins]
+        if not held.any():
+            self._process(batch, input_index)
+            return
+        self._held.append((batch.filter(pa.array(held)), bins[held], input_index))
+        if not held.all():
+            self._process(batch.filter(pa.array(~held)), input_index)
+
+    def release_bins(self, bins: Sequence[int]) -> None:
+        """The state of ``bins`` is installed: process their buffered records, in arrival order."""
+        if self._held_mask is None:
+            return
+        released = np.zeros(self.info.num_bins, dtype=bool)
+        released[np.asarray(list(bins), dtype=np.int64)] = True
+        released &= self._held_mask
+        self._held_mask &= ~released
+        keep: list[tuple[pa.RecordBatch, np.ndarray, int]] = []
+        for batch, batch_bins, input_index in self._held:
+            go = released[batch_bins]
+            if go.any():
+                self._process(batch.filter(pa.array(go)), input_index)
+            if not go.all():
+                keep.append((batch.filter(pa.array(~go)), batch_bins[~go], input_index))
+        self._held = keep
+        if not self._held_mask.any():
+            assert not self._held, f"bug: {self.info} holds records of bins it is not waiting for"
+            self._held_mask = None
+
+    @property
+    def held_records(self) -> int:
+        return sum(b.num_rows for b, _, _ in self._held)
+
+    # -- topology changes (rescale) -----------------------------------------------------
+
+    def prepare_change(self, op_id: str, change: "InstanceChange") -> None:
+        """Apply ``change`` when op ``op_id`` passes; its new inputs may receive deliveries now."""
+        self.pending_changes[op_id] = change
+        for ch in change.inputs:
+            self._index_of[ch.channel] = len(self.inputs)
+            self.inputs.append(ch)
+        self.control.join(op_id, [ch.channel for ch in change.inputs])
+
     # -- control ------------------------------------------------------------------
 
     def _on_control(self, message: ControlMessage, source: Any) -> None:
@@ -234,7 +305,13 @@ class OperatorInstance:
 
     def _complete_ops(self, completions: list[Completion]) -> None:
         for c in completions:
+            change = self.pending_changes.pop(c.message.op_id, None)
+            if change is None:
+                self._forward(c)
+                continue
+            change.open_outputs(self)
             self._forward(c)
+            change.close_outputs(self)
         for source, blocked in self.control.take_block_changes():
             i = self._index_of.get(source) if isinstance(source, int) else None
             if i is not None:

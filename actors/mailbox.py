@@ -31,6 +31,7 @@ from .messages import Envelope, Grant
 from .relay import RelayOutput, RelayTable
 from .restore import RestoreInfo
 from .router import make_router
+from .topology import plan_instance_change
 
 __all__ = ["HostCore", "Outbox", "build_instance", "control_trees", "RECHECK_S"]
 
@@ -149,6 +150,46 @@ class HostCore:
         self.outbox = Outbox()
         self.finished_events: list[OperatorInstance] = []
         self._reported: set[int] = set()
+
+    # -- topology changes (rescale) -------------------------------------------------
+
+    def prepare_change(self, op_id: str, plan: PhysicalPlan, placement: dict[tuple[str, int], int]) -> None:
+        """Get ready for op ``op_id`` to change the topology to ``plan`` (see ``topology.py``).
+
+        Builds the instances ``placement`` puts here that do not exist yet, and
+        registers each existing instance's channel changes with it.
+        """
+        self.placement.update(placement)
+        for c in plan.channels:
+            self._dst_host[c.channel_id] = placement[c.dst]
+            self._src_host[c.channel_id] = placement[c.src]
+        for inst in list(self.instances):
+            if inst.finished:
+                continue
+            change = plan_instance_change(inst, plan, self.config.channel_capacity,
+                                          self.config.channel_capacity_bytes)
+            if change is None:
+                continue
+            inst.prepare_change(op_id, change)
+            for ich in change.inputs:
+                self._inputs[ich.channel] = (inst, ich)
+            for och in change.added:
+                self._outputs[och.channel] = och
+                self._owner[och.channel] = inst
+        for name in plan.instances:
+            if placement[name] == self.host_id and name not in self.by_name:
+                self._add_instance(build_instance(plan, name, self.config, self.host_id))
+
+    def _add_instance(self, inst: OperatorInstance) -> None:
+        self.instances.append(inst)
+        self.by_name[inst.name] = inst
+        inst.control.ended_senders = self.ended_peers
+        for ch in inst.inputs:
+            self._inputs[ch.channel] = (inst, ch)
+        for och in inst.output_channels():
+            self._outputs[och.channel] = och
+            self._owner[och.channel] = inst
+        self._candidates[inst] = None
 
     # -- inputs from other hosts -----------------------------------------------------
 

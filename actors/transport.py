@@ -35,22 +35,30 @@ class Transport:
         self._in_flight: list[tuple[int, Any]] = []
         self._last_check = time.monotonic()
         self.calls = 0
+        self.forgotten: set[int] = set()
+
+    def forget(self, host_ids: list[int]) -> None:
+        """Retired hosts: nothing is sent to them any more (only credit and notices could be)."""
+        self.forgotten.update(host_ids)
+        for host in host_ids:
+            self.peers.pop(host, None)
+        self._in_flight = [(h, ref) for h, ref in self._in_flight if h not in self.forgotten]
 
     def send(self, outbox: Outbox) -> None:
-        for host, envelopes in outbox.envelopes.items():
+        for host, envelopes in self._live(outbox.envelopes):
             self._track(host, self.peers[host].deliver.remote(envelopes))
-        for host, grants in outbox.grants.items():
+        for host, grants in self._live(outbox.grants):
             self._track(host, self.peers[host].grant.remote(grants))
-        for host, extra in outbox.extra.items():
+        for host, extra in self._live(outbox.extra):
             self._track(host, self.peers[host].deliver_extra.remote(extra))
-        for host, names in outbox.ended.items():
+        for host, names in self._live(outbox.ended):
             self._track(host, self.peers[host].peer_ended.remote(names))
         control = outbox.control
-        for host, relays in control.relays.items():
+        for host, relays in self._live(control.relays):
             self._track(host, self.peers[host].relay.remote(relays))
-        for host, injections in control.injections.items():
+        for host, injections in self._live(control.injections):
             self._track(host, self.peers[host].inject.remote(injections))
-        for host, collects in control.collects.items():
+        for host, collects in self._live(control.collects):
             self._track(host, self.peers[host].collect.remote(collects))
         by_origin: dict[str, list] = {}
         for ret in control.returns:
@@ -59,6 +67,9 @@ class Transport:
             handle = self.controllers.get(origin)
             if handle is not None:  # a controller that is gone has no op to return to
                 handle.op_returned.remote(rets)
+
+    def _live(self, table: dict[int, Any]) -> list[tuple[int, Any]]:
+        return [(h, items) for h, items in table.items() if h not in self.forgotten]
 
     def _track(self, host: int, ref: Any) -> None:
         self.calls += 1

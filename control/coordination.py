@@ -201,8 +201,11 @@ class OpCoordinator:
         done, self._finished = self._finished, []
         return done
 
-    def start(self, op: Any, op_id: str | None = None) -> ControlMessage:
+    def start(self, op: Any, op_id: str | None = None, view: Any = None) -> ControlMessage:
         """Run ``op.on_init`` and build its message (``seq`` is set by the injector).
+
+        ``view`` overrides the topology for this op only (a rescale step sees
+        the old and the new instances).
 
         Raises:
             TypeError / ValueError: the op is not a ControlOp or its extra edges are invalid.
@@ -214,9 +217,10 @@ class OpCoordinator:
         op_id = op_id or f"{self.name}:{next(self._ids)}:{op.kind}"
         if op_id in self.runs:
             raise ValueError(f"control op id {op_id!r} is already in use")
-        configs = Configs(op.on_init(self.view) or {}, op.default_config())
-        extra = check_extra_edges(op_id, op.extra_edges(self.view), self.view)
-        run = OpRun(op, op_id, self.view, self.view.sinks)
+        view = view or self.view
+        configs = Configs(op.on_init(view) or {}, op.default_config())
+        extra = check_extra_edges(op_id, op.extra_edges(view), view)
+        run = OpRun(op, op_id, view, view.sinks)
         self.runs[op_id] = run
         self.running[op_id] = run
         run.sinks_finished(self.finished_sinks)

@@ -31,7 +31,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import hashlib
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -65,13 +65,13 @@ class Assignment:
     planner: str
 
 
-def migration_bytes(old: Sequence[int], new: Sequence[int], sizes: Sequence[float]) -> int:
+def migration_bytes(old: Sequence[int], new: Sequence[int], sizes: Any) -> int:
     """Bytes of state that move when ``old`` becomes ``new``."""
     o, n = np.asarray(old), np.asarray(new)
     return int(np.asarray(sizes, dtype=np.float64)[o != n].sum())
 
 
-def max_load_ratio(table: Sequence[int], loads: Sequence[float], parallelism: int) -> float:
+def max_load_ratio(table: Sequence[int], loads: Any, parallelism: int) -> float:
     """The heaviest instance's load divided by the mean (0 with no load)."""
     w = np.asarray(loads, dtype=np.float64)
     total = w.sum()

@@ -11,7 +11,10 @@ channel sees control messages in one order.
 
 Expected inputs of an op at an instance: its data input channels that have
 not ended, the controller (for a source), and the senders of the op's extra
-edges that point at it. Only the owning instance touches a processor.
+edges that point at it. A channel added by a rescale *joins* with the op that
+activates it (:meth:`ControlProcessor.join`): that op and every later one
+expect it, earlier ones do not (its sender never sees them). Only the owning
+instance touches a processor.
 """
 
 from __future__ import annotations
@@ -102,6 +105,11 @@ class ControlProcessor:
         self.ended_senders: set = set()  # instances that finished (shared by the host): no extra edges from them
         self._blocking: dict[Hashable, int] = {}  # input -> pending blocking ops that hold it
         self._changes: list[tuple[Hashable, bool]] = []
+        self._joins: dict[str, list[Hashable]] = {}
+
+    def join(self, op_id: str, channels: Iterable[Hashable]) -> None:
+        """New input ``channels`` take part in op ``op_id`` (activated by it) and every later op."""
+        self._joins.setdefault(op_id, []).extend(channels)
 
     def expected(self, message: ControlMessage) -> frozenset:
         """The inputs ``message`` must arrive on at this instance."""
@@ -117,6 +125,7 @@ class ControlProcessor:
         """``message`` arrived on input ``source``; return the ops that completed, in order."""
         pending = self._pending.get(message.op_id)
         if pending is None:
+            self.inputs.extend(self._joins.pop(message.op_id, ()))
             handler = message.op.Instance(message.op, message.configs.get(self.instance))
             kind = WaitingForFirst if message.blocking else Tracking
             pending = _Pending(message, handler, kind(self.expected(message)))

@@ -1,0 +1,205 @@
+"""migrate.py: ``MigrateBins``, one step of a live rescale or migration: move some key bins.
+
+The op travels over the meta-topology G' (the data graph plus an extra edge
+from each old owner to each new owner of a moving bin; Chi's Algorithm 1):
+
+* every instance with a hash edge into the operator switches that edge's
+  bin table to the new one in ``on_complete``, just before it forwards the
+  message, so on each channel the records before the message follow the old
+  table and those after it the new one;
+* an old owner, once the message has arrived on all its inputs (no record of
+  a moving bin can reach it any more), splits the moving bins off its state
+  and attaches them for their new owners along the extra edges;
+* a new owner installs the bins it receives.
+
+Blocking (``all_at_once``, ``batched``, ``fluid``): the new owner's inputs are
+held from the message's arrival until the bins are installed, like any
+blocking op. Non-blocking (``non_disruptive``, Spacker's protocol): nothing is
+held; the new owner buffers only the records of the bins it is waiting for
+and replays them, in arrival order, the moment their state is installed;
+records of every other bin never wait.
+
+A step may also change the operator's instance set (scale-out, scale-in): the
+runtime registers channel changes under the op's id before injecting it, and
+applies them at each instance when the op passes (``actors/topology.py``).
+
+Replication (Spacker's third knob): an old owner that replicated a bin to the
+new owner's host ahead of time (``ReplicateBins``) sends only a marker when
+the bin has not changed since (its version is the replica's); the new owner
+reloads the replica instead.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Iterable, Mapping
+
+from ..message import InstanceId
+from ..op import ControlOp, InstanceHandler
+
+__all__ = ["MigrateBins", "ReplicateBins", "bins_payload_size"]
+
+
+def bins_payload_size(bins: Mapping[int, Any]) -> int:
+    return sum(len(v) for v in bins.values() if isinstance(v, (bytes, bytearray)))
+
+
+class MigrateBins(ControlOp):
+    """Move ``moves`` (bin -> (old instance index, new instance index)) of keyed ``operator``.
+
+    Args:
+        operator: the keyed operator.
+        table: the bin table after this step.
+        moves: the bins this step moves.
+        blocking: aligned (True) or Spacker's non-disruptive protocol (False).
+        key: the operator's key column (for buffering at new owners).
+        replicas: (bin -> version) of replicas the new owners' hosts hold, from ``ReplicateBins``.
+        timeout_s: the op's timeout.
+
+    Its result: {"bins": bins moved, "bytes": bytes moved, "reloaded": bins reloaded from replicas}.
+    """
+
+    acks: dict[InstanceId, Any]  # filled at the controller as old owners acknowledge
+
+    def __init__(self, operator: str, table: list[int] | None, moves: Mapping[int, tuple[int, int]],
+                 blocking: bool = True, key: str | None = None,
+                 replicas: Mapping[int, int] | None = None, timeout_s: float | None = 120.0):
+        super().__init__()
+        self.operator = operator
+        self.table = list(table) if table is not None else None
+        self.moves = {int(b): (int(o), int(n)) for b, (o, n) in moves.items()}
+        self.blocking = blocking
+        self.key = key
+        self.replicas = dict(replicas or {})
+        self.timeout_s = timeout_s
+        self.started = time.monotonic()
+
+    @property
+    def kind(self) -> str:
+        return "MigrateBins" if self.blocking else "MigrateBinsNonBlocking"
+
+    def _pairs(self) -> dict[tuple[int, int], list[int]]:
+        pairs: dict[tuple[int, int], list[int]] = {}
+        for b, (old, new) in sorted(self.moves.items()):
+            pairs.setdefault((old, new), []).append(b)
+        return pairs
+
+    def on_init(self, ctx: Any) -> dict[InstanceId, Any]:
+        if self.operator not in ctx.operators:
+            raise ValueError(f"MigrateBins: unknown operator {self.operator!r}")
+        configs: dict[InstanceId, Any] = {}
+        for (old, new), bins in self._pairs().items():
+            send = configs.setdefault((self.operator, old), {"send": {}, "receive": []})
+            send["send"].setdefault((self.operator, new), []).extend(bins)
+            receive = configs.setdefault((self.operator, new), {"send": {}, "receive": []})
+            receive["receive"].extend(bins)
+        return configs
+
+    def extra_edges(self, ctx: Any) -> Iterable[tuple[InstanceId, InstanceId]]:
+        return [((self.operator, old), (self.operator, new)) for old, new in self._pairs()]
+
+    def expected_acks(self, ctx: Any) -> set[InstanceId]:
+        return {(self.operator, old) for old, _ in self._pairs()}
+
+    class Instance(InstanceHandler):
+        def on_begin(self, ctx: Any) -> None:
+            op: MigrateBins = self.op  # type: ignore[assignment]
+            if not op.blocking and self.config and self.config["receive"]:
+                ctx.hold_bins(self.config["receive"], op.key)
+
+        def on_next(self, ctx: Any, payload: Any, sender: Any) -> None:
+            if not (isinstance(payload, dict) and "bins" in payload and self.config):
+                return
+            op: MigrateBins = self.op  # type: ignore[assignment]
+            bins = dict(payload["bins"])
+            reloaded = [b for b, v in bins.items() if v is None]
+            if reloaded:
+                bins.update(ctx.take_replicas(op.operator, reloaded))
+            ctx.state.install_bins(bins)
+            if not op.blocking:
+                ctx.release_bins(list(bins))
+
+        def on_complete(self, ctx: Any) -> None:
+            op: MigrateBins = self.op  # type: ignore[assignment]
+            if op.table is not None:
+                ctx.set_bin_table(op.operator, op.table)
+            if not self.config or not self.config["send"]:
+                return
+            state = ctx.state
+            sent = nbytes = reloaded = 0
+            for target, bins in self.config["send"].items():
+                current = [b for b in bins if op.replicas.get(b) == state.version(b)]
+                payload = state.extract_bins(bins)
+                for b in current:  # the new owner's host holds this version: send a marker only
+                    payload[b] = None
+                ctx.attach(target, {"bins": payload})
+                sent += len(bins)
+                reloaded += len(current)
+                nbytes += bins_payload_size(payload)
+            ctx.ack({"bins": sent, "bytes": nbytes, "reloaded": reloaded})
+
+    def on_complete(self, ctx: Any) -> dict[str, int]:
+        acks = [a for a in self.acks.values() if a]
+        return {"bins": sum(a["bins"] for a in acks), "bytes": sum(a["bytes"] for a in acks),
+                "reloaded": sum(a["reloaded"] for a in acks)}
+
+
+class ReplicateBins(ControlOp):
+    """Copy bins ahead of a migration to the hosts of their likely new owners (non-blocking).
+
+    Each old owner snapshots the named bins in ``on_complete`` and attaches the
+    copies, with their versions, for the new owner, whose host keeps them as
+    replicas. The result maps bin -> replicated version (``MigrateBins.replicas``).
+    """
+
+    blocking = False
+    acks: dict[InstanceId, Any]
+
+    def __init__(self, operator: str, moves: Mapping[int, tuple[int, int]], timeout_s: float | None = 120.0):
+        super().__init__()
+        self.operator = operator
+        self.moves = {int(b): (int(o), int(n)) for b, (o, n) in moves.items()}
+        self.timeout_s = timeout_s
+
+    def _pairs(self) -> dict[tuple[int, int], list[int]]:
+        pairs: dict[tuple[int, int], list[int]] = {}
+        for b, (old, new) in sorted(self.moves.items()):
+            pairs.setdefault((old, new), []).append(b)
+        return pairs
+
+    def on_init(self, ctx: Any) -> dict[InstanceId, Any]:
+        configs: dict[InstanceId, Any] = {}
+        for (old, new), bins in self._pairs().items():
+            configs.setdefault((self.operator, old), {}).setdefault((self.operator, new), []).extend(bins)
+        return configs
+
+    def extra_edges(self, ctx: Any) -> Iterable[tuple[InstanceId, InstanceId]]:
+        return [((self.operator, old), (self.operator, new)) for old, new in self._pairs()]
+
+    def expected_acks(self, ctx: Any) -> set[InstanceId]:
+        return {(self.operator, new) for _, new in self._pairs()}
+
+    class Instance(InstanceHandler):
+        received: dict[int, int] | None = None
+
+        def on_next(self, ctx: Any, payload: Any, sender: Any) -> None:
+            if isinstance(payload, dict) and "replicas" in payload:
+                op: ReplicateBins = self.op  # type: ignore[assignment]
+                ctx.keep_replicas(op.operator, payload["replicas"])
+                self.received = {**(self.received or {}), **{b: v for b, (v, _) in payload["replicas"].items()}}
+
+        def on_complete(self, ctx: Any) -> None:
+            if self.received is not None:
+                ctx.ack(self.received)
+            if not self.config:
+                return
+            state = ctx.state
+            for target, bins in self.config.items():
+                ctx.attach(target, {"replicas": {b: (state.version(b), data)
+                                                 for b, data in state.snapshot_bins(bins).items()}})
+
+    def on_complete(self, ctx: Any) -> dict[int, int]:
+        versions: dict[int, int] = {}
+        for ack in self.acks.values():
+            versions.update(ack or {})
+        return versions
