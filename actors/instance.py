@@ -127,7 +127,9 @@ class OperatorInstance:
         self.backpressured_s = 0.0
         self.busy_s = 0.0
         self.records_in = self.records_out = self.batches_in = self.batches_out = 0
-        self.pending_changes: dict[str, "InstanceChange"] = {}  # op id -> topology change it activates
+        self.pending_changes: dict[str, "InstanceChange"] = {}
+        self.closed_outputs: list[OutputChannel] = []
+        self.extra_ops_sent: set[str] = set()  # ops sent along extra edges (told with the end notice)  # closed by a rescale, to flush once more  # op id -> topology change it activates
         self.replicas: dict[tuple[str, int], tuple[int, bytes]] = {}  # (operator, bin) -> (version, state)
         self._held_mask: np.ndarray | None = None  # bins whose records wait for their state (migration)
         self._held_key: str | None = None
@@ -328,14 +330,15 @@ class OperatorInstance:
             if tuple(src) == self.name:
                 target = instance_id(dst)
                 self.extra_sends.append((target, message.hop(self.name, c.payload_for(target))))
+                self.extra_ops_sent.add(message.op_id)
         if not self.outputs:
             payload = {self.name: c.payload_for(CONTROLLER)}
             self.returns.append(ControlReturn(message.op_id, (self.name,), payload, message.origin, message.op))
 
-    def sender_ended(self, name: InstanceId) -> None:
-        """Instance ``name`` finished: it will send nothing more along extra edges."""
+    def sender_ended(self, name: InstanceId, sent: frozenset = frozenset()) -> None:
+        """Instance ``name`` finished: it sends nothing along extra edges but the ops in ``sent``."""
         if not self.finished:
-            self._complete_ops(self._call(self.control.input_ended, extra_input(name), self.ctx))
+            self._complete_ops(self._call(self.control.input_ended, extra_input(name), self.ctx, sent))
 
     def inject(self, message: ControlMessage) -> None:
         """A control message from the controller (sources only), placed by its global sequence."""

@@ -38,6 +38,7 @@ from .instance import InstanceStatistics
 from .mailbox import control_trees
 from .ophandle import OpHandle
 from .placement import place
+from .rescale import RescaleHandle, start_rescale
 from .restore import RestoreInfo
 from .storage import CheckpointError, CheckpointStorage
 from .supervisor import Deployment, Supervisor
@@ -164,14 +165,19 @@ def submit(flow: Dataflow, *, config: JobConfig | None = None, restore_from: str
     broadcast, _ = control_trees(plan, placement, config.control_fanout)
     sink_instances = [i for i in plan.instances if plan.graph.nodes[i[0]].kind is OperatorKind.SINK]
 
+    deployment.plan = plan
+
     def make_controller() -> Any:
         first = max(storage.checkpoint_ids(), default=0) + 1
         return JobController.remote(  # type: ignore[attr-defined]
-            flow.name, sink_instances, config, view, broadcast, placement, storage, sinks, first)
+            flow.name, sink_instances, config, job_view(flow.name, deployment.plan), broadcast,
+            deployment.placement, storage, sinks, first)
 
     controller = make_controller()
     job = Job(flow.name, plan, controller, [], view)
     job._own_dir = root if own_dir else None
+    job._placement = dict(placement)
+    job._host_ids = list(range(num_hosts))
     try:
         job._hosts = deployment.start_hosts(controller, restore, 0)
         ray.get(controller.start.remote(job._hosts, 0))
@@ -209,6 +215,10 @@ class Job:
         self._own_dir: str | None = None
         self._deployment: Deployment | None = None
         self._supervisor: Supervisor | None = None
+        self._placement: dict[tuple[str, int], int] = {}
+        self._host_ids: list[int] = []
+        self._incarnation = 0
+        self._rescaling: set[str] = set()
         self.started_at = time.time()
 
     @property
@@ -333,17 +343,18 @@ class Job:
 
     # -- control operations ----------------------------------------------------------
 
-    def run_control(self, op: Any, controller: str | None = None) -> OpHandle:
+    def run_control(self, op: Any, controller: str | None = None, op_id: str | None = None) -> OpHandle:
         """Start a control op on the running job.
 
         Args:
             op: a ``control.ControlOp``.
             controller: the name of a side controller (``add_controller``) to run it; default the job's.
+            op_id: the op's id (default: a fresh unique one).
 
         Returns:
             A handle: ``result(timeout)`` waits for the op's result.
         """
-        op_id = f"{controller or 'controller'}:{uuid.uuid4().hex[:12]}:{type(op).__name__}"
+        op_id = op_id or f"{controller or 'controller'}:{uuid.uuid4().hex[:12]}:{type(op).__name__}"
         handle = self._controller if controller is None else self._side_controller(controller)
         handle.run_op.remote(op, op_id)  # no round trip: result() waits for it
         return OpHandle(op_id, handle, getattr(op, "timeout_s", None))
@@ -360,6 +371,44 @@ class Job:
         if name not in self._side:
             raise ValueError(f"job {self.name!r} has no controller {name!r}; add it with add_controller()")
         return self._side[name]
+
+    def rescale(self, operator: str, parallelism: int, strategy: str = "all_at_once", planner: str = "ssm",
+                **knobs: Any) -> RescaleHandle:
+        """Change an operator's parallelism while the job runs; no record is lost or processed twice.
+
+        Args:
+            operator: a keyed or stateless operator (not a source or sink).
+            parallelism: the new number of instances (>= 1).
+            strategy: "all_at_once" (one blocking step), "batched" (``chunk_bins`` per
+                step), "fluid" (one bin per step) or "non_disruptive" (non-blocking steps;
+                only records of moving bins wait for their state).
+            planner: "ssm" (minimum bytes moved within load bound ``theta``),
+                "round_robin" or "consistent_hash".
+            **knobs: ``chunk_bins``, ``chunks``, ``priority`` ("hot_first", "arrival",
+                "random"), ``replicate`` (non_disruptive), ``gap_s``, ``theta``, ``seed``,
+                ``step_timeout_s``.
+
+        Returns:
+            A handle: ``progress()`` and ``result(timeout)``.
+
+        Raises:
+            ValueError / TypeError: an unknown operator, strategy, planner or knob, a
+                parallelism < 1, a source or sink, a keyed strategy for a stateless operator.
+            RescaleError: another rescale of the operator is running, or the job ended.
+        """
+        return start_rescale(self, operator, parallelism, strategy, planner, None, knobs)
+
+    def migrate(self, operator: str, assignment: list[int], strategy: str = "all_at_once",
+                **knobs: Any) -> RescaleHandle:
+        """Move bins among the existing instances of a keyed operator (load balancing).
+
+        Args:
+            assignment: the new bin -> instance table (one entry per bin).
+            strategy, knobs: as for :meth:`rescale`.
+        """
+        node = self.plan.graph.nodes.get(operator)
+        parallelism = node.parallelism if node is not None else None
+        return start_rescale(self, operator, parallelism, strategy, "ssm", list(assignment), knobs)  # type: ignore[arg-type]
 
     def checkpoint(self, timeout: float | None = 120.0) -> int:
         """Take an aligned, durable checkpoint now; returns its id once committed.

@@ -27,7 +27,7 @@ from operators.logic import InstanceInfo
 from .channel import InputChannel, OutputChannel
 from .config import JobConfig
 from .instance import InstanceStatistics, OperatorFailure, OperatorInstance
-from .messages import Envelope, Grant
+from .messages import End, Envelope, Grant
 from .relay import RelayOutput, RelayTable
 from .restore import RestoreInfo
 from .router import make_router
@@ -49,7 +49,8 @@ class Outbox:
         default_factory=lambda: collections.defaultdict(list))
     control: RelayOutput = dataclasses.field(default_factory=RelayOutput)
     acks: list[tuple[str, str, InstanceId, Any, bool]] = dataclasses.field(default_factory=list)
-    ended: dict[int, list[InstanceId]] = dataclasses.field(default_factory=lambda: collections.defaultdict(list))
+    ended: dict[int, list[tuple[InstanceId, list[str]]]] = dataclasses.field(
+        default_factory=lambda: collections.defaultdict(list))
 
     def __bool__(self) -> bool:
         return (bool(self.envelopes) or bool(self.grants) or bool(self.extra) or bool(self.control)
@@ -144,7 +145,7 @@ class HostCore:
         self._candidates: dict[OperatorInstance, None] = dict.fromkeys(self.instances)
         self._timers: list[tuple[float, int, OperatorInstance]] = []
         self._timer_seq = itertools.count()
-        self.ended_peers: set[InstanceId] = set()
+        self.ended_peers: dict[InstanceId, frozenset] = {}  # finished instance -> ops it sent on extra edges
         for inst in self.instances:
             inst.control.ended_senders = self.ended_peers
         self.outbox = Outbox()
@@ -160,17 +161,23 @@ class HostCore:
         registers each existing instance's channel changes with it.
         """
         self.placement.update(placement)
+        fresh = {i for i in plan.instances if i not in self.by_name}
+        for name in fresh:  # a name retired earlier may come back
+            self.ended_peers.pop(name, None)
         for c in plan.channels:
             self._dst_host[c.channel_id] = placement[c.dst]
             self._src_host[c.channel_id] = placement[c.src]
         for inst in list(self.instances):
-            if inst.finished:
-                continue
             change = plan_instance_change(inst, plan, self.config.channel_capacity,
                                           self.config.channel_capacity_bytes)
             if change is None:
                 continue
-            inst.prepare_change(op_id, change)
+            if inst.finished:  # it ended before the change: its new channels end at once
+                for och in change.added:
+                    och.enqueue(End())
+                    self._dirty.add(och.channel)
+            else:
+                inst.prepare_change(op_id, change)
             for ich in change.inputs:
                 self._inputs[ich.channel] = (inst, ich)
             for och in change.added:
@@ -233,15 +240,16 @@ class HostCore:
             inst.extra_inbox.append(message)
             self._candidates[inst] = None
 
-    def peer_ended(self, names: Iterable[InstanceId]) -> None:
-        """Instances elsewhere finished: ops here stop expecting extra-edge messages from them."""
-        names = [instance_id(n) for n in names]
-        self.ended_peers.update(names)  # ops that arrive later will not expect them
+    def peer_ended(self, ended: Iterable[tuple[InstanceId, Iterable[str]]]) -> None:
+        """Instances elsewhere finished: ops here stop expecting extra-edge messages from them,
+        but for the ops each sent before it finished (those messages may still be on their way)."""
+        items = [(instance_id(name), frozenset(sent)) for name, sent in ended]
+        self.ended_peers.update(items)  # ops that arrive later will not expect them
         for inst in self.instances:
             if not inst.control.pending_ops:
                 continue
-            for name in names:
-                inst.sender_ended(name)
+            for name, sent in items:
+                inst.sender_ended(name, sent)
             self._dirty.update(ch.channel for ch in inst.output_channels())
             self._candidates[inst] = None
             if inst.extra_sends or inst.returns:
@@ -251,8 +259,8 @@ class HostCore:
     def _announce_end(self, inst: OperatorInstance) -> None:
         for host in set(self.placement.values()):
             if host != self.host_id:
-                self.outbox.ended[host].append(inst.name)
-        self.peer_ended([inst.name])
+                self.outbox.ended[host].append((inst.name, sorted(inst.extra_ops_sent)))
+        self.peer_ended([(inst.name, inst.extra_ops_sent)])
 
     def _take_relay_output(self) -> None:
         out = self.relays.take_output()
@@ -311,6 +319,9 @@ class HostCore:
             grants = inst.step()
             self._return_credit(grants)
             self._dirty.update(ch.channel for ch in inst.output_channels())
+            if inst.closed_outputs:
+                self._dirty.update(ch.channel for ch in inst.closed_outputs)
+                inst.closed_outputs.clear()
             newly_finished = inst.finished and id(inst) not in self._reported
             if newly_finished:
                 self._reported.add(id(inst))

@@ -45,6 +45,8 @@ class Deployment:
         plan_ref: the physical plan in the object store.
         placement: instance -> host id.
         num_hosts: how many hosts.
+        host_ids: the ids of the hosts (0..num_hosts-1 at first; a rescale adds and retires ids).
+        plan: the physical plan (``plan_ref`` holds it in the object store).
         config: the runtime options.
         storage: the checkpoint storage (or None).
         sinks: sink operator name -> its (bound) ``Sink``.
@@ -59,16 +61,31 @@ class Deployment:
         self.config = config
         self.storage = storage
         self.sinks = sinks
+        self.host_ids = list(range(num_hosts))
+        self.plan: Any = None
 
-    def start_hosts(self, controller: Any, restore: RestoreInfo | None, incarnation: int) -> list[Any]:
-        """Create, set up and start every host; raises a user constructor's error."""
+    def update(self, plan: Any, placement: dict, host_ids: list[int]) -> None:
+        """A rescale step completed: recoveries from now on deploy this topology."""
+        self.plan = plan
+        self.plan_ref = ray.put(plan)
+        self.placement = dict(placement)
+        self.host_ids = sorted(host_ids)
+        self.num_hosts = len(self.host_ids)
+
+    def new_hosts(self, host_ids: list[int]) -> list[Any]:
+        """Host actors (not yet set up) with these ids."""
         config = self.config
         opts = {"num_cpus": config.host_num_cpus, "resources": config.host_resources or None,
                 "max_concurrency": 1000, **config.host_options}
-        hosts = [OperatorHost.options(**opts).remote(i, self.name)  # type: ignore[attr-defined]
-                 for i in range(self.num_hosts)]
+        return [OperatorHost.options(**opts).remote(i, self.name)  # type: ignore[attr-defined]
+                for i in host_ids]
+
+    def start_hosts(self, controller: Any, restore: RestoreInfo | None, incarnation: int) -> list[Any]:
+        """Create, set up and start every host (in ``host_ids`` order); raises a user constructor's error."""
+        config = self.config
+        hosts = self.new_hosts(self.host_ids)
         try:
-            peers = dict(enumerate(hosts))
+            peers = dict(zip(self.host_ids, hosts))
             try:
                 errors = ray.get([h.setup.remote(self.plan_ref, self.placement, config, peers, controller,
                                                  restore, incarnation) for h in hosts],
@@ -169,8 +186,11 @@ class Supervisor(threading.Thread):
         hosts = dep.start_hosts(controller, restore, self.incarnation)
         with self.job._lock:
             self.job._hosts = hosts
+            self.job._host_ids = list(dep.host_ids)
+            self.job._placement = dict(dep.placement)
+            self.job._incarnation = self.incarnation
         checkpoint_id = restore.checkpoint_id if restore is not None else None
-        ray.get(controller.resume.remote(hosts, self.incarnation, checkpoint_id, time.monotonic() - started))
+        ray.get(controller.resume.remote(dict(zip(dep.host_ids, hosts)), self.incarnation, checkpoint_id, time.monotonic() - started))
         ray.get([h.start.remote() for h in hosts])
         log.warning("job %s recovered from %s in %.2f s", dep.name,
                     f"checkpoint {checkpoint_id}" if checkpoint_id else "the start", time.monotonic() - started)

@@ -76,6 +76,7 @@ class InstanceChange:
 
         for ch in self.removed:
             ch.enqueue(End())
+            inst.closed_outputs.append(ch)  # no longer the instance's, but the host still flushes it
         inst.outputs = [list(chs) for chs in self.outputs]
         inst.targets = [list(ts) for ts in self.targets]
         node = self.plan.graph.nodes[inst.info.operator]
@@ -93,6 +94,8 @@ def plan_instance_change(inst: "OperatorInstance", plan: PhysicalPlan, capacity:
                          capacity_bytes: int) -> InstanceChange | None:
     """The change ``plan`` brings to existing instance ``inst`` (None if its channels stay)."""
     name = inst.name
+    if name not in set(plan.instances):
+        return None  # retiring: it keeps its channels and ends once every input ended
     current = {ch.channel: ch for ch in inst.output_channels()}
     outputs: list[list[OutputChannel]] = []
     targets: list[list[InstanceId]] = []

@@ -23,7 +23,7 @@ import dataclasses
 from typing import Any, Hashable, Iterable
 
 from .alignment import AlignmentState, WaitingForFirst
-from .message import CONTROLLER, ControlMessage, InstanceId
+from .message import CONTROLLER, ControlMessage, InstanceId, instance_id
 from .tracker import Tracking
 
 __all__ = ["ControlProcessor", "Completion", "extra_input"]
@@ -102,7 +102,8 @@ class ControlProcessor:
         self.ended: set[Hashable] = set()
         self._pending: dict[str, _Pending] = {}
         self.completed = 0
-        self.ended_senders: set = set()  # instances that finished (shared by the host): no extra edges from them
+        # Instances that finished (shared by the host) -> the ops they sent along extra edges before.
+        self.ended_senders: dict[InstanceId, frozenset] = {}
         self._blocking: dict[Hashable, int] = {}  # input -> pending blocking ops that hold it
         self._changes: list[tuple[Hashable, bool]] = []
         self._joins: dict[str, list[Hashable]] = {}
@@ -111,14 +112,18 @@ class ControlProcessor:
         """New input ``channels`` take part in op ``op_id`` (activated by it) and every later op."""
         self._joins.setdefault(op_id, []).extend(channels)
 
+    def _may_send(self, sender: InstanceId, op_id: str) -> bool:
+        """Whether extra-edge sender ``sender`` has sent or will send op ``op_id``."""
+        sent = self.ended_senders.get(sender)
+        return sent is None or op_id in sent
+
     def expected(self, message: ControlMessage) -> frozenset:
         """The inputs ``message`` must arrive on at this instance."""
         exp: set[Hashable] = {ch for ch in self.inputs if ch not in self.ended}
         if self.is_source:
             exp.add(CONTROLLER)
         exp.update(extra_input(src) for src, dst in message.extra_edges
-                   if tuple(dst) == self.instance and extra_input(src) not in self.ended
-                   and tuple(src) not in self.ended_senders)
+                   if tuple(dst) == self.instance and self._may_send(instance_id(src), message.op_id))
         return frozenset(exp)
 
     def arrive(self, message: ControlMessage, source: Hashable, ctx: Any) -> list[Completion]:
@@ -133,7 +138,8 @@ class ControlProcessor:
             handler.on_begin(ctx)
         pending.handler.on_next(ctx, message.payload, message.sender)
         if source not in pending.state.expected and (
-                source in self.ended or (isinstance(message.sender, tuple) and message.sender in self.ended_senders)):
+                source in self.ended or (isinstance(message.sender, tuple)
+                                         and not self._may_send(message.sender, message.op_id))):
             return self._release(ctx)  # its sender ended meanwhile; the notice overtook this message
         pending.state = pending.state.arrive(source)
         if message.blocking:
@@ -159,12 +165,15 @@ class ControlProcessor:
         changes, self._changes = self._changes, []
         return changes
 
-    def input_ended(self, channel: Hashable, ctx: Any) -> list[Completion]:
+    def input_ended(self, channel: Hashable, ctx: Any, sent: frozenset = frozenset()) -> list[Completion]:
         """Input ``channel`` ended (a data channel's ``End``, or an extra-edge sender that finished):
-        ops still waiting on it stop expecting it."""
-        self.ended.add(channel)
+        ops still waiting on it stop expecting it, except the ops in ``sent``, which an extra-edge
+        sender sent before it finished (the end notice may overtake them)."""
+        if not (isinstance(channel, tuple) and channel and channel[0] == "extra"):
+            self.ended.add(channel)
         for pending in self._pending.values():
-            pending.state = pending.state.input_ended(channel)
+            if pending.message.op_id not in sent:
+                pending.state = pending.state.input_ended(channel)
         return self._release(ctx)
 
     def _release(self, ctx: Any) -> list[Completion]:

@@ -30,6 +30,7 @@ class MonitorResult:
         instances: instance -> its metrics dict.
         operators: operator -> sums of the numeric metrics over its instances.
         bin_loads: keyed operator -> records routed to each bin (a NumPy array), summed over senders.
+        bin_bytes: keyed operator -> state bytes of each bin (a NumPy array).
         taken_at: ``time.time()`` at completion.
     """
 
@@ -37,6 +38,7 @@ class MonitorResult:
     operators: dict[str, dict[str, float]]
     bin_loads: dict[str, np.ndarray]
     taken_at: float
+    bin_bytes: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
 
 
 def instance_metrics(ctx: Any) -> dict[str, Any]:
@@ -55,6 +57,7 @@ def instance_metrics(ctx: Any) -> dict[str, Any]:
         out["state_bytes"] = int(sum(sizes.values()))
         out["keys"] = int(sum(counts.values()))
         out["keys_per_bin"] = counts
+        out["bytes_per_bin"] = sizes
     loads = {}
     for router in ctx.routers:
         counts = getattr(router, "bin_counts", None)
@@ -99,4 +102,13 @@ class Monitor(ControlOp):
                     totals[name] = totals.get(name, 0) + value
             for target, counts in metrics.get("routed_bin_counts", {}).items():
                 loads[target] = loads.get(target, 0) + counts
-        return MonitorResult(instances, operators, loads, time.time())
+        sizes: dict[str, np.ndarray] = {}
+        for (op, _), metrics in instances.items():
+            per_bin = metrics.get("bytes_per_bin")
+            if per_bin:
+                arr = sizes.setdefault(op, np.zeros(max(len(loads.get(op, ())), max(per_bin) + 1), dtype=np.int64))
+                if len(arr) <= max(per_bin):
+                    arr = sizes[op] = np.concatenate([arr, np.zeros(max(per_bin) + 1 - len(arr), dtype=np.int64)])
+                for b, n in per_bin.items():
+                    arr[b] += n
+        return MonitorResult(instances, operators, loads, time.time(), sizes)

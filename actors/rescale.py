@@ -1,0 +1,437 @@
+"""rescale.py: live rescale and bin migration of a running job, driven from the driver.
+
+``Job.rescale(operator, parallelism, strategy=..., planner=...)`` and
+``Job.migrate(operator, assignment)`` start a :class:`RescaleRun` (a thread of
+the driver, like the supervisor) and return its :class:`RescaleHandle`.
+
+A run: read per-bin load and state size in-band (``Monitor``) when the
+planner or the prioritisation needs them; plan the new table
+(``control.planning``); cut the moves into steps (the strategy); then, step
+by step, carry each out as one ``MigrateBins`` control op and wait for it:
+
+* ``all_at_once``: one blocking step moving every bin (Chi's Algorithm 1);
+* ``batched`` (``chunk_bins=k``) and ``fluid`` (k = 1): Megaphone's sequence
+  of small blocking steps, each after the previous one completed, with an
+  optional ``gap_s`` between them;
+* ``non_disruptive``: Spacker's protocol, non-blocking steps (the new owner
+  buffers only records of the bins it waits for); with ``replicate=True`` the
+  moving bins are first copied to their new owners (``ReplicateBins``) and a
+  bin unchanged since is reloaded there instead of transferred.
+
+Knobs: ``priority`` ("hot_first": the bins with most records first,
+"arrival": bin order, "random"), ``chunk_bins`` or ``chunks``
+(progressiveness), ``replicate``, ``gap_s``, ``theta`` (the planner's load
+bound), ``seed``.
+
+The topology changes with the first step of a scale-out (new instances on new
+host actors, which Ray places on any node with room) and with the last step
+of a scale-in (retiring instances end like at the end of input; their hosts
+are removed once drained). After each step the supervisor's deployment is
+updated, so a recovery restores the current topology from the last
+checkpoint (bins are re-read by the current table). A step that fails while
+the job runs rolls the job back to its last checkpoint: a half-done step
+cannot be left in place.
+
+Lifecycle of a run: ``PLANNING -> MIGRATING -> DONE | FAILED``.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+import uuid
+from typing import Any, Mapping
+
+import numpy as np
+import ray
+
+from control.oprun import OpFailedError, job_view
+from control.ops.migrate import MigrateBins, ReplicateBins
+from control.planning import Assignment, plan as plan_assignment
+from operators.graph import OperatorKind, PhysicalPlan, rescaled_plan
+
+from .ophandle import OpHandle
+
+__all__ = ["RescaleHandle", "RescaleError", "STRATEGIES", "start_rescale"]
+
+STRATEGIES = ("all_at_once", "batched", "fluid", "non_disruptive")
+KEYED_STRATEGIES = ("batched", "fluid", "non_disruptive")
+KNOBS = {"chunk_bins", "chunks", "priority", "replicate", "gap_s", "theta", "seed", "step_timeout_s"}
+PRIORITIES = ("hot_first", "arrival", "random")
+
+
+class RescaleError(RuntimeError):
+    """A rescale or migration could not be carried out (the reason says what happened to the job)."""
+
+
+def _check_knobs(strategy: str, knobs: Mapping[str, Any]) -> None:
+    unknown = sorted(set(knobs) - KNOBS)
+    if unknown:
+        raise TypeError(f"rescale: unknown options {unknown}; options: {sorted(KNOBS)}")
+    if knobs.get("priority", "hot_first") not in PRIORITIES:
+        raise ValueError(f"rescale: priority must be one of {PRIORITIES}, got {knobs['priority']!r}")
+    for name in ("chunk_bins", "chunks"):
+        value = knobs.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"rescale: {name} must be an int >= 1, got {value!r}")
+    if knobs.get("replicate") and strategy != "non_disruptive":
+        raise ValueError("rescale: replicate=True needs strategy='non_disruptive'")
+
+
+def _steps(strategy: str, moves: dict[int, tuple[int, int]], knobs: Mapping[str, Any],
+           loads: np.ndarray | None) -> list[list[int]]:
+    """Cut the moving bins into ordered chunks (prioritisation and progressiveness)."""
+    bins = sorted(moves)
+    priority = knobs.get("priority", "hot_first")
+    if priority == "hot_first" and loads is not None:
+        bins.sort(key=lambda b: -float(loads[b]))
+    elif priority == "random":
+        random.Random(knobs.get("seed", 0)).shuffle(bins)
+    if not bins:
+        return [[]]
+    if strategy == "all_at_once":
+        return [bins]
+    if strategy == "fluid":
+        size = 1
+    elif knobs.get("chunk_bins") is not None:
+        size = int(knobs["chunk_bins"])
+    elif knobs.get("chunks") is not None:
+        size = -(-len(bins) // int(knobs["chunks"]))
+    else:
+        size = 16 if strategy == "batched" else max(1, len(bins) // 8)
+    return [bins[i:i + size] for i in range(0, len(bins), size)]
+
+
+class RescaleHandle:
+    """A rescale or migration in progress.
+
+    Attributes:
+        operator: the operator.
+        strategy: the strategy.
+    """
+
+    def __init__(self, run: "RescaleRun"):
+        self._run = run
+        self.operator = run.operator
+        self.strategy = run.strategy
+
+    def progress(self) -> dict[str, Any]:
+        """{"state", "steps_done", "steps", "bins_moved", "bins", "bytes_moved", "elapsed_s", ...}."""
+        return self._run.progress()
+
+    def done(self) -> bool:
+        return not self._run.is_alive()
+
+    def result(self, timeout: float | None = None) -> dict[str, Any]:
+        """Wait for the rescale; returns its final progress.
+
+        Raises:
+            TimeoutError: still running after ``timeout``.
+            RescaleError: it failed (the message says what happened to the job).
+        """
+        self._run.join(timeout)
+        if self._run.is_alive():
+            raise TimeoutError(f"rescale of {self.operator!r} still running after {timeout} s")
+        if self._run.error is not None:
+            raise self._run.error
+        return self.progress()
+
+
+class RescaleRun(threading.Thread):
+    """Plans and carries out one rescale (see the module docstring)."""
+
+    def __init__(self, job: Any, operator: str, parallelism: int, strategy: str, planner: str,
+                 assignment: list[int] | None, knobs: Mapping[str, Any]):
+        super().__init__(name=f"chiray-rescale-{job.name}-{operator}", daemon=True)
+        self.job = job
+        self.operator = operator
+        self.parallelism = parallelism
+        self.strategy = strategy
+        self.planner = planner
+        self.assignment = assignment
+        self.knobs = dict(knobs)
+        self.error: RescaleError | None = None
+        self.state = "PLANNING"
+        self.started = time.monotonic()
+        self.finished: float | None = None
+        self.steps_total = 0
+        self.steps_done = 0
+        self.bins_total = 0
+        self.bins_moved = 0
+        self.bytes_moved = 0
+        self.reloaded = 0
+        self.predicted_bytes = 0
+        self.step_log: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+
+    def progress(self) -> dict[str, Any]:
+        with self._lock:
+            return {"operator": self.operator, "strategy": self.strategy, "state": self.state,
+                    "parallelism": self.parallelism, "steps_done": self.steps_done, "steps": self.steps_total,
+                    "bins_moved": self.bins_moved, "bins": self.bins_total, "bytes_moved": self.bytes_moved,
+                    "bins_reloaded": self.reloaded, "predicted_bytes": self.predicted_bytes,
+                    "elapsed_s": (self.finished or time.monotonic()) - self.started,
+                    "step_log": list(self.step_log)}
+
+    def run(self) -> None:
+        try:
+            self._run()
+            self.state = "DONE"
+        except RescaleError as exc:
+            self.error, self.state = exc, "FAILED"
+        except Exception as exc:  # report, never leave the caller waiting
+            error = RescaleError(f"rescale of {self.operator!r} failed: {exc!r}")
+            error.__cause__ = exc
+            self.error, self.state = error, "FAILED"
+        finally:
+            self.finished = time.monotonic()
+            self.job._rescaling.discard(self.operator)
+
+    # -- the steps -------------------------------------------------------------------
+
+    def _run(self) -> None:
+        job = self.job
+        plan: PhysicalPlan = job.plan
+        node = plan.graph.nodes[self.operator]
+        old_p = node.parallelism
+        keyed = node.kind is OperatorKind.KEYED
+        if not keyed:
+            self.steps_total = 1
+            self.state = "MIGRATING"
+            self._step(plan, rescaled_plan(plan, self.operator, self.parallelism), None, {}, last=True)
+            return
+        current = list(plan.bin_tables[self.operator])
+        loads = sizes = None
+        needs_metrics = self.planner == "ssm" or self.knobs.get("priority", "hot_first") == "hot_first"
+        if needs_metrics and self.assignment is None:
+            metrics = job.metrics(timeout=self.knobs.get("step_timeout_s", 120.0))
+            loads = metrics.bin_loads.get(self.operator)
+            sizes = metrics.bin_bytes.get(self.operator)
+            if sizes is not None and len(sizes) < len(current):
+                sizes = np.concatenate([sizes, np.zeros(len(current) - len(sizes), dtype=np.int64)])
+        if self.assignment is not None:
+            table = list(self.assignment)
+            moves = {b: (o, n) for b, (o, n) in enumerate(zip(current, table)) if o != n}
+            result = Assignment(table, moves, 0, 0.0, "given")
+        else:
+            result = plan_assignment(self.planner, current, self.parallelism,
+                                     None if loads is None else loads + 1, sizes,
+                                     theta=self.knobs.get("theta", 0.2))
+        self.predicted_bytes = result.bytes_moved
+        chunks = _steps(self.strategy, result.moves, self.knobs, loads)
+        if self.knobs.get("replicate"):
+            chunks = [[]] + chunks  # a first step without moves creates new instances; then replicate
+        self.steps_total = len(chunks) + (1 if self.knobs.get("replicate") else 0)
+        self.bins_total = len(result.moves)
+        self.state = "MIGRATING"
+        table = list(current)
+        replicas: dict[int, int] = {}
+        blocking = self.strategy != "non_disruptive"
+        for k, chunk in enumerate(chunks):
+            for b in chunk:
+                table[b] = result.table[b]
+            first, last = k == 0, k == len(chunks) - 1
+            if self.parallelism > old_p:
+                target_p = self.parallelism  # scale-out: new instances exist from the first step
+            else:
+                target_p = self.parallelism if last else old_p  # scale-in: they retire with the last
+            new_plan = rescaled_plan(job.plan, self.operator, target_p, list(table))
+            moves = {b: result.moves[b] for b in chunk}
+            op = MigrateBins(self.operator, list(table), moves, blocking, node.key, replicas,
+                             timeout_s=self.knobs.get("step_timeout_s", 120.0))
+            self._step(job.plan, new_plan, op, moves, last=last)
+            if first and self.knobs.get("replicate"):
+                replicas = self._replicate({b: result.moves[b] for c in chunks for b in c})
+            gap = self.knobs.get("gap_s", 0.0)
+            if gap and not last:
+                time.sleep(gap)  # let queues drain between steps (a pacing knob, not synchronisation)
+
+    def _replicate(self, moves: dict[int, tuple[int, int]]) -> dict[int, int]:
+        handle = self.job.run_control(ReplicateBins(self.operator, moves))
+        try:
+            versions = handle.result(self.knobs.get("step_timeout_s", 120.0))
+        except (OpFailedError, TimeoutError) as exc:
+            raise RescaleError(f"rescale of {self.operator!r}: replicating bins failed: {exc}") from exc
+        with self._lock:
+            self.steps_done += 1
+            self.step_log.append({"step": "replicate", "bins": len(versions), "elapsed_s": handle.elapsed_s})
+        return dict(versions)
+
+    def _step(self, old: PhysicalPlan, new: PhysicalPlan, op: Any, moves: dict[int, tuple[int, int]],
+              last: bool) -> None:
+        """Carry out one op; change the topology with it if ``new`` has other instances."""
+        job = self.job
+        changes_topology = set(new.instances) != set(old.instances) or any(
+            a.partition is not b.partition
+            for n in new.graph.nodes for a, b in zip(new.graph.nodes[n].inputs, old.graph.nodes[n].inputs))
+        if op is None:
+            op = MigrateBins(self.operator, None, {}, True, None, None,
+                             timeout_s=self.knobs.get("step_timeout_s", 120.0))
+        op_id = f"controller:{uuid.uuid4().hex[:12]}:{op.kind}"
+        started = time.monotonic()
+        retiring: list[int] = []
+        if changes_topology:
+            placement, added, retiring = self._place(old, new)
+            view = job_view(job.name, _union(old, new))
+            next_view = job_view(job.name, new)
+            self._prepare(op_id, new, placement, added)
+            handle = OpHandle(op_id, job._controller, op.timeout_s)
+            job._controller.run_op.remote(op, op_id, view, next_view)
+        else:
+            placement = dict(job._placement)
+            handle = job.run_control(op, op_id=op_id)
+        try:
+            result = handle.result(op.timeout_s)
+        except (OpFailedError, TimeoutError) as exc:
+            self._abandon(str(exc))
+            raise RescaleError(f"rescale of {self.operator!r} failed during a step: {exc}") from exc
+        with job._lock:
+            job.plan = new
+            job.view = job_view(job.name, new)
+            job._placement = {i: placement[i] for i in new.instances}
+            if job._deployment is not None:
+                job._deployment.update(new, {i: placement[i] for i in new.instances}, list(job._host_ids))
+        for side in job._side.values():
+            side.set_view.remote(job.view)
+        with self._lock:
+            self.steps_done += 1
+            self.bins_moved += result["bins"]
+            self.bytes_moved += result["bytes"]
+            self.reloaded += result["reloaded"]
+            self.step_log.append({"step": self.steps_done, "bins": result["bins"], "bytes": result["bytes"],
+                                  "elapsed_s": time.monotonic() - started})
+        if retiring:
+            self._retire(retiring)
+
+    def _place(self, old: PhysicalPlan, new: PhysicalPlan) -> tuple[dict, list[int], list[int]]:
+        """Placement after the change: each new instance on a new host; hosts left empty retire."""
+        job = self.job
+        placement = {i: h for i, h in job._placement.items() if i in set(new.instances)}
+        next_id = max(job._host_ids, default=-1) + 1
+        added = []
+        for inst in new.instances:
+            if inst not in placement:
+                placement[inst] = next_id
+                added.append(next_id)
+                next_id += 1
+        used = set(placement.values())
+        retiring = [h for h in job._host_ids if h not in used]
+        full = dict(job._placement)
+        full.update(placement)
+        return full, added, retiring
+
+    def _prepare(self, op_id: str, new: PhysicalPlan, placement: dict, added: list[int]) -> None:
+        """Start new hosts and have every host prepare the change (before the op is injected)."""
+        job = self.job
+        dep = job._deployment
+        fresh = dep.new_hosts(added) if added else []
+        with job._lock:
+            job._hosts = [*job._hosts, *fresh]
+            job._host_ids = [*job._host_ids, *added]
+            peers = dict(zip(job._host_ids, job._hosts))
+            incarnation = job._incarnation
+        timeout = dep.config.deploy_timeout_s
+        try:
+            new_ref = ray.put(new)
+            errors = ray.get([h.setup.remote(new_ref, placement, dep.config, peers, job._controller,
+                                             None, incarnation) for h in fresh], timeout=timeout)
+            for error in errors:
+                if error is not None:
+                    raise error
+            ray.get([h.add_controller.remote(name, side) for h in fresh for name, side in job._side.items()],
+                    timeout=timeout)
+            ray.get([h.start.remote() for h in fresh], timeout=timeout)
+            ray.get([h.prepare_change.remote(op_id, new_ref, placement, peers)
+                     for hid, h in peers.items() if hid not in added], timeout=timeout)
+            ray.get(job._controller.set_hosts.remote(peers), timeout=timeout)
+        except Exception as exc:
+            self._abandon(f"preparing the new topology failed: {exc!r}")
+            raise RescaleError(f"rescale of {self.operator!r}: could not start its new instances: {exc}") from exc
+
+    def _retire(self, host_ids: list[int]) -> None:
+        """Wait until the retired hosts drained, then remove them."""
+        job = self.job
+        with job._lock:
+            table = dict(zip(job._host_ids, job._hosts))
+        retired = [table[h] for h in host_ids if h in table]
+        deadline = time.monotonic() + 120.0
+        while retired and not all(ray.get([h.is_done.remote() for h in retired], timeout=60)):
+            if time.monotonic() > deadline:
+                raise RescaleError(f"rescale of {self.operator!r}: retired hosts {host_ids} did not drain")
+            time.sleep(0.02)
+        with job._lock:
+            keep = [(i, h) for i, h in zip(job._host_ids, job._hosts) if i not in host_ids]
+            job._host_ids = [i for i, _ in keep]
+            job._hosts = [h for _, h in keep]
+            live = dict(keep)
+        ray.get(job._controller.set_hosts.remote(live))
+        ray.get([h.forget_peers.remote(host_ids) for h in live.values()])
+        for h in retired:
+            try:
+                ray.kill(h, no_restart=True)
+            except Exception:
+                pass
+
+    def _abandon(self, reason: str) -> None:
+        """A step failed half-way: if the job still runs, roll it back to its last checkpoint."""
+        try:
+            snap = ray.get(self.job._controller.snapshot.remote(), timeout=30)
+            if snap.state.value == "RUNNING":
+                ray.get(self.job._controller.begin_recovery.remote(
+                    f"rescale of {self.operator!r} failed: {reason}"), timeout=30)
+        except Exception:
+            pass
+
+
+def _union(old: PhysicalPlan, new: PhysicalPlan) -> PhysicalPlan:
+    """Instances and channels of both plans (the topology an op sees while it changes it)."""
+    seen = {c.channel_id for c in new.channels}
+    channels = [*new.channels, *(c for c in old.channels if c.channel_id not in seen)]
+    instances = [*new.instances, *(i for i in old.instances if i not in set(new.instances))]
+    return PhysicalPlan(new.graph, instances, channels, new.output_edges, new.bin_tables, new.source_splits,
+                        new.next_channel_id)
+
+
+def start_rescale(job: Any, operator: str, parallelism: int | None, strategy: str, planner: str,
+                  assignment: list[int] | None, knobs: Mapping[str, Any]) -> RescaleHandle:
+    """Validate the call (errors raise here, in the caller) and start the run."""
+    nodes = job.plan.graph.nodes
+    if operator not in nodes:
+        raise ValueError(f"job {job.name!r} has no operator {operator!r}; operators: {list(nodes)}")
+    node = nodes[operator]
+    if node.kind in (OperatorKind.SOURCE, OperatorKind.SINK):
+        raise ValueError(f"operator {operator!r} is a {node.kind.value}; only keyed and stateless "
+                         "operators between them can be rescaled")
+    if parallelism is None:
+        parallelism = node.parallelism
+    if isinstance(parallelism, bool) or not isinstance(parallelism, int) or parallelism < 1:
+        raise ValueError(f"rescale of {operator!r}: parallelism must be an int >= 1, got {parallelism!r}")
+    if strategy not in STRATEGIES:
+        raise ValueError(f"rescale of {operator!r}: unknown strategy {strategy!r}; strategies: {list(STRATEGIES)}")
+    keyed = node.kind is OperatorKind.KEYED
+    if not keyed and strategy in KEYED_STRATEGIES:
+        raise ValueError(f"rescale of {operator!r}: strategy {strategy!r} moves key bins, but {operator!r} "
+                         "is not keyed (it has no state); use strategy='all_at_once'")
+    if not keyed and assignment is not None:
+        raise ValueError(f"migrate: operator {operator!r} is not keyed; it has no bins to move")
+    if assignment is not None:
+        if len(assignment) != node.num_bins or any(
+                isinstance(a, bool) or not isinstance(a, (int, np.integer)) or not 0 <= a < parallelism
+                for a in assignment):
+            raise ValueError(f"migrate: assignment for {operator!r} must give each of its {node.num_bins} bins "
+                             f"an instance in 0..{parallelism - 1}")
+    _check_knobs(strategy, knobs)
+    from control.planning import PLANNERS
+
+    if planner not in PLANNERS:
+        raise ValueError(f"rescale of {operator!r}: unknown planner {planner!r}; planners: {sorted(PLANNERS)}")
+    if job._final is not None:
+        raise RescaleError(f"job {job.name!r} has ended; nothing to rescale")
+    if operator in job._rescaling:
+        raise RescaleError(f"a rescale of {operator!r} is already running; wait for it (handle.result())")
+    job._rescaling.add(operator)
+    run = RescaleRun(job, operator, parallelism, strategy, planner,
+                     None if assignment is None else [int(a) for a in assignment], knobs)
+    run.start()
+    return RescaleHandle(run)
