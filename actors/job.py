@@ -178,6 +178,7 @@ def submit(flow: Dataflow, *, config: JobConfig | None = None, restore_from: str
     job._own_dir = root if own_dir else None
     job._placement = dict(placement)
     job._host_ids = list(range(num_hosts))
+    job._next_host_id = num_hosts
     try:
         job._hosts = deployment.start_hosts(controller, restore, 0)
         ray.get(controller.start.remote(job._hosts, 0))
@@ -218,7 +219,9 @@ class Job:
         self._placement: dict[tuple[str, int], int] = {}
         self._host_ids: list[int] = []
         self._incarnation = 0
+        self._next_host_id = 0
         self._rescaling: set[str] = set()
+        self._topology_lock = threading.Lock()
         self.started_at = time.time()
 
     @property

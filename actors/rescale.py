@@ -32,7 +32,11 @@ checkpoint (bins are re-read by the current table). A step that fails while
 the job runs rolls the job back to its last checkpoint: a half-done step
 cannot be left in place.
 
-Lifecycle of a run: ``PLANNING -> MIGRATING -> DONE | FAILED``.
+Rescales of different operators run one after the other (each plans from
+the topology the previous one left); a second rescale of the same operator
+while one runs is an error.
+
+Lifecycle of a run: ``WAITING -> PLANNING -> MIGRATING -> DONE | FAILED``.
 """
 
 from __future__ import annotations
@@ -152,7 +156,7 @@ class RescaleRun(threading.Thread):
         self.assignment = assignment
         self.knobs = dict(knobs)
         self.error: RescaleError | None = None
-        self.state = "PLANNING"
+        self.state = "WAITING"
         self.started = time.monotonic()
         self.finished: float | None = None
         self.steps_total = 0
@@ -176,7 +180,9 @@ class RescaleRun(threading.Thread):
 
     def run(self) -> None:
         try:
-            self._run()
+            with self.job._topology_lock:  # rescales of different operators take turns
+                self.started = time.monotonic()
+                self._run()
             self.state = "DONE"
         except RescaleError as exc:
             self.error, self.state = exc, "FAILED"
@@ -192,6 +198,7 @@ class RescaleRun(threading.Thread):
 
     def _run(self) -> None:
         job = self.job
+        self.state = "PLANNING"
         plan: PhysicalPlan = job.plan
         node = plan.graph.nodes[self.operator]
         old_p = node.parallelism
@@ -308,13 +315,12 @@ class RescaleRun(threading.Thread):
         """Placement after the change: each new instance on a new host; hosts left empty retire."""
         job = self.job
         placement = {i: h for i, h in job._placement.items() if i in set(new.instances)}
-        next_id = max(job._host_ids, default=-1) + 1
         added = []
         for inst in new.instances:
             if inst not in placement:
-                placement[inst] = next_id
-                added.append(next_id)
-                next_id += 1
+                placement[inst] = job._next_host_id  # host ids are never reused (peers forget retired ones)
+                added.append(job._next_host_id)
+                job._next_host_id += 1
         used = set(placement.values())
         retiring = [h for h in job._host_ids if h not in used]
         full = dict(job._placement)
