@@ -154,7 +154,7 @@ class OperatorHost:
     def _peer_failed(self, host: int, exc: BaseException) -> None:
         if not self._stopped:
             self.controller.host_error.remote(
-                host, f"a call from host {self.host_id} to host {host} failed: {exc!r}", self.incarnation)
+                host, f"a call from host {self.host_id} to host {host} failed: {exc}", self.incarnation)
 
     async def _run(self) -> None:
         core = self.core

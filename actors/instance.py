@@ -155,7 +155,11 @@ class OperatorInstance:
 
     def refresh_input(self, channel: int) -> None:
         """Channel ``channel``'s queue or blocked flag changed: update the set of inputs to take from."""
-        i = self._index_of[channel]
+        i = self._index_of.get(channel)
+        if i is None:
+            raise RuntimeError(f"bug: {self.info} has no input channel {channel}; inputs "
+                               f"{[ch.channel for ch in self.inputs]}, pending changes {list(self.pending_changes)}, "
+                               f"finished {self.finished}")
         if self.inputs[i].ready():
             self._ready_inputs.setdefault(i, None)
         else:

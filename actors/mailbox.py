@@ -27,7 +27,7 @@ from operators.logic import InstanceInfo
 from .channel import InputChannel, OutputChannel
 from .config import JobConfig
 from .instance import InstanceStatistics, OperatorFailure, OperatorInstance
-from .messages import End, Envelope, Grant
+from .messages import Envelope, Grant
 from .relay import RelayOutput, RelayTable
 from .restore import RestoreInfo
 from .router import make_router
@@ -160,10 +160,10 @@ class HostCore:
         Builds the instances ``placement`` puts here that do not exist yet, and
         registers each existing instance's channel changes with it.
         """
-        self.placement.update(placement)
-        fresh = {i for i in plan.instances if i not in self.by_name}
-        for name in fresh:  # a name retired earlier may come back
+        fresh = {i for i in plan.instances if self.placement.get(i) != placement[i]}
+        for name in fresh:  # a name retired earlier may come back (on a new host)
             self.ended_peers.pop(name, None)
+        self.placement.update(placement)
         for c in plan.channels:
             self._dst_host[c.channel_id] = placement[c.dst]
             self._src_host[c.channel_id] = placement[c.src]
@@ -172,12 +172,9 @@ class HostCore:
                                           self.config.channel_capacity_bytes)
             if change is None:
                 continue
-            if inst.finished:  # it ended before the change: its new channels end at once
-                for och in change.added:
-                    och.enqueue(End())
-                    self._dirty.add(och.channel)
-            else:
-                inst.prepare_change(op_id, change)
+            if inst.finished:
+                raise RuntimeError(f"{inst.info} already finished (its input ended): its channels cannot change")
+            inst.prepare_change(op_id, change)
             for ich in change.inputs:
                 self._inputs[ich.channel] = (inst, ich)
             for och in change.added:

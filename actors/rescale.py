@@ -203,6 +203,10 @@ class RescaleRun(threading.Thread):
         node = plan.graph.nodes[self.operator]
         old_p = node.parallelism
         keyed = node.kind is OperatorKind.KEYED
+        ended = sorted((s.operator, s.index) for s in job.statistics().instances if s.finished)
+        if ended:
+            raise RescaleError(f"cannot rescale {self.operator!r}: {ended[:4]} already finished (the input "
+                               "ended); a job is rescaled while its input flows")
         if not keyed:
             self.steps_total = 1
             self.state = "MIGRATING"
