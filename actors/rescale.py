@@ -203,7 +203,9 @@ class RescaleRun(threading.Thread):
         node = plan.graph.nodes[self.operator]
         old_p = node.parallelism
         keyed = node.kind is OperatorKind.KEYED
-        ended = sorted((s.operator, s.index) for s in job.statistics().instances if s.finished)
+        live = set(plan.instances)  # retired instances may still show until their host goes
+        ended = sorted((s.operator, s.index) for s in job.statistics().instances
+                       if s.finished and (s.operator, s.index) in live)
         if ended:
             raise RescaleError(f"cannot rescale {self.operator!r}: {ended[:4]} already finished (the input "
                                "ended); a job is rescaled while its input flows")
