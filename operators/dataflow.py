@@ -33,6 +33,7 @@ from .graph import (
 )
 from .hashing import DEFAULT_NUM_BINS, check_num_bins
 from .logic import Sink, Source
+from .watermarks import WatermarkedSource, WatermarkStrategy
 
 __all__ = ["Dataflow", "Stream", "KeyedStream"]
 
@@ -89,15 +90,28 @@ class Dataflow:
         self.graph.add(node)
         return Stream(self, node)
 
-    def source(self, source: Source, *, parallelism: int = 1, name: str | None = None) -> "Stream":
-        """Add a source. Its splits are spread over ``parallelism`` instances."""
+    def source(self, source: Source, *, parallelism: int = 1, name: str | None = None,
+               watermarks: WatermarkStrategy | None = None) -> "Stream":
+        """Add a source. Its splits are spread over ``parallelism`` instances.
+
+        ``watermarks`` (``bounded_out_of_orderness(column, delay)`` or
+        ``watermarks_from(fn)``) makes it emit event-time watermarks in-band.
+        """
         if not isinstance(source, Source):
             raise TypeError(
                 f"Dataflow.source(): expected a Source (from_items, from_arrow, from_parquet, "
                 f"generate, from_spark...), got {type(source).__name__}"
             )
+        op_name = self._name("source", name)
+        if watermarks is not None:
+            if not isinstance(watermarks, WatermarkStrategy):
+                raise TypeError(f"operator {op_name!r}: watermarks must be a WatermarkStrategy "
+                                f"(bounded_out_of_orderness(...), watermarks_from(...)), "
+                                f"got {type(watermarks).__name__}")
+            watermarks.check(source.schema(), f"operator {op_name!r}")
+            source = WatermarkedSource(source, watermarks)
         node = OperatorNode(
-            self._name("source", name), OperatorKind.SOURCE, parallelism,
+            op_name, OperatorKind.SOURCE, parallelism,
             source=source, schema=source.schema(), origin=source.describe(),
         )
         return self._add(node)

@@ -69,6 +69,14 @@ class OperatorLogic(abc.ABC):
     def process(self, batch: pa.RecordBatch, input_index: int) -> Sequence[pa.RecordBatch]:
         """Process one input batch from input ``input_index``; return output batches."""
 
+    def on_watermark(self, watermark: int) -> Sequence[pa.RecordBatch]:
+        """Event time reached ``watermark`` (no record with time ``<= watermark`` follows): return output.
+
+        Called in order with the data, before the watermark is sent on; windows
+        and timers fire here. Default: nothing.
+        """
+        return ()
+
     def finish(self) -> Sequence[pa.RecordBatch]:
         """All inputs have ended: return any final output (e.g. final aggregates)."""
         return ()
