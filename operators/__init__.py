@@ -8,6 +8,9 @@ from .generator import generate
 from .logic import InstanceInfo, OperatorLogic, Sink, SinkWriter, Source, SourceSplit, SplitReader
 from .sinks import collect, to_parquet
 from .sources import from_arrow, from_items, from_parquet
+from .watermarks import WatermarkStrategy, bounded_out_of_orderness, watermarks_from
+from .windowed import WindowedStream
+from .windows import session, sliding, tumbling
 
 __all__ = [
     "Dataflow",
@@ -26,4 +29,11 @@ __all__ = [
     "SinkWriter",
     "OperatorLogic",
     "InstanceInfo",
+    "WatermarkStrategy",
+    "bounded_out_of_orderness",
+    "watermarks_from",
+    "WindowedStream",
+    "tumbling",
+    "sliding",
+    "session",
 ]

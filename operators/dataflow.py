@@ -34,6 +34,7 @@ from .graph import (
 from .hashing import DEFAULT_NUM_BINS, check_num_bins
 from .logic import Sink, Source
 from .watermarks import WatermarkedSource, WatermarkStrategy
+from .windowed import WindowedStream
 
 __all__ = ["Dataflow", "Stream", "KeyedStream"]
 
@@ -306,6 +307,18 @@ class KeyedStream:
         op_name = self.stream.flow._name("agg", name)
         if emit not in ("final", "updates"):
             raise ValueError(f"operator {op_name!r}: emit must be 'final' or 'updates', got {emit!r}")
+        specs = self._agg_specs(op_name, aggregates)
+        schema = None
+        if self.stream.schema is not None:
+            try:
+                schema = keyed.aggregate_output_schema(self.stream.schema, self.key, specs)
+            except (TypeError, ValueError) as exc:
+                raise type(exc)(f"operator {op_name!r}: {exc}") from None
+        key, bins = self.key, self.num_bins
+        return self._keyed("agg", lambda: keyed.AggregateLogic(key, specs, bins, emit),
+                           name=op_name, parallelism=parallelism, schema=schema)
+
+    def _agg_specs(self, op_name: str, aggregates: dict[str, Any]) -> list[keyed.AggSpec]:
         if not aggregates:
             raise ValueError(f"operator {op_name!r}: agg() needs at least one aggregate")
         specs = []
@@ -321,15 +334,15 @@ class KeyedStream:
                 specs.append(keyed.AggSpec(out_name, func, column))
             except (TypeError, ValueError) as exc:
                 raise type(exc)(f"operator {op_name!r}: {exc}") from None
-        schema = None
-        if self.stream.schema is not None:
-            try:
-                schema = keyed.aggregate_output_schema(self.stream.schema, self.key, specs)
-            except (TypeError, ValueError) as exc:
-                raise type(exc)(f"operator {op_name!r}: {exc}") from None
-        key, bins = self.key, self.num_bins
-        return self._keyed("agg", lambda: keyed.AggregateLogic(key, specs, bins, emit),
-                           name=op_name, parallelism=parallelism, schema=schema)
+        return specs
+
+    def window(self, spec: Any, *, on: str, allowed_lateness: Any = 0) -> WindowedStream:
+        """Event-time windows: ``window(tumbling(10), on="ts")``, ``sliding(size, slide)``, ``session(gap)``.
+
+        Results are emitted when the watermark passes a window's end (sources
+        make watermarks: ``flow.source(..., watermarks=bounded_out_of_orderness("ts", 5))``).
+        """
+        return WindowedStream(self, spec, on, allowed_lateness)
 
     def count(self, *, name: str | None = None, parallelism: int | None = None,
               emit: str = "final") -> Stream:

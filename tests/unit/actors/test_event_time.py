@@ -1,0 +1,162 @@
+"""Event time end to end without Ray: watermarks in-band, windows against pandas over the same input.
+
+Input has bounded disorder: row ``i`` has time ``i * STEP + jitter`` with
+``0 <= jitter < JITTER``, so a source with ``max_out_of_orderness=JITTER``
+never makes a record late, and windowed results must equal the batch
+group-by. Late-record tests replay the watermark a source makes (per batch)
+to decide, independently, which records are late.
+"""
+
+from __future__ import annotations
+
+import datetime
+import random
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+
+from actors.config import JobConfig
+from actors.harness import LocalRun
+from operators import Dataflow, bounded_out_of_orderness, collect, from_items, session, sliding, tumbling
+
+STEP, JITTER = 3, 40
+SCHEMA = pa.schema([("k", pa.string()), ("t", pa.int64()), ("v", pa.int64())])
+
+
+def rows(seed: int, n: int = 300, keys: int = 5) -> list[dict]:
+    rng = random.Random(seed)
+    return [{"k": f"k{rng.randrange(keys)}", "t": i * STEP + rng.randrange(JITTER), "v": rng.randint(-9, 30)}
+            for i in range(n)]
+
+
+def run_flow(flow: Dataflow, seed: int) -> tuple[LocalRun, dict]:
+    rng = random.Random(seed)
+    config = JobConfig(channel_capacity=rng.choice([1, 2, 8]), num_hosts=rng.choice([None, 1, 3]))
+    local = LocalRun(flow, config, seed=seed)
+    return local, local.run()
+
+
+def windowed(data: list[dict], spec, p: int, source_p: int, lateness: int = 0, batch: int = 7,
+             delay: int = JITTER):
+    flow = Dataflow("w", num_bins=16)
+    src = flow.source(from_items(data, schema=SCHEMA, batch_size=batch, num_splits=source_p),
+                      parallelism=source_p, watermarks=bounded_out_of_orderness("t", delay))
+    (src.key_by("k").window(spec, on="t", allowed_lateness=lateness)
+        .agg(name="win", parallelism=p, n=(None, "count"), s=("v", "sum"), lo=("v", "min"),
+             hi=("v", "max"), m=("v", "mean"))
+        .sink(collect(), name="out"))
+    return flow
+
+
+def oracle(df: pd.DataFrame, size: int, slide: int) -> pd.DataFrame:
+    parts = []
+    for j in range(size // slide):
+        start = df["t"] - df["t"] % slide - j * slide
+        parts.append(df.assign(window_start=start))
+    exploded = pd.concat(parts)
+    out = (exploded.groupby(["k", "window_start"])["v"]
+           .agg(n="count", s="sum", lo="min", hi="max", m="mean").reset_index())
+    out["window_end"] = out["window_start"] + size
+    return normal(out)
+
+
+def normal(df: pd.DataFrame) -> pd.DataFrame:
+    cols = ["k", "window_start", "window_end", "n", "s", "lo", "hi", "m"]
+    return df[cols].sort_values(["k", "window_start"]).reset_index(drop=True).astype(
+        {"n": "int64", "s": "int64", "lo": "int64", "hi": "int64", "window_start": "int64", "window_end": "int64"})
+
+
+def late_counts(local: LocalRun) -> int:
+    return sum(inst.statistics().late_records for h in local.hosts for inst in h.instances)
+
+
+@pytest.mark.parametrize("p", [1, 2, 3])
+@pytest.mark.parametrize("spec", [(50, 50), (60, 20)], ids=["tumbling", "sliding"])
+def test_fixed_windows_equal_the_batch_group_by(p, spec):
+    size, slide = spec
+    for seed in range(3):
+        data = rows(seed + 10 * p)
+        window = tumbling(size) if size == slide else sliding(size, slide)
+        local, result = run_flow(windowed(data, window, p, source_p=random.Random(seed).randint(1, 3)), seed)
+        got = normal(result["out"].to_pandas())
+        pd.testing.assert_frame_equal(got, oracle(pd.DataFrame(data), size, slide))
+        assert late_counts(local) == 0
+
+
+def test_windows_fire_while_the_stream_runs_in_event_time_order():
+    """With watermarks, results reach the sink mid-stream, window by window (not all at end of input)."""
+    flow = windowed(rows(1, n=400, keys=3), tumbling(50), 1, 1)
+    local = LocalRun(flow)
+    sink, source = local.instance(("out", 0)), local.instance(("source-1", 0))
+    seen_mid_stream = 0
+    while local.step_all():
+        if not source.finished:
+            seen_mid_stream = sink.records_in
+    assert seen_mid_stream > 0
+    ends = local.results()["out"].column("window_end").to_pylist()
+    assert ends == sorted(ends)
+
+
+def late_oracle(data: list[dict], batch: int, delay: int, size: int, lateness: int) -> tuple[pd.DataFrame, int]:
+    """Replay the source's watermark per batch: a record is late if its window expired before its batch."""
+    df = pd.DataFrame(data)
+    batch_of = np.arange(len(df)) // batch
+    batch_max = df.groupby(batch_of)["t"].max().cummax()
+    before = batch_max.shift(1).reindex(batch_of).to_numpy() - delay - 1  # NaN for the first batch
+    end = df["t"] - df["t"] % size + size
+    late = (end - 1 + lateness <= before)
+    return oracle(df[~late], size, size), int(late.sum())
+
+
+@pytest.mark.parametrize("p", [1, 3])
+@pytest.mark.parametrize("lateness", [0, 25])
+def test_late_records_are_counted_not_merged(p, lateness):
+    rng = random.Random(p + lateness)
+    data = rows(p, n=300, keys=4)
+    for i in rng.sample(range(40, 300), 30):  # far behind: beyond the bounded disorder
+        data[i]["t"] = max(0, data[i]["t"] - rng.randrange(60, 200))
+    expected, late = late_oracle(data, batch=7, delay=JITTER, size=50, lateness=lateness)
+    local, result = run_flow(windowed(data, tumbling(50), p, 1, lateness=lateness), p)
+    got = result["out"].to_pandas()
+    if lateness:  # updates re-emit a window's row: the last one of each (key, window) is its result
+        got = got.drop_duplicates(["k", "window_start"], keep="last")
+    pd.testing.assert_frame_equal(normal(got), expected)
+    assert late > 0 and late_counts(local) == late
+
+
+def test_timestamp_column_with_timedelta_windows():
+    base = datetime.datetime(2026, 1, 1)
+    data = [{"k": r["k"], "ts": base + datetime.timedelta(seconds=r["t"]), "v": r["v"]} for r in rows(3)]
+    schema = pa.schema([("k", pa.string()), ("ts", pa.timestamp("ms")), ("v", pa.int64())])
+    flow = Dataflow("ts", num_bins=8)
+    (flow.source(from_items(data, schema=schema, batch_size=11),
+                 watermarks=bounded_out_of_orderness("ts", datetime.timedelta(seconds=JITTER)))
+         .key_by("k").window(tumbling(datetime.timedelta(minutes=1)), on="ts").count(name="win", parallelism=2)
+         .sink(collect(), name="out"))
+    _, result = run_flow(flow, 0)
+    df = pd.DataFrame(data)
+    expected = (df.assign(window_start=df["ts"].dt.floor("1min")).groupby(["k", "window_start"])
+                .size().rename("count").reset_index())
+    got = result["out"].to_pandas()
+    assert list(result["out"].schema.names) == ["k", "window_start", "window_end", "count"]
+    got = got.sort_values(["k", "window_start"]).reset_index(drop=True)
+    assert (got["window_end"] - got["window_start"] == pd.Timedelta(minutes=1)).all()
+    pd.testing.assert_frame_equal(got[["k", "window_start", "count"]].astype({"window_start": "datetime64[ns]"}),
+                                  expected.astype({"window_start": "datetime64[ns]"}), check_dtype=False)
+
+
+def test_window_on_a_non_time_column_fails_at_build_time():
+    flow = Dataflow("bad")
+    keyed = flow.source(from_items(rows(0), schema=SCHEMA)).key_by("k")
+    with pytest.raises(TypeError, match=r"operator 'win'.*event-time column 'k'.*timestamp or an integer"):
+        keyed.window(tumbling(10), on="k").count(name="win")
+    with pytest.raises(ValueError, match=r"operator 'win2'.*unknown event-time column 'x'"):
+        keyed.window(tumbling(10), on="x").count(name="win2")
+    with pytest.raises(ValueError, match=r"operator 'win3'.*multiple of its slide"):
+        keyed.window(sliding(10, 3), on="t").count(name="win3")
+    with pytest.raises(TypeError, match=r"operator 'src'.*timedelta"):
+        flow.source(from_items(rows(0), schema=SCHEMA), name="src",
+                    watermarks=bounded_out_of_orderness("t", datetime.timedelta(seconds=1)))
+    assert session  # imported for the session tests
