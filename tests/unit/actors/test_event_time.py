@@ -19,7 +19,10 @@ import pytest
 
 from actors.config import JobConfig
 from actors.harness import LocalRun
-from operators import Dataflow, bounded_out_of_orderness, collect, from_items, session, sliding, tumbling
+import pyarrow.compute  # noqa: F401 - pa.compute in filters
+
+from operators import (Dataflow, bounded_out_of_orderness, collect, from_items, generate, session, sliding, tumbling,
+                       watermarks_from)
 
 STEP, JITTER = 3, 40
 SCHEMA = pa.schema([("k", pa.string()), ("t", pa.int64()), ("v", pa.int64())])
@@ -160,3 +163,46 @@ def test_window_on_a_non_time_column_fails_at_build_time():
         flow.source(from_items(rows(0), schema=SCHEMA), name="src",
                     watermarks=bounded_out_of_orderness("t", datetime.timedelta(seconds=1)))
     assert session  # imported for the session tests
+
+
+def diamond_with_quiet_source(data: list[dict], idle_after_s: float | None) -> Dataflow:
+    """source -> (even v | odd v) -> union <- a source that sends nothing (no rows) for days."""
+    flow = Dataflow("diamond", num_bins=8)
+    src = flow.source(from_items(data, schema=SCHEMA, batch_size=9, num_splits=2), parallelism=2,
+                      watermarks=bounded_out_of_orderness("t", JITTER), name="src")
+    even = src.filter(lambda b: pa.compute.equal(pa.compute.bit_wise_and(b["v"], 1), 0), name="even")
+    odd = src.filter(lambda b: pa.compute.equal(pa.compute.bit_wise_and(b["v"], 1), 1), name="odd")
+    quiet = (flow.source(generate(None, rate=1e-6, batch_size=1, num_keys=1), name="quiet",
+                         watermarks=watermarks_from(lambda b: None, idle_after_s=idle_after_s))
+             .map(lambda b: pa.RecordBatch.from_pylist([], schema=SCHEMA),
+                  schema=SCHEMA, name="shape"))
+    (even.union(odd, quiet, name="union", parallelism=2).key_by("k")
+         .window(tumbling(50), on="t").agg(name="win", parallelism=2, n=(None, "count"), s=("v", "sum"),
+                                           lo=("v", "min"), hi=("v", "max"), m=("v", "mean"))
+         .sink(collect(), name="out"))
+    return flow
+
+
+def test_watermarks_cross_a_diamond_and_skip_an_idle_input():
+    data = rows(5, n=300)
+    local = LocalRun(diamond_with_quiet_source(data, idle_after_s=60.0), seed=5)
+    while local.step_all():  # runs until only the quiet source is left, waiting for its next batch
+        pass
+    src_marks = [local.instance(("src", i)).statistics().watermark for i in range(2)]
+    assert None not in src_marks
+    for i in range(2):  # union i has src i (through both branches) and the idle quiet source as inputs
+        assert local.instance(("union", i)).statistics().watermark == src_marks[i]
+        assert local.instance(("win", i)).statistics().watermark == min(src_marks)  # min over both unions
+    out = pa.Table.from_batches([b for h in local.hosts for i in h.instances if i.name[0] == "out"
+                                 for b in i.logic.writer._batches]).to_pandas()
+    df = pd.DataFrame(data)
+    expected = oracle(df, 50, 50)
+    expected = expected[expected["window_end"] - 1 <= min(src_marks)].reset_index(drop=True)
+    assert len(expected) > 0
+    pd.testing.assert_frame_equal(normal(out), expected)
+
+    held = LocalRun(diamond_with_quiet_source(data, idle_after_s=None), seed=5)
+    while held.step_all():
+        pass
+    assert held.instance(("win", 0)).statistics().watermark is None  # the quiet source holds event time back
+    assert held.instance(("out", 0)).records_in == held.instance(("out", 1)).records_in == 0
