@@ -206,3 +206,24 @@ def test_watermarks_cross_a_diamond_and_skip_an_idle_input():
         pass
     assert held.instance(("win", 0)).statistics().watermark is None  # the quiet source holds event time back
     assert held.instance(("out", 0)).records_in == held.instance(("out", 1)).records_in == 0
+
+
+def session_oracle(df: pd.DataFrame, gap: int) -> pd.DataFrame:
+    df = df.sort_values(["k", "t"], kind="stable").copy()
+    new = (df["k"] != df["k"].shift()) | (df["t"] - df["t"].shift() >= gap)
+    df["sid"] = new.cumsum()
+    out = df.groupby("sid").agg(k=("k", "first"), window_start=("t", "min"), last=("t", "max"),
+                                n=("v", "count"), s=("v", "sum"), lo=("v", "min"), hi=("v", "max"),
+                                m=("v", "mean"))
+    out["window_end"] = out["last"] + gap
+    return normal(out.reset_index(drop=True))
+
+
+@pytest.mark.parametrize("p", [1, 2, 3])
+def test_session_windows_equal_the_batch_sessionization(p):
+    for seed in range(2):
+        data = rows(seed + 20 * p, n=250, keys=6)
+        source_p = random.Random(seed).randint(1, 2)
+        local, result = run_flow(windowed(data, session(20), p, source_p=source_p), seed)
+        pd.testing.assert_frame_equal(normal(result["out"].to_pandas()), session_oracle(pd.DataFrame(data), 20))
+        assert late_counts(local) == 0
