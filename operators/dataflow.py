@@ -33,6 +33,7 @@ from .graph import (
 )
 from .hashing import DEFAULT_NUM_BINS, check_num_bins
 from .logic import Sink, Source
+from .timers import TimerProcessLogic
 from .watermarks import WatermarkedSource, WatermarkStrategy
 from .windowed import WindowedStream
 
@@ -381,12 +382,20 @@ class KeyedStream:
                            origin=describe_callable(fn))
 
     def process(self, fn: Callable[..., Any], *, name: str | None = None,
-                parallelism: int | None = None, schema: pa.Schema | None = None) -> Stream:
+                parallelism: int | None = None, schema: pa.Schema | None = None,
+                on_timer: Callable[..., Any] | None = None) -> Stream:
         """Keyed process with per-key state: ``fn(key, rows: RecordBatch, state) -> output``.
 
         ``state.value`` is the key's state (``None`` at first); assign to update it.
+        With ``on_timer``, ``state`` can also ``register(time)`` event-time timers
+        for the key; ``on_timer(key, time, state) -> output`` runs once per
+        (key, time) when the watermark reaches ``time``, in time order.
         """
         _check_callable("process", fn)
         key, bins = self.key, self.num_bins
+        if on_timer is not None:
+            _check_callable("process(on_timer=...)", on_timer, name)
+            return self._keyed("process", lambda: TimerProcessLogic(key, fn, on_timer, bins, schema), name=name,
+                               parallelism=parallelism, schema=schema, origin=describe_callable(fn))
         return self._keyed("process", lambda: keyed.ProcessLogic(key, fn, bins, schema), name=name,
                            parallelism=parallelism, schema=schema, origin=describe_callable(fn))

@@ -349,7 +349,7 @@ class ProcessLogic(_KeyedLogic):
         pending_rows: list[dict] = []  # row outputs of consecutive keys: one batch, types inferred over all
         for i, key in enumerate(uniques.to_pylist()):
             rows = batch.take(order[bounds[i]:bounds[i + 1]])
-            result = self.fn(key, rows, ValueState(self._state, key, bins[i]))
+            result = self.fn(key, rows, self._key_state(key, bins[i]))
             if isinstance(result, (list, tuple)) and result and isinstance(result[0], dict):
                 self._check_fields(pending_rows[0] if pending_rows else result[0], result)
                 pending_rows.extend(result)
@@ -364,6 +364,10 @@ class ProcessLogic(_KeyedLogic):
         if len(outputs) <= 1:
             return outputs
         return pa.Table.from_batches(outputs).combine_chunks().to_batches()
+
+    def _key_state(self, key: Any, bin: int) -> Any:
+        """What ``fn`` gets as the key's state (subclasses hand out richer contexts)."""
+        return ValueState(self._state, key, bin)
 
     def _check_fields(self, first: dict, rows: Sequence[dict]) -> None:
         fields = first.keys()

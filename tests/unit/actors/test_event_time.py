@@ -227,3 +227,42 @@ def test_session_windows_equal_the_batch_sessionization(p):
         local, result = run_flow(windowed(data, session(20), p, source_p=source_p), seed)
         pd.testing.assert_frame_equal(normal(result["out"].to_pandas()), session_oracle(pd.DataFrame(data), 20))
         assert late_counts(local) == 0
+
+
+def bucket_counter(key, rows, ctx):
+    """A tumbling count by hand: one timer per 10-tick bucket, fired at its last tick."""
+    counts = dict(ctx.value or {})
+    for t in rows.column("t").to_pylist():
+        bucket = t - t % 10
+        counts[bucket] = counts.get(bucket, 0) + 1
+        ctx.register(bucket + 9)
+    ctx.value = counts
+
+
+def emit_bucket(key, time, ctx):
+    counts = dict(ctx.value)
+    n = counts.pop(time - 9)
+    ctx.value = counts or None
+    return [{"k": key, "at": time, "n": n, "wm": ctx.watermark}]
+
+
+@pytest.mark.parametrize("p", [1, 2, 3])
+def test_timers_fire_once_in_event_time_order_per_key(p):
+    data = rows(p, n=300)
+    flow = Dataflow("timers", num_bins=16)
+    (flow.source(from_items(data, schema=SCHEMA, batch_size=7, num_splits=2), parallelism=2,
+                 watermarks=bounded_out_of_orderness("t", JITTER))
+         .key_by("k").process(bucket_counter, on_timer=emit_bucket, name="proc", parallelism=p)
+         .collect(name="out"))
+    _, result = run_flow(flow, p)
+    got = result["out"].to_pandas()
+    df = pd.DataFrame(data)
+    expected = df.groupby(["k", df["t"] - df["t"] % 10 + 9]).size().rename("n").reset_index()
+    expected.columns = ["k", "at", "n"]
+    assert not got.duplicated(["k", "at"]).any()  # once
+    for _, per_key in got.groupby("k"):
+        assert per_key["at"].is_monotonic_increasing  # in event-time order per key
+    fired_early = got[got["wm"] < (1 << 62)]
+    assert (fired_early["at"] <= fired_early["wm"]).all() and len(fired_early) > 0  # by the watermark
+    pd.testing.assert_frame_equal(got[["k", "at", "n"]].sort_values(["k", "at"]).reset_index(drop=True),
+                                  expected.sort_values(["k", "at"]).reset_index(drop=True))

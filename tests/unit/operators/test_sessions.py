@@ -70,3 +70,4 @@ def test_a_record_that_bridges_two_sessions_merges_them():
     assert [(s[0], s[1]) for s in sessions] == [(1, 11), (30, 40)]
     merged, touched = merge_sessions(sessions, np.array([8, 17, 25]), pa.record_batch({"t": [8, 17, 25]}), 10)
     assert [(s[0], s[1], sum(p.num_rows for p in s[2])) for s in merged] == [(1, 40, 5)] and touched == [0]
+
