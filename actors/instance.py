@@ -29,7 +29,7 @@ import pyarrow as pa
 from control.message import CONTROLLER, ControlMessage, ControlReturn, InstanceId, instance_id
 from control.processor import Completion, ControlProcessor, extra_input
 from operators.endpoints import SinkLogic, SourceLogic
-from operators.logic import InstanceInfo, OperatorLogic
+from operators.logic import InstanceInfo, OperatorLogic, SideOutput
 
 from .channel import InputChannel, OutputChannel
 from .context import InstanceControlContext
@@ -316,12 +316,17 @@ class OperatorInstance:
         except Exception as exc:  # the user's code: report it, with its operator
             raise OperatorFailure(self.info, exc) from exc
 
-    def _emit(self, batches: Sequence[pa.RecordBatch]) -> None:
+    def _emit(self, batches: Sequence[pa.RecordBatch | SideOutput]) -> None:
         for batch in batches:
+            port = None
+            if isinstance(batch, SideOutput):  # only the edges taken from that side output carry it
+                port, batch = batch.port, batch.batch
             if batch.num_rows == 0:
                 continue
             self.records_out += batch.num_rows
             for edge, router in enumerate(self.routers):
+                if router.port != port:
+                    continue
                 try:
                     routed = router.route(batch)
                 except Exception as exc:

@@ -146,9 +146,27 @@ class Dataflow:
 class Stream:
     """The output of an operator; each method adds a downstream operator."""
 
-    def __init__(self, flow: Dataflow, node: OperatorNode):
+    def __init__(self, flow: Dataflow, node: OperatorNode, port: str | None = None,
+                 schema: pa.Schema | None = None):
         self.flow = flow
         self.node = node
+        self.port = port
+        self._schema = schema
+
+    def _edge(self, partition: Partition = Partition.FORWARD, key: str | None = None, num_bins: int = 0) -> InputEdge:
+        return InputEdge(self.node.name, partition, key, num_bins, self.port)
+
+    def side_output(self, port: str, schema: pa.Schema | None = None) -> "Stream":
+        """The records this operator sends to its side output ``port`` (a window's ``"late"`` records).
+
+        Raises:
+            ValueError: the operator has no side output of that name.
+        """
+        ports = self.node.side_outputs
+        if port not in ports:
+            raise ValueError(f"operator {self.name!r} has no side output {port!r}; it has {sorted(ports) or 'none'}"
+                             + (" (pass late_side_output=True to window())" if port == "late" else ""))
+        return Stream(self.flow, self.node, port, ports[port])
 
     @property
     def name(self) -> str:
@@ -157,7 +175,7 @@ class Stream:
     @property
     def schema(self) -> pa.Schema | None:
         """The schema of this stream's batches, if known at build time."""
-        return self.node.schema
+        return self.node.schema if self.port is None else self._schema
 
     def _transform(self, verb: str, fn: Any, make: Callable[[], Any], *, name: str | None,
                    parallelism: int | None, schema: pa.Schema | None) -> "Stream":
@@ -165,7 +183,7 @@ class Stream:
         node = OperatorNode(
             self.flow._name(verb, name), OperatorKind.TRANSFORM,
             self.node.parallelism if parallelism is None else parallelism,
-            inputs=[InputEdge(self.node.name, Partition.FORWARD)],
+            inputs=[self._edge()],
             make_logic=make, schema=schema, origin=describe_callable(fn),
         )
         return self.flow._add(node)
@@ -241,7 +259,7 @@ class Stream:
         node = OperatorNode(
             self.flow._name("union", name), OperatorKind.TRANSFORM,
             max(s.node.parallelism for s in streams) if parallelism is None else parallelism,
-            inputs=[InputEdge(s.name, Partition.FORWARD) for s in streams],
+            inputs=[s._edge() for s in streams],
             make_logic=stateless.IdentityLogic, schema=first_known.schema if first_known else None,
         )
         return self.flow._add(node)
@@ -256,7 +274,7 @@ class Stream:
         node = OperatorNode(
             self.flow._name("sink", name), OperatorKind.SINK,
             self.node.parallelism if parallelism is None else parallelism,
-            inputs=[InputEdge(self.node.name, Partition.FORWARD)],
+            inputs=[self._edge()],
             sink=sink, schema=self.schema,
             origin=sink.describe(),
         )
@@ -292,7 +310,7 @@ class KeyedStream:
         node = OperatorNode(
             flow._name(verb, name), OperatorKind.KEYED,
             self.stream.node.parallelism if parallelism is None else parallelism,
-            inputs=[InputEdge(self.stream.name, Partition.HASH, self.key, self.num_bins)],
+            inputs=[self.stream._edge(Partition.HASH, self.key, self.num_bins)],
             make_logic=make, schema=schema, key=self.key, num_bins=self.num_bins, origin=origin,
         )
         return flow._add(node)
@@ -337,13 +355,16 @@ class KeyedStream:
                 raise type(exc)(f"operator {op_name!r}: {exc}") from None
         return specs
 
-    def window(self, spec: Any, *, on: str, allowed_lateness: Any = 0) -> WindowedStream:
+    def window(self, spec: Any, *, on: str, allowed_lateness: Any = 0,
+               late_side_output: bool = False) -> WindowedStream:
         """Event-time windows: ``window(tumbling(10), on="ts")``, ``sliding(size, slide)``, ``session(gap)``.
 
         Results are emitted when the watermark passes a window's end (sources
         make watermarks: ``flow.source(..., watermarks=bounded_out_of_orderness("ts", 5))``).
+        Late records are counted; with ``late_side_output=True`` they also go
+        to ``result.side_output("late")``.
         """
-        return WindowedStream(self, spec, on, allowed_lateness)
+        return WindowedStream(self, spec, on, allowed_lateness, late_side_output)
 
     def count(self, *, name: str | None = None, parallelism: int | None = None,
               emit: str = "final") -> Stream:

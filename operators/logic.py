@@ -24,6 +24,7 @@ import pyarrow as pa
 __all__ = [
     "InstanceInfo",
     "OperatorLogic",
+    "SideOutput",
     "Source",
     "SourceSplit",
     "SplitReader",
@@ -50,6 +51,17 @@ class InstanceInfo:
 
     def __str__(self) -> str:
         return f"{self.operator}[{self.index}]"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SideOutput:
+    """A batch an operator emits on a named side output instead of its main output.
+
+    Only the streams taken with ``Stream.side_output(port)`` receive it.
+    """
+
+    port: str
+    batch: pa.RecordBatch
 
 
 class OperatorLogic(abc.ABC):

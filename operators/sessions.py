@@ -39,7 +39,8 @@ from .hashing import bins_of
 from .keyed import _KeyedLogic
 from .keyindex import encode_keys
 from .state import BinnedState, DictState
-from .windows import WINDOW_COLUMNS, WindowSpec, session, window_output_schema
+from .logic import SideOutput
+from .windows import LATE, WINDOW_COLUMNS, WindowSpec, session, window_output_schema
 
 __all__ = ["SessionWindowLogic", "SessionState", "session"]
 
@@ -186,7 +187,8 @@ class SessionWindowLogic(_KeyedLogic):
 
     def __init__(self, key: str, time: str, spec: WindowSpec, num_bins: int, *,
                  aggs: Sequence[AggSpec] = (), fn: Callable[..., Any] | None = None,
-                 allowed_lateness: Duration = 0, time_type: pa.DataType | None = None) -> None:
+                 allowed_lateness: Duration = 0, time_type: pa.DataType | None = None,
+                 late_side_output: bool = False) -> None:
         super().__init__(key, num_bins)
         if spec.kind != "session":
             raise ValueError(f"SessionWindowLogic runs session windows, got {spec.kind!r}")
@@ -199,13 +201,14 @@ class SessionWindowLogic(_KeyedLogic):
         self._state = SessionState(num_bins, ticks(allowed_lateness, time_type, f"{where}: allowed_lateness"))
         self._schema: pa.Schema | None = None
         self.late_records = 0
+        self.late_side_output = late_side_output
 
     @property
     def state(self) -> SessionState:
         return self._state
 
-    def process(self, batch: pa.RecordBatch, input_index: int = 0) -> list[pa.RecordBatch]:
-        out = self._emit(self._state.pending)
+    def process(self, batch: pa.RecordBatch, input_index: int = 0) -> list[Any]:
+        out: list[Any] = self._emit(self._state.pending)
         self._state.pending = []
         if batch.num_rows == 0:
             return out
@@ -216,6 +219,8 @@ class SessionWindowLogic(_KeyedLogic):
         late = times + self.gap - 1 + self._state.allowed_lateness <= self._state.watermark
         if late.any():
             self.late_records += int(late.sum())
+            if self.late_side_output:
+                out.append(SideOutput(LATE, batch.filter(pa.array(late))))
             keep = np.flatnonzero(~late)
             batch, times = batch.take(keep), times[keep]
             if batch.num_rows == 0:

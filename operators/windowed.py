@@ -18,7 +18,7 @@ import pyarrow as pa
 from .aggregates import aggregate_output_schema
 from .eventtime import Duration, check_time_field, ticks
 from .graph import describe_callable
-from .windows import FixedWindowLogic, WindowSpec, window_output_schema
+from .windows import LATE, FixedWindowLogic, WindowSpec, window_output_schema
 
 if TYPE_CHECKING:
     from .dataflow import KeyedStream, Stream
@@ -34,13 +34,17 @@ class WindowedStream:
         spec: ``tumbling(size)``, ``sliding(size, slide)`` or ``session(gap)``.
         on: the event-time column (an integer or timestamp column).
         allowed_lateness: how long a window accepts records after it fired.
+        late_side_output: send late records to the side output ``"late"``
+            (``stream.side_output("late")``), besides counting them.
     """
 
-    def __init__(self, keyed: "KeyedStream", spec: WindowSpec, on: str, allowed_lateness: Duration = 0):
+    def __init__(self, keyed: "KeyedStream", spec: WindowSpec, on: str, allowed_lateness: Duration = 0,
+                 late_side_output: bool = False):
         if not isinstance(spec, WindowSpec):
             raise TypeError(f"window() after operator {keyed.stream.name!r}: expected tumbling(...), "
                             f"sliding(...) or session(...), got {type(spec).__name__}")
         self.keyed, self.spec, self.on, self.allowed_lateness = keyed, spec, on, allowed_lateness
+        self.late_side_output = bool(late_side_output)
 
     def _check(self, op_name: str) -> pa.DataType | None:
         where = f"operator {op_name!r}"
@@ -98,6 +102,7 @@ class WindowedStream:
     def _add(self, op_name: str, parallelism: int | None, schema: pa.Schema | None, what: dict[str, Any],
              time_type: pa.DataType | None, origin: str = "") -> "Stream":
         key, on, spec, bins, lateness = self.keyed.key, self.on, self.spec, self.keyed.num_bins, self.allowed_lateness
+        what = dict(what, late_side_output=self.late_side_output)
         if spec.kind == "session":
             from .sessions import SessionWindowLogic
 
@@ -107,5 +112,8 @@ class WindowedStream:
         else:
             def make() -> Any:
                 return FixedWindowLogic(key, on, spec, bins, allowed_lateness=lateness, time_type=time_type, **what)
-        return self.keyed._keyed("window", make, name=op_name, parallelism=parallelism, schema=schema,
-                                 origin=origin)
+        stream = self.keyed._keyed("window", make, name=op_name, parallelism=parallelism, schema=schema,
+                                   origin=origin)
+        if self.late_side_output:
+            stream.node.side_outputs[LATE] = self.keyed.stream.schema
+        return stream

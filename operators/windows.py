@@ -36,6 +36,7 @@ from .aggregates import AggSpec
 from .batch import to_batches
 from .eventtime import Duration, ticks, time_values
 from .keyed import AggregateLogic, _KeyedLogic
+from .logic import SideOutput
 from .keyindex import encode_keys
 from .hashing import bins_of
 from .state import DictState
@@ -45,6 +46,8 @@ __all__ = ["WindowSpec", "tumbling", "sliding", "session", "FixedWindowLogic", "
            "window_output_schema", "WINDOW_COLUMNS"]
 
 WINDOW_COLUMNS = ("window_start", "window_end")
+LATE = "late"
+"""The side output of late records."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,11 +176,13 @@ class FixedWindowLogic(_KeyedLogic):
         fn: ``fn(key, window_start, window_end, rows) -> rows`` per key and window (slow path).
         allowed_lateness: how long (ticks or timedelta) a window accepts records after it fired.
         time_type: the time column's type if known (needed for timedelta durations).
+        late_side_output: also emit late records, as they came, on side output ``"late"``.
     """
 
     def __init__(self, key: str, time: str, spec: WindowSpec, num_bins: int, *,
                  aggs: Sequence[AggSpec] = (), fn: Callable[..., Any] | None = None,
-                 allowed_lateness: Duration = 0, time_type: pa.DataType | None = None) -> None:
+                 allowed_lateness: Duration = 0, time_type: pa.DataType | None = None,
+                 late_side_output: bool = False) -> None:
         super().__init__(key, num_bins)
         if spec.kind not in ("tumbling", "sliding"):
             raise ValueError(f"FixedWindowLogic runs tumbling and sliding windows, got {spec.kind!r}")
@@ -185,6 +190,7 @@ class FixedWindowLogic(_KeyedLogic):
             raise ValueError("a window needs built-in aggregates or a function, not both")
         self.time, self.spec, self.aggs, self.fn = time, spec, tuple(aggs), fn
         self.late_records = 0
+        self.late_side_output = late_side_output
         self._time_type = time_type
         where = f"window on {time!r}"
         self._size, self._slide, _ = spec.resolve(time_type, where)
@@ -205,8 +211,8 @@ class FixedWindowLogic(_KeyedLogic):
             return batches
         return [with_window(b, start, end, self._time_type or pa.int64()) for b in batches if b.num_rows]
 
-    def process(self, batch: pa.RecordBatch, input_index: int = 0) -> list[pa.RecordBatch]:
-        out = self._state.take_pending()
+    def process(self, batch: pa.RecordBatch, input_index: int = 0) -> list[Any]:
+        out: list[Any] = self._state.take_pending()
         if batch.num_rows == 0:
             return out
         if self._time_type is None:
@@ -218,8 +224,10 @@ class FixedWindowLogic(_KeyedLogic):
         rows = np.tile(np.arange(batch.num_rows), per_row)
         keep = ~self._state.expired(starts + self._size)
         if not keep.all():
-            dropped = np.bincount(rows[~keep], minlength=batch.num_rows)
-            self.late_records += int((dropped == per_row).sum())
+            late = np.bincount(rows[~keep], minlength=batch.num_rows) == per_row
+            self.late_records += int(late.sum())
+            if self.late_side_output and late.any():
+                out.append(SideOutput(LATE, batch.filter(pa.array(late))))
             starts, rows = starts[keep], rows[keep]
         if len(starts) == 0:
             return out

@@ -42,14 +42,16 @@ def run_flow(flow: Dataflow, seed: int) -> tuple[LocalRun, dict]:
 
 
 def windowed(data: list[dict], spec, p: int, source_p: int, lateness: int = 0, batch: int = 7,
-             delay: int = JITTER):
+             delay: int = JITTER, late_side_output: bool = False):
     flow = Dataflow("w", num_bins=16)
     src = flow.source(from_items(data, schema=SCHEMA, batch_size=batch, num_splits=source_p),
                       parallelism=source_p, watermarks=bounded_out_of_orderness("t", delay))
-    (src.key_by("k").window(spec, on="t", allowed_lateness=lateness)
-        .agg(name="win", parallelism=p, n=(None, "count"), s=("v", "sum"), lo=("v", "min"),
-             hi=("v", "max"), m=("v", "mean"))
-        .sink(collect(), name="out"))
+    result = (src.key_by("k").window(spec, on="t", allowed_lateness=lateness, late_side_output=late_side_output)
+              .agg(name="win", parallelism=p, n=(None, "count"), s=("v", "sum"), lo=("v", "min"),
+                   hi=("v", "max"), m=("v", "mean")))
+    result.sink(collect(), name="out")
+    if late_side_output:
+        result.side_output("late").collect(name="late")
     return flow
 
 
@@ -102,7 +104,7 @@ def test_windows_fire_while_the_stream_runs_in_event_time_order():
     assert ends == sorted(ends)
 
 
-def late_oracle(data: list[dict], batch: int, delay: int, size: int, lateness: int) -> tuple[pd.DataFrame, int]:
+def late_oracle(data: list[dict], batch: int, delay: int, size: int, lateness: int):
     """Replay the source's watermark per batch: a record is late if its window expired before its batch."""
     df = pd.DataFrame(data)
     batch_of = np.arange(len(df)) // batch
@@ -110,7 +112,7 @@ def late_oracle(data: list[dict], batch: int, delay: int, size: int, lateness: i
     before = batch_max.shift(1).reindex(batch_of).to_numpy() - delay - 1  # NaN for the first batch
     end = df["t"] - df["t"] % size + size
     late = (end - 1 + lateness <= before)
-    return oracle(df[~late], size, size), int(late.sum())
+    return oracle(df[~late], size, size), int(late.sum()), df[late]
 
 
 @pytest.mark.parametrize("p", [1, 3])
@@ -120,13 +122,15 @@ def test_late_records_are_counted_not_merged(p, lateness):
     data = rows(p, n=300, keys=4)
     for i in rng.sample(range(40, 300), 30):  # far behind: beyond the bounded disorder
         data[i]["t"] = max(0, data[i]["t"] - rng.randrange(60, 200))
-    expected, late = late_oracle(data, batch=7, delay=JITTER, size=50, lateness=lateness)
-    local, result = run_flow(windowed(data, tumbling(50), p, 1, lateness=lateness), p)
+    expected, late, late_rows = late_oracle(data, batch=7, delay=JITTER, size=50, lateness=lateness)
+    local, result = run_flow(windowed(data, tumbling(50), p, 1, lateness=lateness, late_side_output=True), p)
     got = result["out"].to_pandas()
     if lateness:  # updates re-emit a window's row: the last one of each (key, window) is its result
         got = got.drop_duplicates(["k", "window_start"], keep="last")
     pd.testing.assert_frame_equal(normal(got), expected)
     assert late > 0 and late_counts(local) == late
+    side = result["late"].to_pandas().sort_values(["k", "t", "v"]).reset_index(drop=True)
+    pd.testing.assert_frame_equal(side, late_rows.sort_values(["k", "t", "v"]).reset_index(drop=True))
 
 
 def test_timestamp_column_with_timedelta_windows():
@@ -159,6 +163,9 @@ def test_window_on_a_non_time_column_fails_at_build_time():
         keyed.window(tumbling(10), on="x").count(name="win2")
     with pytest.raises(ValueError, match=r"operator 'win3'.*multiple of its slide"):
         keyed.window(sliding(10, 3), on="t").count(name="win3")
+    plain = keyed.window(tumbling(10), on="t").count(name="win4")
+    with pytest.raises(ValueError, match=r"operator 'win4' has no side output 'late'.*late_side_output=True"):
+        plain.side_output("late")
     with pytest.raises(TypeError, match=r"operator 'src'.*timedelta"):
         flow.source(from_items(rows(0), schema=SCHEMA), name="src",
                     watermarks=bounded_out_of_orderness("t", datetime.timedelta(seconds=1)))
