@@ -3,6 +3,7 @@
 Pure Python over pyarrow and NumPy; nothing here imports Ray.
 """
 
+from .connected import ConnectedStreams, KeyedConnectedStreams
 from .dataflow import Dataflow, KeyedStream, Stream
 from .generator import generate
 from .logic import InstanceInfo, OperatorLogic, Sink, SinkWriter, Source, SourceSplit, SplitReader
@@ -16,6 +17,8 @@ __all__ = [
     "Dataflow",
     "Stream",
     "KeyedStream",
+    "ConnectedStreams",
+    "KeyedConnectedStreams",
     "from_items",
     "from_arrow",
     "from_parquet",

@@ -33,6 +33,7 @@ from .graph import (
 )
 from .hashing import DEFAULT_NUM_BINS, check_num_bins
 from .logic import Sink, Source
+from .connected import ConnectedStreams
 from .timers import TimerProcessLogic
 from .watermarks import WatermarkedSource, WatermarkStrategy
 from .windowed import WindowedStream
@@ -155,6 +156,10 @@ class Stream:
 
     def _edge(self, partition: Partition = Partition.FORWARD, key: str | None = None, num_bins: int = 0) -> InputEdge:
         return InputEdge(self.node.name, partition, key, num_bins, self.port)
+
+    def connect(self, other: "Stream") -> ConnectedStreams:
+        """Connect with ``other`` for a keyed two-input operator: ``a.connect(b).key_by("k").join()``."""
+        return ConnectedStreams(self, other)
 
     def side_output(self, port: str, schema: pa.Schema | None = None) -> "Stream":
         """The records this operator sends to its side output ``port`` (a window's ``"late"`` records).
