@@ -34,7 +34,7 @@ from .keyindex import encode_keys
 from .logic import OperatorLogic
 from .state import DictState
 from .timers import KeyContext, TimerState
-from .windows import WindowSpec, with_window
+from .windows import WindowSpec, split_by_window, with_window
 from .windowstate import WindowState
 
 __all__ = ["JoinLogic", "WindowJoinLogic", "CoProcessLogic", "JoinPane", "join_tables"]
@@ -186,8 +186,8 @@ class WindowJoinLogic(_TwoInputKeyed):
         late = np.bincount(rows[~keep], minlength=batch.num_rows) == per_row
         self.late_records += int(late.sum())
         starts, rows = starts[keep], rows[keep]
-        for start in np.unique(starts).tolist():
-            self._state.pane(start, start + self._size).process(batch.take(rows[starts == start]), input_index)
+        for start, members in (split_by_window(starts, self._slide) if len(starts) else []):
+            self._state.pane(start, start + self._size).process(batch.take(rows[members]), input_index)
         return out
 
     def on_watermark(self, watermark: int) -> list[pa.RecordBatch]:

@@ -117,6 +117,22 @@ def with_window(batch: pa.RecordBatch, start: int, end: int, time_type: pa.DataT
     return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields))
 
 
+def split_by_window(starts: np.ndarray, slide: int, max_scan: int = 32) -> list[tuple[int, np.ndarray]]:
+    """``(window start, positions)`` per distinct start, ascending (``starts`` are multiples of ``slide``).
+
+    A batch usually touches a few windows: then one comparison per candidate
+    start is cheaper than sorting; a wide spread falls back to a sort.
+    """
+    lo, hi = int(starts.min()), int(starts.max())
+    if (hi - lo) // slide < max_scan:
+        found = ((s, np.flatnonzero(starts == s)) for s in range(lo, hi + 1, slide))
+        return [(s, members) for s, members in found if len(members)]
+    windows, inverse = np.unique(starts, return_inverse=True)
+    order = np.argsort(inverse, kind="stable")
+    bounds = np.searchsorted(inverse[order], np.arange(len(windows) + 1))
+    return [(int(w), order[bounds[i]:bounds[i + 1]]) for i, w in enumerate(windows.tolist())]
+
+
 class RowsPane(_KeyedLogic):
     """A window's rows per key (``DictState``: key -> list of batches); ``fn`` runs over them when it fires.
 
@@ -231,14 +247,10 @@ class FixedWindowLogic(_KeyedLogic):
             starts, rows = starts[keep], rows[keep]
         if len(starts) == 0:
             return out
-        windows, inverse = np.unique(starts, return_inverse=True)
-        order = np.argsort(inverse, kind="stable")
-        bounds = np.searchsorted(inverse[order], np.arange(len(windows) + 1))
-        for i, start in enumerate(windows.tolist()):
+        for start, members in split_by_window(starts, self._slide):
             end = start + self._size
             pane = self._state.pane(start, end)
-            part = batch.take(rows[order[bounds[i]:bounds[i + 1]]])
-            out.extend(self._finalise(start, end, list(pane.process(part))))
+            out.extend(self._finalise(start, end, list(pane.process(batch.take(rows[members])))))
         return out
 
     def on_watermark(self, watermark: int) -> list[pa.RecordBatch]:
