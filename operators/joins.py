@@ -46,7 +46,9 @@ def _groups(batch: pa.RecordBatch, key: str, num_bins: int) -> list[tuple[Any, i
     bins = bins_of(uniques, num_bins).tolist()
     order = np.argsort(codes, kind="stable")
     bounds = np.concatenate([[0], np.cumsum(np.bincount(codes, minlength=len(uniques)))])
-    return [(k, bins[i], batch.take(order[bounds[i]:bounds[i + 1]])) for i, k in enumerate(uniques.to_pylist())]
+    grouped = batch.take(order)  # one gather; each key's rows are then a zero-copy slice
+    return [(k, bins[i], grouped.slice(bounds[i], bounds[i + 1] - bounds[i]))
+            for i, k in enumerate(uniques.to_pylist())]
 
 
 def join_tables(left: pa.Table, right: pa.Table, left_key: str, right_key: str) -> pa.Table:
@@ -110,7 +112,7 @@ class JoinLogic(_TwoInputKeyed):
         if not matches:
             return []
         mine = pa.Table.from_batches([batch])
-        theirs = pa.Table.from_batches(matches)
+        theirs = pa.Table.from_batches(matches).combine_chunks()
         left, right = (mine, theirs) if input_index == 0 else (theirs, mine)
         return join_tables(left, right, *self.keys).combine_chunks().to_batches()
 
@@ -139,7 +141,8 @@ class JoinPane(_TwoInputKeyed):
         right = [r for _, (_, rs) in self._state.items() for r in rs]
         if not left or not right:
             return []
-        joined = join_tables(pa.Table.from_batches(left), pa.Table.from_batches(right), *self.keys)
+        joined = join_tables(pa.Table.from_batches(left).combine_chunks(),
+                             pa.Table.from_batches(right).combine_chunks(), *self.keys)
         return joined.combine_chunks().to_batches()
 
 

@@ -158,8 +158,9 @@ class RowsPane(_KeyedLogic):
         order = np.argsort(codes, kind="stable")
         bounds = np.concatenate([[0], np.cumsum(np.bincount(codes, minlength=len(uniques)))])
         touched = []
+        grouped = batch.take(order)
         for i, key in enumerate(uniques.to_pylist()):
-            rows = batch.take(order[bounds[i]:bounds[i + 1]])
+            rows = grouped.slice(bounds[i], bounds[i + 1] - bounds[i])
             self._state.put(key, bins[i], [*self._state.get(key, bins[i], []), rows])
             touched.append((key, bins[i]))
         if self.emit == "updates":
