@@ -65,8 +65,21 @@ class InputWatermarks:
         """The instance's watermark (``MIN_WATERMARK`` before the first)."""
         return self.output.timestamp
 
+    def add_inputs(self, num_inputs: int) -> None:
+        """The instance now has ``num_inputs`` inputs (a rescale added channels at the end): track them.
+
+        A new input counts from its first watermark on; the instance's
+        watermark never goes backwards because of it.
+        """
+        extra = num_inputs - len(self._marks)
+        if extra > 0:
+            self._marks += [MIN_WATERMARK] * extra
+            self._idle += [True] * extra  # not in the minimum until it sends a watermark
+            self._ended += [False] * extra
+
     def on_watermark(self, input: int, mark: Watermark) -> Watermark | None:
         """Input ``input`` sent ``mark``; returns the instance's new watermark message, if any."""
+        self.add_inputs(input + 1)
         self._idle[input] = mark.idle
         if not mark.idle:
             self._marks[input] = max(self._marks[input], mark.timestamp)
@@ -74,6 +87,7 @@ class InputWatermarks:
 
     def on_end(self, input: int) -> Watermark | None:
         """Input ``input`` ended (its watermark is now infinite); returns the new message, if any."""
+        self.add_inputs(input + 1)
         self._ended[input] = True
         if all(self._ended):
             return None  # the instance finishes: End follows, which closes event time too

@@ -55,3 +55,13 @@ def test_an_input_back_from_idle_cannot_lower_the_watermark():
     assert tracker.current == 10
     assert tracker.on_watermark(1, Watermark(20)) is None
     assert tracker.on_watermark(0, Watermark(15)) == Watermark(15)
+
+
+def test_an_input_added_later_joins_the_minimum_from_its_first_watermark():
+    tracker = InputWatermarks(1)
+    assert tracker.on_watermark(0, Watermark(10)) == Watermark(10)
+    tracker.add_inputs(2)  # a rescale added a channel: it does not stall event time before it speaks
+    assert tracker.on_watermark(0, Watermark(12)) == Watermark(12)
+    assert tracker.on_watermark(1, Watermark(11)) is None  # now it holds the minimum (never lowering it)
+    assert tracker.on_watermark(0, Watermark(20)) is None
+    assert tracker.on_watermark(1, Watermark(25)) == Watermark(20)
