@@ -71,3 +71,23 @@ def test_a_record_that_bridges_two_sessions_merges_them():
     merged, touched = merge_sessions(sessions, np.array([8, 17, 25]), pa.record_batch({"t": [8, 17, 25]}), 10)
     assert [(s[0], s[1], sum(p.num_rows for p in s[2])) for s in merged] == [(1, 40, 5)] and touched == [0]
 
+
+
+def test_user_function_over_each_session():
+    def spread(key, start, end, rows):
+        t = rows.column("t").to_pylist()
+        return [{"k": key, "window_start": start, "window_end": end, "n": len(t), "s": max(t) - min(t)}]
+
+    data = batches(5, n=200)
+    logic_fn = SessionWindowLogic("k", "t", session(GAP), NUM_BINS, fn=spread)
+    out: list[pa.RecordBatch] = []
+    high = -1
+    for batch in data:
+        high = max(high, pc_max(batch))
+        out += logic_fn.process(batch, 0) + logic_fn.on_watermark(high - JITTER - 1)
+    out += logic_fn.finish()
+    got = pa.Table.from_batches(out).to_pandas().sort_values(["k", "window_start"]).reset_index(drop=True)
+    expected = oracle(pa.Table.from_batches(data))
+    assert got["n"].tolist() == expected["n"].tolist()
+    assert got["window_end"].tolist() == expected["window_end"].tolist()
+    assert (got["s"] == got["window_end"] - GAP - got["window_start"]).all()
