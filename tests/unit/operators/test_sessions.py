@@ -91,3 +91,15 @@ def test_user_function_over_each_session():
     assert got["n"].tolist() == expected["n"].tolist()
     assert got["window_end"].tolist() == expected["window_end"].tolist()
     assert (got["s"] == got["window_end"] - GAP - got["window_start"]).all()
+
+
+def test_a_bin_of_sessions_carries_only_its_own_rows():
+    """Sessions keep zero-copy slices of input batches; a bin's payload must not carry the whole batch."""
+    n = 20_000
+    batch = pa.record_batch({"k": [f"k{i}" for i in range(n)], "t": list(range(n)), "v": [1] * n})
+    s = logic()
+    s.process(batch, 0)
+    sizes = s.state.bin_key_counts()
+    b = max(sizes, key=sizes.get)
+    payload = s.state.snapshot_bins([b])[b]
+    assert len(payload) < 1_000 * sizes[b]  # under a kilobyte a one-row session (the whole batch is 500 KB)
