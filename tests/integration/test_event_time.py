@@ -87,8 +87,8 @@ def pair_counts(batch: pa.RecordBatch) -> pa.Table:
 
 
 def test_window_join_and_timers_recover_exactly_after_a_killed_host(tmp_path):
-    left = generate(N // 4, rate=12_500, batch_size=500, num_keys=2000, num_splits=1, seed=4)
-    right = generate(N // 4, rate=12_500, batch_size=500, num_keys=2000, num_splits=1, seed=5)
+    left = generate(N // 8, rate=10_000, batch_size=500, num_keys=1000, num_splits=1, seed=4)
+    right = generate(N // 8, rate=10_000, batch_size=500, num_keys=1000, num_splits=1, seed=5)
     flow = Dataflow("join-recovery", num_bins=64)
     streams = [flow.source(src, name=name, watermarks=bounded_out_of_orderness("seq", JITTER))
                .map(with_event_time, schema=SCHEMA, name=f"time-{name}")
@@ -101,7 +101,7 @@ def test_window_join_and_timers_recover_exactly_after_a_killed_host(tmp_path):
     job = flow.submit(checkpoint_interval_s=0.3, poll_interval_s=0.2, checkpoint_dir=str(tmp_path))
     try:
         deadline = time.monotonic() + 60
-        while job.statistics().records_out("left") < N // 4 * 0.4:
+        while job.statistics().records_out("left") < N // 8 * 0.4:
             assert time.monotonic() < deadline, "no progress"
             time.sleep(0.05)
         ray.kill(job.actors[0], no_restart=True)
