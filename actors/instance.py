@@ -1,7 +1,10 @@
 """instance.py: one operator instance: its input and output channels, its dispatcher and its statistics.
 
 The dispatcher is the one place that branches on a message's type: ``Data``
-goes to the operator logic, ``End`` closes an input, a ``ControlMessage`` goes
+goes to the operator logic, a ``Watermark`` advances the instance's event-time
+clock (``watermarks.py``: the minimum over its inputs), which the logic sees
+through ``on_watermark`` before the new watermark is sent on every output,
+``End`` closes an input, a ``ControlMessage`` goes
 to the instance's control processor, whose completed ops are forwarded on
 every output channel (behind the data already queued there), along the op's
 extra edges, or back to the controller from a sink. An instance is
@@ -27,12 +30,13 @@ import pyarrow as pa
 from control.message import CONTROLLER, ControlMessage, ControlReturn, InstanceId, instance_id
 from control.processor import Completion, ControlProcessor, extra_input
 from operators.endpoints import SinkLogic, SourceLogic
-from operators.logic import InstanceInfo, OperatorLogic
+from operators.logic import InstanceInfo, OperatorLogic, SideOutput
 
 from .channel import InputChannel, OutputChannel
 from .context import InstanceControlContext
-from .messages import Data, End, Envelope, Grant
+from .messages import Data, End, Envelope, Grant, Watermark
 from .router import Router
+from .watermarks import MIN_WATERMARK, InputWatermarks
 
 if TYPE_CHECKING:
     from .topology import InstanceChange
@@ -65,6 +69,8 @@ class InstanceStatistics:
         backpressured_s: time it held output waiting for credit (and so could not run).
         busy_s: time spent processing messages (operator code, routing).
         finished: all inputs ended and final output queued.
+        watermark: its event-time watermark (None before the first).
+        late_records: records its operator dropped as too late (event-time windows).
         outputs: per output channel, its ``ChannelStatistics``.
     """
 
@@ -83,6 +89,8 @@ class InstanceStatistics:
     finished: bool
     outputs: tuple = ()
     control_completed: int = 0
+    watermark: int | None = None
+    late_records: int = 0
 
 
 class OperatorInstance:
@@ -115,6 +123,7 @@ class OperatorInstance:
         self.finished = False
         self._index_of = {ch.channel: i for i, ch in enumerate(self.inputs)}
         self._ready_inputs: dict[int, None] = {}  # inputs with a message to take and not blocked, in turn
+        self.watermarks = InputWatermarks(len(self.inputs))
         self.control = ControlProcessor(self.name, [ch.channel for ch in self.inputs], self.is_source)
         self.inbox = InputChannel(CONTROL_INBOX, -1) if self.is_source else None
         self.extra_inbox: collections.deque[ControlMessage] = collections.deque()
@@ -233,6 +242,8 @@ class OperatorInstance:
                 self._process_holding(message.batch, channel.input_index)
             else:
                 self._process(message.batch, channel.input_index)
+        elif isinstance(message, Watermark):
+            self._advance(self.watermarks.on_watermark(self._index_of[channel.channel], message))
         elif isinstance(message, ControlMessage):
             self._on_control(message, channel.channel)
         elif isinstance(message, End):
@@ -240,6 +251,8 @@ class OperatorInstance:
             self._complete_ops(self._call(self.control.input_ended, channel.channel, self.ctx))
             if all(ch.ended for ch in self.inputs):
                 self._finish()
+            else:
+                self._advance(self.watermarks.on_end(self._index_of[channel.channel]))
         else:
             raise TypeError(f"bug: {self.info} received an unknown message {type(message).__name__}")
 
@@ -302,6 +315,8 @@ class OperatorInstance:
         for ch in change.inputs:
             self._index_of[ch.channel] = len(self.inputs)
             self.inputs.append(ch)
+        if change.inputs:
+            self.watermarks.add_inputs(len(self.inputs))
         self.control.join(op_id, [ch.channel for ch in change.inputs])
 
     # -- control ------------------------------------------------------------------
@@ -363,6 +378,16 @@ class OperatorInstance:
         self.records_in += batch.num_rows
         self.batches_in += 1
         self._emit([batch])
+        self._advance(self.watermarks.output.offer(*self._call(self.logic.watermark)))  # type: ignore[union-attr]
+
+    def _advance(self, mark: Watermark | None) -> None:
+        """Event time moved: let the operator react (fire windows, timers), then send ``mark`` on."""
+        if mark is None:
+            return
+        if not mark.idle and not self.is_source:
+            self._emit(self._call(self.logic.on_watermark, mark.timestamp))  # type: ignore[union-attr]
+        for ch in self.output_channels():
+            ch.enqueue(mark)
 
     def _finish(self) -> None:
         if not self.is_source:
@@ -377,12 +402,17 @@ class OperatorInstance:
         except Exception as exc:  # the user's code: report it, with its operator
             raise OperatorFailure(self.info, exc) from exc
 
-    def _emit(self, batches: Sequence[pa.RecordBatch]) -> None:
+    def _emit(self, batches: Sequence[pa.RecordBatch | SideOutput]) -> None:
         for batch in batches:
+            port = None
+            if isinstance(batch, SideOutput):  # only the edges taken from that side output carry it
+                port, batch = batch.port, batch.batch
             if batch.num_rows == 0:
                 continue
             self.records_out += batch.num_rows
             for edge, router in enumerate(self.routers):
+                if router.port != port:
+                    continue
                 try:
                     routed = router.route(batch)
                 except Exception as exc:
@@ -416,4 +446,6 @@ class OperatorInstance:
             self.finished,
             tuple(ch.statistics() for ch in self.output_channels()),
             self.control.completed,
+            None if self.watermarks.output.timestamp == MIN_WATERMARK else self.watermarks.output.timestamp,
+            int(getattr(self.logic, "late_records", 0)),
         )

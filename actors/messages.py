@@ -12,7 +12,7 @@ from typing import Any
 
 import pyarrow as pa
 
-__all__ = ["Data", "End", "Envelope", "Grant"]
+__all__ = ["Data", "End", "Envelope", "Grant", "Watermark"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -20,6 +20,20 @@ class Data:
     """A batch of records."""
 
     batch: pa.RecordBatch
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Watermark:
+    """Event time on a channel has reached ``timestamp``: no record with a smaller or equal time follows.
+
+    Watermarks travel in order with the data, need no credit and never go
+    backwards on one channel. ``idle`` marks the sender idle: until it sends a
+    watermark that is not idle, the receiver leaves it out of the minimum over
+    its inputs.
+    """
+
+    timestamp: int
+    idle: bool = False
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -34,7 +48,7 @@ class Envelope:
     Attributes:
         channel: the channel's id.
         seq: the message's sequence number on that channel (0, 1, 2, ...).
-        message: a ``Data``, ``End`` or control message.
+        message: a ``Data``, ``Watermark``, ``End`` or control message.
         charge: bytes of credit the sender spent on it (0 for non-data).
     """
 

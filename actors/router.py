@@ -29,6 +29,7 @@ class Router:
     """Maps a batch to ``[(target position, batch), ...]`` over ``num_targets`` channels."""
 
     num_targets: int
+    port: str | None = None  # the upstream output this edge carries (None: the main one)
 
     def route(self, batch: pa.RecordBatch) -> list[tuple[int, pa.RecordBatch]]:
         raise NotImplementedError
@@ -101,9 +102,13 @@ class HashRouter(Router):
 def make_router(edge: InputEdge, num_targets: int, table: Sequence[int] | None, operator: str,
                 index: int = 0) -> Router:
     """The router for one output edge of an upstream instance ``index``."""
+    router: Router
     if edge.partition is Partition.FORWARD:
-        return ForwardRouter()
-    if edge.partition is Partition.REBALANCE:
-        return RebalanceRouter(num_targets, start=index)
-    assert table is not None and edge.key is not None, "bug in make_router: hash edge without table"
-    return HashRouter(edge.key, table, operator)
+        router = ForwardRouter()
+    elif edge.partition is Partition.REBALANCE:
+        router = RebalanceRouter(num_targets, start=index)
+    else:
+        assert table is not None and edge.key is not None, "bug in make_router: hash edge without table"
+        router = HashRouter(edge.key, table, operator)
+    router.port = edge.port
+    return router

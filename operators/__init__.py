@@ -3,16 +3,22 @@
 Pure Python over pyarrow and NumPy; nothing here imports Ray.
 """
 
+from .connected import ConnectedStreams, KeyedConnectedStreams
 from .dataflow import Dataflow, KeyedStream, Stream
 from .generator import generate
 from .logic import InstanceInfo, OperatorLogic, Sink, SinkWriter, Source, SourceSplit, SplitReader
 from .sinks import collect, to_parquet
 from .sources import from_arrow, from_items, from_parquet
+from .watermarks import WatermarkStrategy, bounded_out_of_orderness, watermarks_from
+from .windowed import WindowedStream
+from .windows import session, sliding, tumbling
 
 __all__ = [
     "Dataflow",
     "Stream",
     "KeyedStream",
+    "ConnectedStreams",
+    "KeyedConnectedStreams",
     "from_items",
     "from_arrow",
     "from_parquet",
@@ -26,4 +32,11 @@ __all__ = [
     "SinkWriter",
     "OperatorLogic",
     "InstanceInfo",
+    "WatermarkStrategy",
+    "bounded_out_of_orderness",
+    "watermarks_from",
+    "WindowedStream",
+    "tumbling",
+    "sliding",
+    "session",
 ]

@@ -33,6 +33,10 @@ from .graph import (
 )
 from .hashing import DEFAULT_NUM_BINS, check_num_bins
 from .logic import Sink, Source
+from .connected import ConnectedStreams
+from .timers import TimerProcessLogic
+from .watermarks import WatermarkedSource, WatermarkStrategy
+from .windowed import WindowedStream
 
 __all__ = ["Dataflow", "Stream", "KeyedStream"]
 
@@ -89,15 +93,28 @@ class Dataflow:
         self.graph.add(node)
         return Stream(self, node)
 
-    def source(self, source: Source, *, parallelism: int = 1, name: str | None = None) -> "Stream":
-        """Add a source. Its splits are spread over ``parallelism`` instances."""
+    def source(self, source: Source, *, parallelism: int = 1, name: str | None = None,
+               watermarks: WatermarkStrategy | None = None) -> "Stream":
+        """Add a source. Its splits are spread over ``parallelism`` instances.
+
+        ``watermarks`` (``bounded_out_of_orderness(column, delay)`` or
+        ``watermarks_from(fn)``) makes it emit event-time watermarks in-band.
+        """
         if not isinstance(source, Source):
             raise TypeError(
                 f"Dataflow.source(): expected a Source (from_items, from_arrow, from_parquet, "
                 f"generate, from_spark...), got {type(source).__name__}"
             )
+        op_name = self._name("source", name)
+        if watermarks is not None:
+            if not isinstance(watermarks, WatermarkStrategy):
+                raise TypeError(f"operator {op_name!r}: watermarks must be a WatermarkStrategy "
+                                f"(bounded_out_of_orderness(...), watermarks_from(...)), "
+                                f"got {type(watermarks).__name__}")
+            watermarks.check(source.schema(), f"operator {op_name!r}")
+            source = WatermarkedSource(source, watermarks)
         node = OperatorNode(
-            self._name("source", name), OperatorKind.SOURCE, parallelism,
+            op_name, OperatorKind.SOURCE, parallelism,
             source=source, schema=source.schema(), origin=source.describe(),
         )
         return self._add(node)
@@ -130,9 +147,31 @@ class Dataflow:
 class Stream:
     """The output of an operator; each method adds a downstream operator."""
 
-    def __init__(self, flow: Dataflow, node: OperatorNode):
+    def __init__(self, flow: Dataflow, node: OperatorNode, port: str | None = None,
+                 schema: pa.Schema | None = None):
         self.flow = flow
         self.node = node
+        self.port = port
+        self._schema = schema
+
+    def _edge(self, partition: Partition = Partition.FORWARD, key: str | None = None, num_bins: int = 0) -> InputEdge:
+        return InputEdge(self.node.name, partition, key, num_bins, self.port)
+
+    def connect(self, other: "Stream") -> ConnectedStreams:
+        """Connect with ``other`` for a keyed two-input operator: ``a.connect(b).key_by("k").join()``."""
+        return ConnectedStreams(self, other)
+
+    def side_output(self, port: str, schema: pa.Schema | None = None) -> "Stream":
+        """The records this operator sends to its side output ``port`` (a window's ``"late"`` records).
+
+        Raises:
+            ValueError: the operator has no side output of that name.
+        """
+        ports = self.node.side_outputs
+        if port not in ports:
+            raise ValueError(f"operator {self.name!r} has no side output {port!r}; it has {sorted(ports) or 'none'}"
+                             + (" (pass late_side_output=True to window())" if port == "late" else ""))
+        return Stream(self.flow, self.node, port, ports[port])
 
     @property
     def name(self) -> str:
@@ -141,7 +180,7 @@ class Stream:
     @property
     def schema(self) -> pa.Schema | None:
         """The schema of this stream's batches, if known at build time."""
-        return self.node.schema
+        return self.node.schema if self.port is None else self._schema
 
     def _transform(self, verb: str, fn: Any, make: Callable[[], Any], *, name: str | None,
                    parallelism: int | None, schema: pa.Schema | None) -> "Stream":
@@ -149,7 +188,7 @@ class Stream:
         node = OperatorNode(
             self.flow._name(verb, name), OperatorKind.TRANSFORM,
             self.node.parallelism if parallelism is None else parallelism,
-            inputs=[InputEdge(self.node.name, Partition.FORWARD)],
+            inputs=[self._edge()],
             make_logic=make, schema=schema, origin=describe_callable(fn),
         )
         return self.flow._add(node)
@@ -225,7 +264,7 @@ class Stream:
         node = OperatorNode(
             self.flow._name("union", name), OperatorKind.TRANSFORM,
             max(s.node.parallelism for s in streams) if parallelism is None else parallelism,
-            inputs=[InputEdge(s.name, Partition.FORWARD) for s in streams],
+            inputs=[s._edge() for s in streams],
             make_logic=stateless.IdentityLogic, schema=first_known.schema if first_known else None,
         )
         return self.flow._add(node)
@@ -240,7 +279,7 @@ class Stream:
         node = OperatorNode(
             self.flow._name("sink", name), OperatorKind.SINK,
             self.node.parallelism if parallelism is None else parallelism,
-            inputs=[InputEdge(self.node.name, Partition.FORWARD)],
+            inputs=[self._edge()],
             sink=sink, schema=self.schema,
             origin=sink.describe(),
         )
@@ -276,7 +315,7 @@ class KeyedStream:
         node = OperatorNode(
             flow._name(verb, name), OperatorKind.KEYED,
             self.stream.node.parallelism if parallelism is None else parallelism,
-            inputs=[InputEdge(self.stream.name, Partition.HASH, self.key, self.num_bins)],
+            inputs=[self.stream._edge(Partition.HASH, self.key, self.num_bins)],
             make_logic=make, schema=schema, key=self.key, num_bins=self.num_bins, origin=origin,
         )
         return flow._add(node)
@@ -292,6 +331,18 @@ class KeyedStream:
         op_name = self.stream.flow._name("agg", name)
         if emit not in ("final", "updates"):
             raise ValueError(f"operator {op_name!r}: emit must be 'final' or 'updates', got {emit!r}")
+        specs = self._agg_specs(op_name, aggregates)
+        schema = None
+        if self.stream.schema is not None:
+            try:
+                schema = keyed.aggregate_output_schema(self.stream.schema, self.key, specs)
+            except (TypeError, ValueError) as exc:
+                raise type(exc)(f"operator {op_name!r}: {exc}") from None
+        key, bins = self.key, self.num_bins
+        return self._keyed("agg", lambda: keyed.AggregateLogic(key, specs, bins, emit),
+                           name=op_name, parallelism=parallelism, schema=schema)
+
+    def _agg_specs(self, op_name: str, aggregates: dict[str, Any]) -> list[keyed.AggSpec]:
         if not aggregates:
             raise ValueError(f"operator {op_name!r}: agg() needs at least one aggregate")
         specs = []
@@ -307,15 +358,18 @@ class KeyedStream:
                 specs.append(keyed.AggSpec(out_name, func, column))
             except (TypeError, ValueError) as exc:
                 raise type(exc)(f"operator {op_name!r}: {exc}") from None
-        schema = None
-        if self.stream.schema is not None:
-            try:
-                schema = keyed.aggregate_output_schema(self.stream.schema, self.key, specs)
-            except (TypeError, ValueError) as exc:
-                raise type(exc)(f"operator {op_name!r}: {exc}") from None
-        key, bins = self.key, self.num_bins
-        return self._keyed("agg", lambda: keyed.AggregateLogic(key, specs, bins, emit),
-                           name=op_name, parallelism=parallelism, schema=schema)
+        return specs
+
+    def window(self, spec: Any, *, on: str, allowed_lateness: Any = 0,
+               late_side_output: bool = False) -> WindowedStream:
+        """Event-time windows: ``window(tumbling(10), on="ts")``, ``sliding(size, slide)``, ``session(gap)``.
+
+        Results are emitted when the watermark passes a window's end (sources
+        make watermarks: ``flow.source(..., watermarks=bounded_out_of_orderness("ts", 5))``).
+        Late records are counted; with ``late_side_output=True`` they also go
+        to ``result.side_output("late")``.
+        """
+        return WindowedStream(self, spec, on, allowed_lateness, late_side_output)
 
     def count(self, *, name: str | None = None, parallelism: int | None = None,
               emit: str = "final") -> Stream:
@@ -354,12 +408,20 @@ class KeyedStream:
                            origin=describe_callable(fn))
 
     def process(self, fn: Callable[..., Any], *, name: str | None = None,
-                parallelism: int | None = None, schema: pa.Schema | None = None) -> Stream:
+                parallelism: int | None = None, schema: pa.Schema | None = None,
+                on_timer: Callable[..., Any] | None = None) -> Stream:
         """Keyed process with per-key state: ``fn(key, rows: RecordBatch, state) -> output``.
 
         ``state.value`` is the key's state (``None`` at first); assign to update it.
+        With ``on_timer``, ``state`` can also ``register(time)`` event-time timers
+        for the key; ``on_timer(key, time, state) -> output`` runs once per
+        (key, time) when the watermark reaches ``time``, in time order.
         """
         _check_callable("process", fn)
         key, bins = self.key, self.num_bins
+        if on_timer is not None:
+            _check_callable("process(on_timer=...)", on_timer, name)
+            return self._keyed("process", lambda: TimerProcessLogic(key, fn, on_timer, bins, schema), name=name,
+                               parallelism=parallelism, schema=schema, origin=describe_callable(fn))
         return self._keyed("process", lambda: keyed.ProcessLogic(key, fn, bins, schema), name=name,
                            parallelism=parallelism, schema=schema, origin=describe_callable(fn))

@@ -15,6 +15,7 @@ from typing import Any, Sequence
 import pyarrow as pa
 
 from .logic import InstanceInfo, OperatorLogic, Sink, SinkWriter, Source, SourceSplit, SplitReader
+from .watermarks import _WatermarkedReader
 
 __all__ = ["SourceLogic", "SinkLogic", "assign_splits"]
 
@@ -74,6 +75,13 @@ class SourceLogic:
             self._reader = None
             self._position += 1
         return None
+
+    def watermark(self) -> tuple[int | None, bool]:
+        """``(watermark, idle)`` of this instance (``None``: none yet; see ``watermarks.py``)."""
+        reader = self._reader
+        if self._position != len(self.splits) - 1 or not isinstance(reader, _WatermarkedReader):
+            return None, False  # earlier splits may still hold old records, or no watermarks at all
+        return reader.watermark, reader.idle()
 
     def offsets(self) -> dict[str, Any]:
         return dict(self._offsets)

@@ -55,12 +55,15 @@ class InputEdge:
         partition: how records are distributed.
         key: the key column for ``HASH`` edges.
         num_bins: the number of bins of the hash edge (the downstream operator's).
+        port: which output of the upstream it carries: ``None`` for the main
+            output, else a named side output (e.g. a window's ``"late"`` records).
     """
 
     upstream: str
     partition: Partition
     key: str | None = None
     num_bins: int = 0
+    port: str | None = None
 
 
 @dataclasses.dataclass(slots=True)
@@ -80,6 +83,7 @@ class OperatorNode:
         key: the key column (keyed operators).
         num_bins: the number of key bins (keyed operators).
         origin: the user function and where it was defined, for messages.
+        side_outputs: the operator's named side outputs and their schemas (if known).
     """
 
     name: str
@@ -93,6 +97,7 @@ class OperatorNode:
     key: str | None = None
     num_bins: int = 0
     origin: str = ""
+    side_outputs: dict[str, pa.Schema | None] = dataclasses.field(default_factory=dict)
 
     @property
     def stateful(self) -> bool:

@@ -347,9 +347,10 @@ class ProcessLogic(_KeyedLogic):
         bounds = np.concatenate([[0], np.cumsum(np.bincount(codes, minlength=len(uniques)))])
         outputs: list[pa.RecordBatch] = []
         pending_rows: list[dict] = []  # row outputs of consecutive keys: one batch, types inferred over all
+        grouped = batch.take(order)  # one gather; each key's rows are then a zero-copy slice
         for i, key in enumerate(uniques.to_pylist()):
-            rows = batch.take(order[bounds[i]:bounds[i + 1]])
-            result = self.fn(key, rows, ValueState(self._state, key, bins[i]))
+            rows = grouped.slice(bounds[i], bounds[i + 1] - bounds[i])
+            result = self.fn(key, rows, self._key_state(key, bins[i]))
             if isinstance(result, (list, tuple)) and result and isinstance(result[0], dict):
                 self._check_fields(pending_rows[0] if pending_rows else result[0], result)
                 pending_rows.extend(result)
@@ -364,6 +365,10 @@ class ProcessLogic(_KeyedLogic):
         if len(outputs) <= 1:
             return outputs
         return pa.Table.from_batches(outputs).combine_chunks().to_batches()
+
+    def _key_state(self, key: Any, bin: int) -> Any:
+        """What ``fn`` gets as the key's state (subclasses hand out richer contexts)."""
+        return ValueState(self._state, key, bin)
 
     def _check_fields(self, first: dict, rows: Sequence[dict]) -> None:
         fields = first.keys()

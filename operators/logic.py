@@ -24,6 +24,7 @@ import pyarrow as pa
 __all__ = [
     "InstanceInfo",
     "OperatorLogic",
+    "SideOutput",
     "Source",
     "SourceSplit",
     "SplitReader",
@@ -52,6 +53,17 @@ class InstanceInfo:
         return f"{self.operator}[{self.index}]"
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class SideOutput:
+    """A batch an operator emits on a named side output instead of its main output.
+
+    Only the streams taken with ``Stream.side_output(port)`` receive it.
+    """
+
+    port: str
+    batch: pa.RecordBatch
+
+
 class OperatorLogic(abc.ABC):
     """The per-instance behaviour of an operator: batches in, batches out.
 
@@ -68,6 +80,14 @@ class OperatorLogic(abc.ABC):
     @abc.abstractmethod
     def process(self, batch: pa.RecordBatch, input_index: int) -> Sequence[pa.RecordBatch]:
         """Process one input batch from input ``input_index``; return output batches."""
+
+    def on_watermark(self, watermark: int) -> Sequence[pa.RecordBatch]:
+        """Event time reached ``watermark`` (no record with time ``<= watermark`` follows): return output.
+
+        Called in order with the data, before the watermark is sent on; windows
+        and timers fire here. Default: nothing.
+        """
+        return ()
 
     def finish(self) -> Sequence[pa.RecordBatch]:
         """All inputs have ended: return any final output (e.g. final aggregates)."""

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import io
 import json
 import sys
 from typing import Callable, Any, Iterable, Iterator, Mapping, Sequence
@@ -195,7 +196,7 @@ class DictState(BinnedState):
     def _encode(self, b: int) -> bytes:
         doc = {"format": _DICT_FORMAT, "num_bins": self._num_bins, "bin": b,
                "version": int(self._versions[b]), "items": dict(self._bins.get(b, {}))}
-        return cloudpickle.dumps(doc)
+        return dumps_compact(doc)
 
     def _decode(self, b: int, payload: bytes) -> tuple[int, dict[Any, Any]]:
         try:
@@ -210,6 +211,32 @@ class DictState(BinnedState):
                 f"this state has {self._num_bins} bins"
             )
         return int(doc["version"]), doc["items"]
+
+
+def _batch_from_ipc(payload: bytes) -> pa.RecordBatch:
+    return pa.ipc.open_stream(payload).read_next_batch()
+
+
+class _CompactPickler(cloudpickle.CloudPickler):
+    """Pickles Arrow record batches as IPC streams: a slice then carries only its own rows.
+
+    (Pickling a slice of a batch would copy the whole buffers it views.)
+    """
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, pa.RecordBatch):
+            sink = pa.BufferOutputStream()
+            with pa.ipc.new_stream(sink, obj.schema) as writer:
+                writer.write_batch(obj)
+            return _batch_from_ipc, (sink.getvalue().to_pybytes(),)
+        return super().reducer_override(obj)
+
+
+def dumps_compact(value: Any) -> bytes:
+    """``cloudpickle.dumps`` whose record batches carry only their own rows (state of rows kept per key)."""
+    out = io.BytesIO()
+    _CompactPickler(out).dump(value)
+    return out.getvalue()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

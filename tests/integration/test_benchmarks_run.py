@@ -27,6 +27,9 @@ RUNS = {
     "checkpoint": (["--keys", "5000", "--window", "1"],
                    ["throughput_ratio_checkpoint_1s", "checkpoint_p50_ms", "checkpoint_p99_ms", "max_stall_ms"]),
     "recovery": (["--sizes", "5000", "--rate", "50000"], ["records_replayed"]),
+    "windows": (["--records", "100000", "--keys", "2000", "--batch-size", "20000", "--latency-records", "20000",
+                 "--rate", "100000"],
+                ["records_per_s", "ratio", "window_latency_p50_ms", "window_latency_p99_ms"]),
 }
 
 

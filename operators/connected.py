@@ -1,0 +1,117 @@
+"""connected.py: two streams connected for a keyed two-input operator (co-process, joins).
+
+Example:
+    >>> from operators import Dataflow, from_items
+    >>> flow = Dataflow("j")
+    >>> orders = flow.source(from_items([{"user": "a", "amount": 3}]), name="orders")
+    >>> users = flow.source(from_items([{"id": "a", "city": "Oslo"}]), name="users")
+    >>> joined = orders.connect(users).key_by("user", "id").join(name="enrich")
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable
+
+import pyarrow as pa
+
+from .eventtime import check_time_field
+from .graph import OperatorKind, OperatorNode, Partition, describe_callable
+from .hashing import check_num_bins
+from .joins import CoProcessLogic, JoinLogic, WindowJoinLogic, join_tables
+from .windows import WindowSpec, window_output_schema
+
+if TYPE_CHECKING:
+    from .dataflow import Stream
+
+__all__ = ["ConnectedStreams", "KeyedConnectedStreams"]
+
+
+class ConnectedStreams:
+    """Two streams of one dataflow, to be keyed together (``key_by``)."""
+
+    def __init__(self, left: "Stream", right: "Stream") -> None:
+        from .dataflow import Stream
+
+        if not isinstance(right, Stream) or right.flow is not left.flow:
+            raise TypeError(f"connect() after operator {left.name!r}: expected a stream of the same Dataflow, "
+                            f"got {type(right).__name__}")
+        self.left, self.right = left, right
+
+    def key_by(self, left_key: str, right_key: str | None = None, *,
+               num_bins: int | None = None) -> "KeyedConnectedStreams":
+        """Partition both streams by their key columns (``right_key`` defaults to ``left_key``)."""
+        right_key = left_key if right_key is None else right_key
+        for stream, key in ((self.left, left_key), (self.right, right_key)):
+            if not isinstance(key, str) or not key:
+                raise ValueError(f"connect().key_by(): expected a column name, got {key!r}")
+            if stream.schema is not None and key not in stream.schema.names:
+                raise ValueError(f"connect().key_by(): unknown key column {key!r} of stream {stream.name!r}; "
+                                 f"it has columns {stream.schema.names}")
+        bins = self.left.flow.num_bins if num_bins is None else check_num_bins(num_bins)
+        return KeyedConnectedStreams(self.left, self.right, (left_key, right_key), bins)
+
+
+class KeyedConnectedStreams:
+    """Two streams partitioned by the same bins: their keyed two-input operators."""
+
+    def __init__(self, left: "Stream", right: "Stream", keys: tuple[str, str], num_bins: int) -> None:
+        self.left, self.right, self.keys, self.num_bins = left, right, keys, num_bins
+
+    def _add(self, verb: str, make: Callable[[], Any], name: str | None, parallelism: int | None,
+             schema: pa.Schema | None, origin: str = "") -> "Stream":
+        flow = self.left.flow
+        node = OperatorNode(
+            flow._name(verb, name), OperatorKind.KEYED,
+            self.left.node.parallelism if parallelism is None else parallelism,
+            inputs=[s._edge(Partition.HASH, k, self.num_bins) for s, k in zip((self.left, self.right), self.keys)],
+            make_logic=make, schema=schema, key=self.keys[0], num_bins=self.num_bins, origin=origin,
+        )
+        return flow._add(node)
+
+    def _join_schema(self) -> pa.Schema | None:
+        if self.left.schema is None or self.right.schema is None:
+            return None
+        return join_tables(self.left.schema.empty_table(), self.right.schema.empty_table(), *self.keys).schema
+
+    def join(self, *, name: str | None = None, parallelism: int | None = None) -> "Stream":
+        """Incremental inner equi-join: each pair of rows with equal keys, emitted when its second row arrives.
+
+        State grows without bound (every row is kept); use ``window_join`` to bound it.
+        """
+        keys, bins = self.keys, self.num_bins
+        return self._add("join", lambda: JoinLogic(keys, bins), name, parallelism, self._join_schema())
+
+    def window_join(self, spec: WindowSpec, *, on: str | tuple[str, str], name: str | None = None,
+                    parallelism: int | None = None) -> "Stream":
+        """Inner equi-join of rows in the same event-time window, emitted when the watermark passes its end.
+
+        ``on``: the event-time column (one name, or one per input).
+        """
+        op_name = self.left.flow._name("window_join", name)
+        times = (on, on) if isinstance(on, str) else tuple(on)
+        if not isinstance(spec, WindowSpec) or spec.kind == "session":
+            raise TypeError(f"operator {op_name!r}: window_join() takes tumbling(...) or sliding(...), got {spec!r}")
+        time_type = None
+        for stream, column in zip((self.left, self.right), times):
+            check_time_field(stream.schema, column, f"operator {op_name!r}")
+            if stream.schema is not None:
+                time_type = stream.schema.field(column).type
+        spec.resolve(time_type, f"operator {op_name!r}")
+        schema = self._join_schema()
+        if schema is not None and time_type is not None:
+            schema = window_output_schema(time_type, schema.field(0), list(schema)[1:])
+        keys, bins = self.keys, self.num_bins
+        return self._add("window_join", lambda: WindowJoinLogic(keys, times, spec, bins, time_type),  # type: ignore[arg-type]
+                         op_name, parallelism, schema)
+
+    def process(self, fn: Callable[..., Any], *, on_timer: Callable[..., Any] | None = None,
+                name: str | None = None, parallelism: int | None = None, schema: pa.Schema | None = None) -> "Stream":
+        """Keyed co-process: ``fn(key, rows, state, input)`` (``input`` 0 or 1), with optional timers."""
+        for verb, f in (("process", fn), ("on_timer", on_timer)):
+            if f is not None and not callable(f):
+                raise TypeError(f"connect().key_by().process(): {verb} must be a function, got {type(f).__name__}")
+        keys, bins = self.keys, self.num_bins
+        return self._add("co_process", lambda: CoProcessLogic(keys, fn, bins, on_timer, schema), name,
+                         parallelism, schema, describe_callable(fn))
+
+

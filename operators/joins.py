@@ -1,0 +1,247 @@
+"""joins.py: keyed two-input operators: co-process with timers, incremental equi-join, windowed equi-join.
+
+Both inputs of a two-input keyed operator are routed by the same bin table
+(one keyed operator, two hash edges with its bins), so a key's rows of both
+sides meet in one instance and a bin moves both sides together. State is
+per key, in bins:
+
+* :class:`JoinLogic` (incremental, unbounded): per key the rows of each side
+  seen so far (a :class:`~operators.state.DictState`); each new batch is
+  joined, with one Arrow hash join, against the stored rows of the other
+  side for its keys, then stored.
+* :class:`WindowJoinLogic`: per window a :class:`JoinPane` (per key, the rows
+  of each side in that window) in a :class:`~operators.windowstate.WindowState`;
+  when the watermark passes the window's end, one Arrow join over the pane.
+* :class:`CoProcessLogic`: ``fn(key, rows, ctx, input)`` with per-key value
+  and event-time timers (:class:`~operators.timers.TimerState`).
+
+Output of the joins: the key (named as the left key), the left columns, then
+the right columns (a right name that collides gets ``_right``); window joins
+add ``window_start`` and ``window_end`` after the key.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+import pyarrow as pa
+
+from .batch import to_batches
+from .eventtime import time_values
+from .hashing import bins_of, check_num_bins
+from .keyindex import encode_keys
+from .logic import OperatorLogic
+from .state import DictState
+from .timers import KeyContext, TimerState
+from .windows import WindowSpec, split_by_window, with_window
+from .windowstate import WindowState
+
+__all__ = ["JoinLogic", "WindowJoinLogic", "CoProcessLogic", "JoinPane", "join_tables"]
+
+
+def _groups(batch: pa.RecordBatch, key: str, num_bins: int) -> list[tuple[Any, int, pa.RecordBatch]]:
+    """``(key, bin, rows)`` per distinct key of ``batch``, in order of first appearance."""
+    uniques, codes = encode_keys(batch.column(key))
+    bins = bins_of(uniques, num_bins).tolist()
+    order = np.argsort(codes, kind="stable")
+    bounds = np.concatenate([[0], np.cumsum(np.bincount(codes, minlength=len(uniques)))])
+    grouped = batch.take(order)  # one gather; each key's rows are then a zero-copy slice
+    return [(k, bins[i], grouped.slice(bounds[i], bounds[i + 1] - bounds[i]))
+            for i, k in enumerate(uniques.to_pylist())]
+
+
+def join_tables(left: pa.Table, right: pa.Table, left_key: str, right_key: str) -> pa.Table:
+    """Inner equi-join: the key (named ``left_key``), left columns, right columns (``_right`` on clashes)."""
+    right = right.rename_columns([right_key if n == right_key else (f"{n}_right" if n in left.column_names else n)
+                                  for n in right.column_names])
+    joined = left.join(right, keys=left_key, right_keys=right_key, join_type="inner", coalesce_keys=True,
+                       use_threads=False)
+    names = [left_key] + [n for n in left.column_names if n != left_key]
+    names += [n for n in right.column_names if n != right_key]
+    return joined.select(names)
+
+
+class _TwoInputKeyed(OperatorLogic):
+    """Key columns per input and the bins."""
+
+    def __init__(self, keys: tuple[str, str], num_bins: int) -> None:
+        self.keys = keys
+        self.num_bins = check_num_bins(num_bins)
+
+    def _key(self, batch: pa.RecordBatch, side: int) -> str:
+        key = self.keys[side]
+        if key not in batch.schema.names:
+            raise ValueError(f"key column {key!r} of input {side} is not in its columns {batch.schema.names}")
+        return key
+
+
+class JoinLogic(_TwoInputKeyed):
+    """Incremental (unbounded) inner equi-join: every pair of rows with equal keys, emitted once.
+
+    Example:
+        >>> j = JoinLogic(("k", "id"), 8)
+        >>> j.process(pa.record_batch({"k": ["a"], "x": [1]}), 0)
+        []
+        >>> j.process(pa.record_batch({"id": ["a", "b"], "y": [2, 3]}), 1)[0].to_pylist()
+        [{'k': 'a', 'x': 1, 'y': 2}]
+    """
+
+    def __init__(self, keys: tuple[str, str], num_bins: int) -> None:
+        super().__init__(keys, num_bins)
+        self._state = DictState(self.num_bins)  # key -> ([left batches], [right batches])
+        self._schemas: list[pa.Schema | None] = [None, None]
+
+    @property
+    def state(self) -> DictState:
+        return self._state
+
+    def process(self, batch: pa.RecordBatch, input_index: int = 0) -> list[pa.RecordBatch]:
+        key = self._key(batch, input_index)
+        self._schemas[input_index] = batch.schema
+        if batch.num_rows == 0:
+            return []
+        other = 1 - input_index
+        matches: list[pa.RecordBatch] = []
+        for k, b, rows in _groups(batch, key, self.num_bins):
+            sides: tuple[list, list] = self._state.get(k, b) or ([], [])
+            matches.extend(sides[other])
+            new = list(sides)
+            new[input_index] = sides[input_index] + [rows]
+            self._state.put(k, b, tuple(new))
+        if not matches:
+            return []
+        mine = pa.Table.from_batches([batch])
+        theirs = pa.Table.from_batches(matches).combine_chunks()
+        left, right = (mine, theirs) if input_index == 0 else (theirs, mine)
+        return join_tables(left, right, *self.keys).combine_chunks().to_batches()
+
+
+class JoinPane(_TwoInputKeyed):
+    """One window of a window join: per key, the rows of each side; ``finish()`` joins them all at once."""
+
+    def __init__(self, keys: tuple[str, str], num_bins: int) -> None:
+        super().__init__(keys, num_bins)
+        self.emit = "final"
+        self._state = DictState(self.num_bins)
+
+    @property
+    def state(self) -> DictState:
+        return self._state
+
+    def process(self, batch: pa.RecordBatch, input_index: int = 0) -> list[pa.RecordBatch]:
+        for k, b, rows in _groups(batch, self._key(batch, input_index), self.num_bins):
+            sides = list(self._state.get(k, b) or ([], []))
+            sides[input_index] = sides[input_index] + [rows]
+            self._state.put(k, b, tuple(sides))
+        return []
+
+    def finish(self) -> list[pa.RecordBatch]:
+        left = [r for _, (ls, _) in self._state.items() for r in ls]
+        right = [r for _, (_, rs) in self._state.items() for r in rs]
+        if not left or not right:
+            return []
+        joined = join_tables(pa.Table.from_batches(left).combine_chunks(),
+                             pa.Table.from_batches(right).combine_chunks(), *self.keys)
+        return joined.combine_chunks().to_batches()
+
+
+class WindowJoinLogic(_TwoInputKeyed):
+    """Inner equi-join of rows of both inputs that fall in the same tumbling or sliding window.
+
+    Args:
+        keys: the key column of each input.
+        times: the event-time column of each input.
+        spec: ``tumbling(...)`` or ``sliding(...)``.
+        num_bins: the operator's bins.
+        time_type: the time columns' type, if known (for timedelta durations).
+    """
+
+    def __init__(self, keys: tuple[str, str], times: tuple[str, str], spec: WindowSpec, num_bins: int,
+                 time_type: pa.DataType | None = None) -> None:
+        super().__init__(keys, num_bins)
+        if spec.kind not in ("tumbling", "sliding"):
+            raise ValueError(f"a window join takes tumbling or sliding windows, got {spec.kind!r}")
+        self.times = times
+        self._size, self._slide, _ = spec.resolve(time_type, "window join")
+        self._time_type = time_type
+        self.late_records = 0
+        self._state = WindowState(self.num_bins, lambda s, e: JoinPane(self.keys, self.num_bins), self._finalise)
+
+    @property
+    def state(self) -> WindowState:
+        return self._state
+
+    def _finalise(self, start: int, end: int, batches: list[pa.RecordBatch]) -> list[pa.RecordBatch]:
+        return [with_window(b, start, end, self._time_type or pa.int64()) for b in batches if b.num_rows]
+
+    def process(self, batch: pa.RecordBatch, input_index: int = 0) -> list[pa.RecordBatch]:
+        out = self._state.take_pending()
+        if batch.num_rows == 0:
+            return out
+        if self._time_type is None:
+            self._time_type = batch.schema.field(self.times[input_index]).type
+        times = time_values(batch, self.times[input_index], "window join")
+        per_row = self._size // self._slide
+        starts = ((times - np.mod(times, self._slide))[None, :] - self._slide * np.arange(per_row)[:, None]).ravel()
+        rows = np.tile(np.arange(batch.num_rows), per_row)
+        keep = ~self._state.expired(starts + self._size)
+        late = np.bincount(rows[~keep], minlength=batch.num_rows) == per_row
+        self.late_records += int(late.sum())
+        starts, rows = starts[keep], rows[keep]
+        for start, members in (split_by_window(starts, self._slide) if len(starts) else []):
+            self._state.pane(start, start + self._size).process(batch.take(rows[members]), input_index)
+        return out
+
+    def on_watermark(self, watermark: int) -> list[pa.RecordBatch]:
+        return self._state.advance(watermark)
+
+    def finish(self) -> list[pa.RecordBatch]:
+        return self._state.fire_all()
+
+
+class CoProcessLogic(_TwoInputKeyed):
+    """Keyed co-process: ``fn(key, rows, ctx, input)`` per key, batch and input; ``ctx`` as for ``process``.
+
+    With ``on_timer``, ``ctx.register(time)`` sets event-time timers and
+    ``on_timer(key, time, ctx)`` runs once per (key, time), in time order.
+    """
+
+    def __init__(self, keys: tuple[str, str], fn: Callable[..., Any], num_bins: int,
+                 on_timer: Callable[..., Any] | None = None, output_schema: pa.Schema | None = None) -> None:
+        super().__init__(keys, num_bins)
+        self.fn, self.on_timer, self.output_schema = fn, on_timer, output_schema
+        self._state = TimerState(self.num_bins)
+
+    @property
+    def state(self) -> TimerState:
+        return self._state
+
+    def process(self, batch: pa.RecordBatch, input_index: int = 0) -> list[pa.RecordBatch]:
+        out = self._fire()
+        for k, b, rows in _groups(batch, self._key(batch, input_index), self.num_bins):
+            out += self._batches(self.fn(k, rows, KeyContext(self._state, k, b), input_index))
+        return out + self._fire()
+
+    def on_watermark(self, watermark: int) -> list[pa.RecordBatch]:
+        self._state.watermark = max(self._state.watermark, watermark)
+        return self._fire()
+
+    def finish(self) -> list[pa.RecordBatch]:
+        return self.on_watermark(1 << 62)
+
+    def _fire(self) -> list[pa.RecordBatch]:
+        out: list[pa.RecordBatch] = []
+        while self.on_timer is not None and (due := self._state.pop_due()) is not None:
+            k, b, time = due
+            out += self._batches(self.on_timer(k, time, KeyContext(self._state, k, b)))
+        return out
+
+    def _batches(self, result: Any) -> list[pa.RecordBatch]:
+        batches = [b for b in to_batches(result, self.output_schema) if b.num_rows]
+        if self.output_schema is not None:
+            batches = [b if b.schema.equals(self.output_schema) else b.select(self.output_schema.names)
+                       .cast(self.output_schema) for b in batches]
+        return batches
+
+

@@ -1,0 +1,119 @@
+"""windowed.py: ``WindowedStream``, the user API of event-time windows over a keyed stream.
+
+Example:
+    >>> from operators import Dataflow, from_items, collect, tumbling, bounded_out_of_orderness
+    >>> flow = Dataflow("w")
+    >>> (flow.source(from_items([{"k": "a", "t": 1}]), watermarks=bounded_out_of_orderness("t", 5))
+    ...      .key_by("k").window(tumbling(10), on="t").count(name="counts")
+    ...      .sink(collect()))  # doctest: +ELLIPSIS
+    <operators.dataflow.Stream object at ...>
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable
+
+import pyarrow as pa
+
+from .aggregates import aggregate_output_schema
+from .eventtime import Duration, check_time_field, ticks
+from .graph import describe_callable
+from .windows import LATE, FixedWindowLogic, WindowSpec, window_output_schema
+
+if TYPE_CHECKING:
+    from .dataflow import KeyedStream, Stream
+
+__all__ = ["WindowedStream"]
+
+
+class WindowedStream:
+    """A keyed stream cut into event-time windows; its methods add the windowed operator.
+
+    Args:
+        keyed: the keyed stream.
+        spec: ``tumbling(size)``, ``sliding(size, slide)`` or ``session(gap)``.
+        on: the event-time column (an integer or timestamp column).
+        allowed_lateness: how long a window accepts records after it fired.
+        late_side_output: send late records to the side output ``"late"``
+            (``stream.side_output("late")``), besides counting them.
+    """
+
+    def __init__(self, keyed: "KeyedStream", spec: WindowSpec, on: str, allowed_lateness: Duration = 0,
+                 late_side_output: bool = False):
+        if not isinstance(spec, WindowSpec):
+            raise TypeError(f"window() after operator {keyed.stream.name!r}: expected tumbling(...), "
+                            f"sliding(...) or session(...), got {type(spec).__name__}")
+        self.keyed, self.spec, self.on, self.allowed_lateness = keyed, spec, on, allowed_lateness
+        self.late_side_output = bool(late_side_output)
+
+    def _check(self, op_name: str) -> pa.DataType | None:
+        where = f"operator {op_name!r}"
+        schema = self.keyed.stream.schema
+        check_time_field(schema, self.on, where)
+        time_type = schema.field(self.on).type if schema is not None else None
+        self.spec.resolve(time_type, where)
+        ticks(self.allowed_lateness, time_type, f"{where}: allowed_lateness")
+        return time_type
+
+    def agg(self, *, name: str | None = None, parallelism: int | None = None,
+            **aggregates: tuple[str | None, str]) -> "Stream":
+        """Built-in aggregates per key and window: ``agg(n=(None, "count"), total=("v", "sum"))``.
+
+        Output columns: the key, ``window_start``, ``window_end``, then one per aggregate.
+        """
+        op_name = self.keyed.stream.flow._name("window", name)
+        time_type = self._check(op_name)
+        specs = self.keyed._agg_specs(op_name, aggregates)
+        schema = None
+        stream_schema = self.keyed.stream.schema
+        if stream_schema is not None and time_type is not None:
+            try:
+                values = aggregate_output_schema(stream_schema, self.keyed.key, specs)
+            except (TypeError, ValueError) as exc:
+                raise type(exc)(f"operator {op_name!r}: {exc}") from None
+            schema = window_output_schema(time_type, values.field(0), list(values)[1:])
+        return self._add(op_name, parallelism, schema, dict(aggs=specs), time_type)
+
+    def apply(self, fn: Callable[..., Any], *, name: str | None = None, parallelism: int | None = None,
+              schema: pa.Schema | None = None) -> "Stream":
+        """User function per key and window (slow path): ``fn(key, window_start, window_end, rows) -> rows``."""
+        op_name = self.keyed.stream.flow._name("window", name)
+        if not callable(fn):
+            raise TypeError(f"operator {op_name!r}: apply() needs a function, got {type(fn).__name__}")
+        time_type = self._check(op_name)
+        return self._add(op_name, parallelism, schema, dict(fn=fn), time_type, describe_callable(fn))
+
+    def count(self, *, name: str | None = None, parallelism: int | None = None) -> "Stream":
+        """Records per key and window: column ``count``."""
+        return self.agg(name=name, parallelism=parallelism, count=(None, "count"))
+
+    def sum(self, column: str, **kwargs: Any) -> "Stream":
+        return self.agg(**kwargs, sum=(column, "sum"))
+
+    def min(self, column: str, **kwargs: Any) -> "Stream":
+        return self.agg(**kwargs, min=(column, "min"))
+
+    def max(self, column: str, **kwargs: Any) -> "Stream":
+        return self.agg(**kwargs, max=(column, "max"))
+
+    def mean(self, column: str, **kwargs: Any) -> "Stream":
+        return self.agg(**kwargs, mean=(column, "mean"))
+
+    def _add(self, op_name: str, parallelism: int | None, schema: pa.Schema | None, what: dict[str, Any],
+             time_type: pa.DataType | None, origin: str = "") -> "Stream":
+        key, on, spec, bins, lateness = self.keyed.key, self.on, self.spec, self.keyed.num_bins, self.allowed_lateness
+        what = dict(what, late_side_output=self.late_side_output)
+        if spec.kind == "session":
+            from .sessions import SessionWindowLogic
+
+            def make() -> Any:
+                return SessionWindowLogic(key, on, spec, bins, allowed_lateness=lateness,
+                                          time_type=time_type, **what)
+        else:
+            def make() -> Any:
+                return FixedWindowLogic(key, on, spec, bins, allowed_lateness=lateness, time_type=time_type, **what)
+        stream = self.keyed._keyed("window", make, name=op_name, parallelism=parallelism, schema=schema,
+                                   origin=origin)
+        if self.late_side_output:
+            stream.node.side_outputs[LATE] = self.keyed.stream.schema
+        return stream

@@ -1,0 +1,261 @@
+"""windows.py: event-time windows over a keyed stream: tumbling, sliding and session, their specs and logics.
+
+A window spec says how records are assigned to windows (``tumbling(size)``,
+``sliding(size, slide)``, ``session(gap)``). Fixed windows (tumbling and
+sliding) are run by :class:`FixedWindowLogic` over a
+:class:`~operators.windowstate.WindowState`: each record goes to the panes of
+its windows, vectorised per batch (a record's windows are computed with NumPy
+and the batch is split once per window it touches); a pane is a built-in
+:class:`~operators.keyed.AggregateLogic` (count, sum, min, max, mean) or, for
+a user function over each window's rows, a :class:`RowsPane`. Session windows
+live in :mod:`operators.sessions`.
+
+Results are emitted when the watermark passes a window's end: one row per key
+and window with columns ``key, window_start, window_end, <aggregates>``. With
+``allowed_lateness`` a window stays open that much longer and a record that
+arrives after it fired updates it (the new row of that key is emitted
+again). A record whose every window has expired is *late*: it is dropped and
+counted (``late_records``, in the instance's statistics).
+
+Example:
+    >>> logic = FixedWindowLogic("k", "t", tumbling(10), 8, aggs=[AggSpec("n", "count")])
+    >>> _ = logic.process(pa.record_batch({"k": ["a", "a", "b"], "t": [1, 12, 5]}), 0)
+    >>> [r for b in logic.on_watermark(9) for r in b.to_pylist()]
+    [{'k': 'a', 'window_start': 0, 'window_end': 10, 'n': 1}, {'k': 'b', 'window_start': 0, 'window_end': 10, 'n': 1}]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from .aggregates import AggSpec
+from .batch import to_batches
+from .eventtime import Duration, ticks, time_values
+from .keyed import AggregateLogic, _KeyedLogic
+from .logic import SideOutput
+from .keyindex import encode_keys
+from .hashing import bins_of
+from .state import DictState
+from .windowstate import WindowState
+
+__all__ = ["WindowSpec", "tumbling", "sliding", "session", "FixedWindowLogic", "RowsPane",
+           "window_output_schema", "WINDOW_COLUMNS"]
+
+WINDOW_COLUMNS = ("window_start", "window_end")
+LATE = "late"
+"""The side output of late records."""
+
+
+@dataclasses.dataclass(frozen=True)
+class WindowSpec:
+    """How records are assigned to windows.
+
+    Attributes:
+        kind: ``"tumbling"``, ``"sliding"`` or ``"session"``.
+        size: window length (tumbling, sliding).
+        slide: distance between window starts (sliding; ``size`` for tumbling).
+        gap: inactivity that closes a session.
+    """
+
+    kind: str
+    size: Duration = 0
+    slide: Duration = 0
+    gap: Duration = 0
+
+    def resolve(self, t: pa.DataType | None, where: str) -> tuple[int, int, int]:
+        """``(size, slide, gap)`` in ticks of a time column of type ``t``, checked."""
+        if self.kind == "session":
+            gap = ticks(self.gap, t, f"{where}: session gap")
+            if gap <= 0:
+                raise ValueError(f"{where}: session gap must be positive, got {self.gap!r}")
+            return 0, 0, gap
+        size = ticks(self.size, t, f"{where}: window size")
+        slide = ticks(self.slide, t, f"{where}: window slide")
+        if size <= 0 or slide <= 0:
+            raise ValueError(f"{where}: window size and slide must be positive, got {self.size!r}, {self.slide!r}")
+        if size % slide:
+            raise ValueError(f"{where}: a sliding window's size must be a multiple of its slide, "
+                             f"got size {self.size!r} and slide {self.slide!r}")
+        return size, slide, 0
+
+
+def tumbling(size: Duration) -> WindowSpec:
+    """Back-to-back windows ``[k * size, (k + 1) * size)``."""
+    return WindowSpec("tumbling", size, size)
+
+
+def sliding(size: Duration, slide: Duration) -> WindowSpec:
+    """Windows of length ``size`` starting every ``slide`` (a record is in ``size / slide`` of them)."""
+    return WindowSpec("sliding", size, slide)
+
+
+def session(gap: Duration) -> WindowSpec:
+    """Per key, records closer than ``gap`` share a window ``[first, last + gap)``."""
+    return WindowSpec("session", gap=gap)
+
+
+def window_output_schema(time_type: pa.DataType, key_field: pa.Field, values: Sequence[pa.Field]) -> pa.Schema:
+    """``key, window_start, window_end, *values``; bounds have the time column's type."""
+    bound = time_type if pa.types.is_timestamp(time_type) else pa.int64()
+    return pa.schema([key_field, pa.field(WINDOW_COLUMNS[0], bound), pa.field(WINDOW_COLUMNS[1], bound),
+                      *values])
+
+
+def with_window(batch: pa.RecordBatch, start: int, end: int, time_type: pa.DataType) -> pa.RecordBatch:
+    """``batch`` (key first) with the window's bounds inserted after the key."""
+    bound = time_type if pa.types.is_timestamp(time_type) else pa.int64()
+    n = batch.num_rows
+    starts = pa.array(np.full(n, start, dtype=np.int64)).cast(bound)
+    ends = pa.array(np.full(n, end, dtype=np.int64)).cast(bound)
+    arrays = [batch.column(0), starts, ends, *batch.columns[1:]]
+    fields = [batch.schema.field(0), pa.field(WINDOW_COLUMNS[0], bound), pa.field(WINDOW_COLUMNS[1], bound),
+              *list(batch.schema)[1:]]
+    return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields))
+
+
+def split_by_window(starts: np.ndarray, slide: int, max_scan: int = 32) -> list[tuple[int, np.ndarray]]:
+    """``(window start, positions)`` per distinct start, ascending (``starts`` are multiples of ``slide``).
+
+    A batch usually touches a few windows: then one comparison per candidate
+    start is cheaper than sorting; a wide spread falls back to a sort.
+    """
+    lo, hi = int(starts.min()), int(starts.max())
+    if (hi - lo) // slide < max_scan:
+        found = ((s, np.flatnonzero(starts == s)) for s in range(lo, hi + 1, slide))
+        return [(s, members) for s, members in found if len(members)]
+    windows, inverse = np.unique(starts, return_inverse=True)
+    order = np.argsort(inverse, kind="stable")
+    bounds = np.searchsorted(inverse[order], np.arange(len(windows) + 1))
+    return [(int(w), order[bounds[i]:bounds[i + 1]]) for i, w in enumerate(windows.tolist())]
+
+
+class RowsPane(_KeyedLogic):
+    """A window's rows per key (``DictState``: key -> list of batches); ``fn`` runs over them when it fires.
+
+    ``fn(key, window_start, window_end, rows) -> rows`` (a RecordBatch / Table,
+    a list of dicts or None). In update mode each ``process`` re-runs ``fn``
+    over every row so far of the keys it touched.
+    """
+
+    def __init__(self, key: str, fn: Callable[..., Any], num_bins: int, window: tuple[int, int] = (0, 0)) -> None:
+        super().__init__(key, num_bins)
+        self.fn = fn
+        self.window = window
+        self.emit = "final"
+        self._state = DictState(num_bins)
+
+    @property
+    def state(self) -> DictState:
+        return self._state
+
+    def process(self, batch: pa.RecordBatch, input_index: int = 0) -> list[pa.RecordBatch]:
+        uniques, codes = encode_keys(self._key_column(batch))
+        bins = bins_of(uniques, self.num_bins).tolist()
+        order = np.argsort(codes, kind="stable")
+        bounds = np.concatenate([[0], np.cumsum(np.bincount(codes, minlength=len(uniques)))])
+        touched = []
+        grouped = batch.take(order)
+        for i, key in enumerate(uniques.to_pylist()):
+            rows = grouped.slice(bounds[i], bounds[i + 1] - bounds[i])
+            self._state.put(key, bins[i], [*self._state.get(key, bins[i], []), rows])
+            touched.append((key, bins[i]))
+        if self.emit == "updates":
+            return self._run(touched)
+        return []
+
+    def finish(self) -> list[pa.RecordBatch]:
+        if self.emit != "final":
+            return []
+        return self._run([(k, b) for b in self._state.bins() for k in self._state._bins[b]])
+
+    def _run(self, keys: list[tuple[Any, int]]) -> list[pa.RecordBatch]:
+        out: list[pa.RecordBatch] = []
+        for key, b in keys:
+            rows = pa.Table.from_batches(self._state.get(key, b)).combine_chunks()
+            result = self.fn(key, self.window[0], self.window[1], rows)
+            out.extend(b for b in to_batches(result) if b.num_rows)
+        return out
+
+
+class FixedWindowLogic(_KeyedLogic):
+    """Tumbling or sliding windows per key, by event time, with built-in aggregates or a user function.
+
+    Args:
+        key: the key column.
+        time: the event-time column (integer or timestamp).
+        spec: ``tumbling(...)`` or ``sliding(...)``.
+        num_bins: the operator's bins.
+        aggs: built-in aggregates (the fast path), or
+        fn: ``fn(key, window_start, window_end, rows) -> rows`` per key and window (slow path).
+        allowed_lateness: how long (ticks or timedelta) a window accepts records after it fired.
+        time_type: the time column's type if known (needed for timedelta durations).
+        late_side_output: also emit late records, as they came, on side output ``"late"``.
+    """
+
+    def __init__(self, key: str, time: str, spec: WindowSpec, num_bins: int, *,
+                 aggs: Sequence[AggSpec] = (), fn: Callable[..., Any] | None = None,
+                 allowed_lateness: Duration = 0, time_type: pa.DataType | None = None,
+                 late_side_output: bool = False) -> None:
+        super().__init__(key, num_bins)
+        if spec.kind not in ("tumbling", "sliding"):
+            raise ValueError(f"FixedWindowLogic runs tumbling and sliding windows, got {spec.kind!r}")
+        if bool(aggs) == (fn is not None):
+            raise ValueError("a window needs built-in aggregates or a function, not both")
+        self.time, self.spec, self.aggs, self.fn = time, spec, tuple(aggs), fn
+        self.late_records = 0
+        self.late_side_output = late_side_output
+        self._time_type = time_type
+        where = f"window on {time!r}"
+        self._size, self._slide, _ = spec.resolve(time_type, where)
+        lateness = ticks(allowed_lateness, time_type, f"{where}: allowed_lateness")
+        self._state = WindowState(num_bins, self._new_pane, self._finalise, lateness)
+
+    @property
+    def state(self) -> WindowState:
+        return self._state
+
+    def _new_pane(self, start: int, end: int) -> Any:
+        if self.fn is not None:
+            return RowsPane(self.key, self.fn, self.num_bins, (start, end))
+        return AggregateLogic(self.key, self.aggs, self.num_bins)
+
+    def _finalise(self, start: int, end: int, batches: list[pa.RecordBatch]) -> list[pa.RecordBatch]:
+        if self.fn is not None:
+            return batches
+        return [with_window(b, start, end, self._time_type or pa.int64()) for b in batches if b.num_rows]
+
+    def process(self, batch: pa.RecordBatch, input_index: int = 0) -> list[Any]:
+        out: list[Any] = self._state.take_pending()
+        if batch.num_rows == 0:
+            return out
+        if self._time_type is None:
+            self._time_type = batch.schema.field(self.time).type if self.time in batch.schema.names else None
+        times = time_values(batch, self.time, f"window on {self.time!r}")
+        per_row = self._size // self._slide
+        last_start = times - np.mod(times, self._slide)
+        starts = (last_start[None, :] - self._slide * np.arange(per_row)[:, None]).ravel()
+        rows = np.tile(np.arange(batch.num_rows), per_row)
+        keep = ~self._state.expired(starts + self._size)
+        if not keep.all():
+            late = np.bincount(rows[~keep], minlength=batch.num_rows) == per_row
+            self.late_records += int(late.sum())
+            if self.late_side_output and late.any():
+                out.append(SideOutput(LATE, batch.filter(pa.array(late))))
+            starts, rows = starts[keep], rows[keep]
+        if len(starts) == 0:
+            return out
+        for start, members in split_by_window(starts, self._slide):
+            end = start + self._size
+            pane = self._state.pane(start, end)
+            out.extend(self._finalise(start, end, list(pane.process(batch.take(rows[members])))))
+        return out
+
+    def on_watermark(self, watermark: int) -> list[pa.RecordBatch]:
+        return self._state.advance(watermark)
+
+    def finish(self) -> list[pa.RecordBatch]:
+        return self._state.fire_all()

@@ -1,0 +1,275 @@
+"""Event time end to end without Ray: watermarks in-band, windows against pandas over the same input.
+
+Input has bounded disorder: row ``i`` has time ``i * STEP + jitter`` with
+``0 <= jitter < JITTER``, so a source with ``max_out_of_orderness=JITTER``
+never makes a record late, and windowed results must equal the batch
+group-by. Late-record tests replay the watermark a source makes (per batch)
+to decide, independently, which records are late.
+"""
+
+from __future__ import annotations
+
+import datetime
+import random
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+
+from actors.config import JobConfig
+from actors.harness import LocalRun
+import pyarrow.compute  # noqa: F401 - pa.compute in filters
+
+from operators import (Dataflow, bounded_out_of_orderness, collect, from_items, generate, session, sliding, tumbling,
+                       watermarks_from)
+
+STEP, JITTER = 3, 40
+SCHEMA = pa.schema([("k", pa.string()), ("t", pa.int64()), ("v", pa.int64())])
+
+
+def rows(seed: int, n: int = 300, keys: int = 5) -> list[dict]:
+    rng = random.Random(seed)
+    return [{"k": f"k{rng.randrange(keys)}", "t": i * STEP + rng.randrange(JITTER), "v": rng.randint(-9, 30)}
+            for i in range(n)]
+
+
+def run_flow(flow: Dataflow, seed: int) -> tuple[LocalRun, dict]:
+    rng = random.Random(seed)
+    config = JobConfig(channel_capacity=rng.choice([1, 2, 8]), num_hosts=rng.choice([None, 1, 3]))
+    local = LocalRun(flow, config, seed=seed)
+    return local, local.run()
+
+
+def windowed(data: list[dict], spec, p: int, source_p: int, lateness: int = 0, batch: int = 7,
+             delay: int = JITTER, late_side_output: bool = False):
+    flow = Dataflow("w", num_bins=16)
+    src = flow.source(from_items(data, schema=SCHEMA, batch_size=batch, num_splits=source_p),
+                      parallelism=source_p, watermarks=bounded_out_of_orderness("t", delay))
+    result = (src.key_by("k").window(spec, on="t", allowed_lateness=lateness, late_side_output=late_side_output)
+              .agg(name="win", parallelism=p, n=(None, "count"), s=("v", "sum"), lo=("v", "min"),
+                   hi=("v", "max"), m=("v", "mean")))
+    result.sink(collect(), name="out")
+    if late_side_output:
+        result.side_output("late").collect(name="late")
+    return flow
+
+
+def oracle(df: pd.DataFrame, size: int, slide: int) -> pd.DataFrame:
+    parts = []
+    for j in range(size // slide):
+        start = df["t"] - df["t"] % slide - j * slide
+        parts.append(df.assign(window_start=start))
+    exploded = pd.concat(parts)
+    out = (exploded.groupby(["k", "window_start"])["v"]
+           .agg(n="count", s="sum", lo="min", hi="max", m="mean").reset_index())
+    out["window_end"] = out["window_start"] + size
+    return normal(out)
+
+
+def normal(df: pd.DataFrame) -> pd.DataFrame:
+    cols = ["k", "window_start", "window_end", "n", "s", "lo", "hi", "m"]
+    return df[cols].sort_values(["k", "window_start"]).reset_index(drop=True).astype(
+        {"n": "int64", "s": "int64", "lo": "int64", "hi": "int64", "window_start": "int64", "window_end": "int64"})
+
+
+def late_counts(local: LocalRun) -> int:
+    return sum(inst.statistics().late_records for h in local.hosts for inst in h.instances)
+
+
+@pytest.mark.parametrize("p", [1, 2, 3])
+@pytest.mark.parametrize("spec", [(50, 50), (60, 20)], ids=["tumbling", "sliding"])
+def test_fixed_windows_equal_the_batch_group_by(p, spec):
+    size, slide = spec
+    for seed in range(3):
+        data = rows(seed + 10 * p)
+        window = tumbling(size) if size == slide else sliding(size, slide)
+        local, result = run_flow(windowed(data, window, p, source_p=random.Random(seed).randint(1, 3)), seed)
+        got = normal(result["out"].to_pandas())
+        pd.testing.assert_frame_equal(got, oracle(pd.DataFrame(data), size, slide))
+        assert late_counts(local) == 0
+
+
+def test_windows_fire_while_the_stream_runs_in_event_time_order():
+    """With watermarks, results reach the sink mid-stream, window by window (not all at end of input)."""
+    flow = windowed(rows(1, n=400, keys=3), tumbling(50), 1, 1)
+    local = LocalRun(flow)
+    sink, source = local.instance(("out", 0)), local.instance(("source-1", 0))
+    seen_mid_stream = 0
+    while local.step_all():
+        if not source.finished:
+            seen_mid_stream = sink.records_in
+    assert seen_mid_stream > 0
+    ends = local.results()["out"].column("window_end").to_pylist()
+    assert ends == sorted(ends)
+
+
+def late_oracle(data: list[dict], batch: int, delay: int, size: int, lateness: int):
+    """Replay the source's watermark per batch: a record is late if its window expired before its batch."""
+    df = pd.DataFrame(data)
+    batch_of = np.arange(len(df)) // batch
+    batch_max = df.groupby(batch_of)["t"].max().cummax()
+    before = batch_max.shift(1).reindex(batch_of).to_numpy() - delay - 1  # NaN for the first batch
+    end = df["t"] - df["t"] % size + size
+    late = (end - 1 + lateness <= before)
+    return oracle(df[~late], size, size), int(late.sum()), df[late]
+
+
+@pytest.mark.parametrize("p", [1, 3])
+@pytest.mark.parametrize("lateness", [0, 25])
+def test_late_records_are_counted_not_merged(p, lateness):
+    rng = random.Random(p + lateness)
+    data = rows(p, n=300, keys=4)
+    for i in rng.sample(range(40, 300), 30):  # far behind: beyond the bounded disorder
+        data[i]["t"] = max(0, data[i]["t"] - rng.randrange(60, 200))
+    expected, late, late_rows = late_oracle(data, batch=7, delay=JITTER, size=50, lateness=lateness)
+    local, result = run_flow(windowed(data, tumbling(50), p, 1, lateness=lateness, late_side_output=True), p)
+    got = result["out"].to_pandas()
+    if lateness:  # updates re-emit a window's row: the last one of each (key, window) is its result
+        got = got.drop_duplicates(["k", "window_start"], keep="last")
+    pd.testing.assert_frame_equal(normal(got), expected)
+    assert late > 0 and late_counts(local) == late
+    side = result["late"].to_pandas().sort_values(["k", "t", "v"]).reset_index(drop=True)
+    pd.testing.assert_frame_equal(side, late_rows.sort_values(["k", "t", "v"]).reset_index(drop=True))
+
+
+def test_timestamp_column_with_timedelta_windows():
+    base = datetime.datetime(2026, 1, 1)
+    data = [{"k": r["k"], "ts": base + datetime.timedelta(seconds=r["t"]), "v": r["v"]} for r in rows(3)]
+    schema = pa.schema([("k", pa.string()), ("ts", pa.timestamp("ms")), ("v", pa.int64())])
+    flow = Dataflow("ts", num_bins=8)
+    (flow.source(from_items(data, schema=schema, batch_size=11),
+                 watermarks=bounded_out_of_orderness("ts", datetime.timedelta(seconds=JITTER)))
+         .key_by("k").window(tumbling(datetime.timedelta(minutes=1)), on="ts").count(name="win", parallelism=2)
+         .sink(collect(), name="out"))
+    _, result = run_flow(flow, 0)
+    df = pd.DataFrame(data)
+    expected = (df.assign(window_start=df["ts"].dt.floor("1min")).groupby(["k", "window_start"])
+                .size().rename("count").reset_index())
+    got = result["out"].to_pandas()
+    assert list(result["out"].schema.names) == ["k", "window_start", "window_end", "count"]
+    got = got.sort_values(["k", "window_start"]).reset_index(drop=True)
+    assert (got["window_end"] - got["window_start"] == pd.Timedelta(minutes=1)).all()
+    pd.testing.assert_frame_equal(got[["k", "window_start", "count"]].astype({"window_start": "datetime64[ns]"}),
+                                  expected.astype({"window_start": "datetime64[ns]"}), check_dtype=False)
+
+
+def test_window_on_a_non_time_column_fails_at_build_time():
+    flow = Dataflow("bad")
+    keyed = flow.source(from_items(rows(0), schema=SCHEMA)).key_by("k")
+    with pytest.raises(TypeError, match=r"operator 'win'.*event-time column 'k'.*timestamp or an integer"):
+        keyed.window(tumbling(10), on="k").count(name="win")
+    with pytest.raises(ValueError, match=r"operator 'win2'.*unknown event-time column 'x'"):
+        keyed.window(tumbling(10), on="x").count(name="win2")
+    with pytest.raises(ValueError, match=r"operator 'win3'.*multiple of its slide"):
+        keyed.window(sliding(10, 3), on="t").count(name="win3")
+    plain = keyed.window(tumbling(10), on="t").count(name="win4")
+    with pytest.raises(ValueError, match=r"operator 'win4' has no side output 'late'.*late_side_output=True"):
+        plain.side_output("late")
+    with pytest.raises(TypeError, match=r"operator 'src'.*timedelta"):
+        flow.source(from_items(rows(0), schema=SCHEMA), name="src",
+                    watermarks=bounded_out_of_orderness("t", datetime.timedelta(seconds=1)))
+    assert session  # imported for the session tests
+
+
+def diamond_with_quiet_source(data: list[dict], idle_after_s: float | None) -> Dataflow:
+    """source -> (even v | odd v) -> union <- a source that sends nothing (no rows) for days."""
+    flow = Dataflow("diamond", num_bins=8)
+    src = flow.source(from_items(data, schema=SCHEMA, batch_size=9, num_splits=2), parallelism=2,
+                      watermarks=bounded_out_of_orderness("t", JITTER), name="src")
+    even = src.filter(lambda b: pa.compute.equal(pa.compute.bit_wise_and(b["v"], 1), 0), name="even")
+    odd = src.filter(lambda b: pa.compute.equal(pa.compute.bit_wise_and(b["v"], 1), 1), name="odd")
+    quiet = (flow.source(generate(None, rate=1e-6, batch_size=1, num_keys=1), name="quiet",
+                         watermarks=watermarks_from(lambda b: None, idle_after_s=idle_after_s))
+             .map(lambda b: pa.RecordBatch.from_pylist([], schema=SCHEMA),
+                  schema=SCHEMA, name="shape"))
+    (even.union(odd, quiet, name="union", parallelism=2).key_by("k")
+         .window(tumbling(50), on="t").agg(name="win", parallelism=2, n=(None, "count"), s=("v", "sum"),
+                                           lo=("v", "min"), hi=("v", "max"), m=("v", "mean"))
+         .sink(collect(), name="out"))
+    return flow
+
+
+def test_watermarks_cross_a_diamond_and_skip_an_idle_input():
+    data = rows(5, n=300)
+    local = LocalRun(diamond_with_quiet_source(data, idle_after_s=60.0), seed=5)
+    while local.step_all():  # runs until only the quiet source is left, waiting for its next batch
+        pass
+    src_marks = [local.instance(("src", i)).statistics().watermark for i in range(2)]
+    assert None not in src_marks
+    for i in range(2):  # union i has src i (through both branches) and the idle quiet source as inputs
+        assert local.instance(("union", i)).statistics().watermark == src_marks[i]
+        assert local.instance(("win", i)).statistics().watermark == min(src_marks)  # min over both unions
+    out = pa.Table.from_batches([b for h in local.hosts for i in h.instances if i.name[0] == "out"
+                                 for b in i.logic.writer._batches]).to_pandas()
+    df = pd.DataFrame(data)
+    expected = oracle(df, 50, 50)
+    expected = expected[expected["window_end"] - 1 <= min(src_marks)].reset_index(drop=True)
+    assert len(expected) > 0
+    pd.testing.assert_frame_equal(normal(out), expected)
+
+    held = LocalRun(diamond_with_quiet_source(data, idle_after_s=None), seed=5)
+    while held.step_all():
+        pass
+    assert held.instance(("win", 0)).statistics().watermark is None  # the quiet source holds event time back
+    assert held.instance(("out", 0)).records_in == held.instance(("out", 1)).records_in == 0
+
+
+def session_oracle(df: pd.DataFrame, gap: int) -> pd.DataFrame:
+    df = df.sort_values(["k", "t"], kind="stable").copy()
+    new = (df["k"] != df["k"].shift()) | (df["t"] - df["t"].shift() >= gap)
+    df["sid"] = new.cumsum()
+    out = df.groupby("sid").agg(k=("k", "first"), window_start=("t", "min"), last=("t", "max"),
+                                n=("v", "count"), s=("v", "sum"), lo=("v", "min"), hi=("v", "max"),
+                                m=("v", "mean"))
+    out["window_end"] = out["last"] + gap
+    return normal(out.reset_index(drop=True))
+
+
+@pytest.mark.parametrize("p", [1, 2, 3])
+def test_session_windows_equal_the_batch_sessionization(p):
+    for seed in range(2):
+        data = rows(seed + 20 * p, n=250, keys=6)
+        source_p = random.Random(seed).randint(1, 2)
+        local, result = run_flow(windowed(data, session(20), p, source_p=source_p), seed)
+        pd.testing.assert_frame_equal(normal(result["out"].to_pandas()), session_oracle(pd.DataFrame(data), 20))
+        assert late_counts(local) == 0
+
+
+def bucket_counter(key, rows, ctx):
+    """A tumbling count by hand: one timer per 10-tick bucket, fired at its last tick."""
+    counts = dict(ctx.value or {})
+    for t in rows.column("t").to_pylist():
+        bucket = t - t % 10
+        counts[bucket] = counts.get(bucket, 0) + 1
+        ctx.register(bucket + 9)
+    ctx.value = counts
+
+
+def emit_bucket(key, time, ctx):
+    counts = dict(ctx.value)
+    n = counts.pop(time - 9)
+    ctx.value = counts or None
+    return [{"k": key, "at": time, "n": n, "wm": ctx.watermark}]
+
+
+@pytest.mark.parametrize("p", [1, 2, 3])
+def test_timers_fire_once_in_event_time_order_per_key(p):
+    data = rows(p, n=300)
+    flow = Dataflow("timers", num_bins=16)
+    (flow.source(from_items(data, schema=SCHEMA, batch_size=7, num_splits=2), parallelism=2,
+                 watermarks=bounded_out_of_orderness("t", JITTER))
+         .key_by("k").process(bucket_counter, on_timer=emit_bucket, name="proc", parallelism=p)
+         .collect(name="out"))
+    _, result = run_flow(flow, p)
+    got = result["out"].to_pandas()
+    df = pd.DataFrame(data)
+    expected = df.groupby(["k", df["t"] - df["t"] % 10 + 9]).size().rename("n").reset_index()
+    expected.columns = ["k", "at", "n"]
+    assert not got.duplicated(["k", "at"]).any()  # once
+    for _, per_key in got.groupby("k"):
+        assert per_key["at"].is_monotonic_increasing  # in event-time order per key
+    fired_early = got[got["wm"] < (1 << 62)]
+    assert (fired_early["at"] <= fired_early["wm"]).all() and len(fired_early) > 0  # by the watermark
+    pd.testing.assert_frame_equal(got[["k", "at", "n"]].sort_values(["k", "at"]).reset_index(drop=True),
+                                  expected.sort_values(["k", "at"]).reset_index(drop=True))

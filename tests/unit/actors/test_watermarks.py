@@ -1,0 +1,67 @@
+"""InputWatermarks: the minimum over open, non-idle inputs, monotone, against a direct recomputation."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from actors.messages import Watermark
+from actors.watermarks import MIN_WATERMARK, InputWatermarks
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_watermark_is_the_running_max_of_the_min_over_active_inputs(seed):
+    rng = random.Random(seed)
+    n = rng.randint(1, 4)
+    tracker = InputWatermarks(n)
+    marks, idle, ended = [MIN_WATERMARK] * n, [False] * n, [False] * n
+    current, was_idle = MIN_WATERMARK, False
+    for _ in range(60):
+        i = rng.randrange(n)
+        if ended[i]:
+            continue
+        if rng.random() < 0.1:
+            ended[i] = True
+            got = tracker.on_end(i)
+        else:
+            mark = Watermark(max(marks[i], rng.randint(0, 100)) if rng.random() < 0.8 else marks[i],
+                             idle=rng.random() < 0.2)
+            idle[i] = mark.idle
+            if not mark.idle:
+                marks[i] = mark.timestamp
+            got = tracker.on_watermark(i, mark)
+        if all(ended):
+            assert got is None
+            break
+        active = [marks[j] for j in range(n) if not ended[j] and not idle[j]]
+        expected = None
+        if not active:
+            if not was_idle:
+                expected, was_idle = Watermark(current, idle=True), True
+        else:
+            new = max(current, min(active))
+            if new > current or was_idle:
+                expected, current, was_idle = Watermark(new), new, False
+        assert got == expected
+        assert tracker.current == current
+
+
+def test_an_input_back_from_idle_cannot_lower_the_watermark():
+    tracker = InputWatermarks(2)
+    tracker.on_watermark(0, Watermark(10))
+    assert tracker.on_watermark(1, Watermark(0, idle=True)) == Watermark(10)
+    assert tracker.on_watermark(1, Watermark(3)) is None  # holds the minimum, does not lower it
+    assert tracker.current == 10
+    assert tracker.on_watermark(1, Watermark(20)) is None
+    assert tracker.on_watermark(0, Watermark(15)) == Watermark(15)
+
+
+def test_an_input_added_later_joins_the_minimum_from_its_first_watermark():
+    tracker = InputWatermarks(1)
+    assert tracker.on_watermark(0, Watermark(10)) == Watermark(10)
+    tracker.add_inputs(2)  # a rescale added a channel: it does not stall event time before it speaks
+    assert tracker.on_watermark(0, Watermark(12)) == Watermark(12)
+    assert tracker.on_watermark(1, Watermark(11)) is None  # now it holds the minimum (never lowering it)
+    assert tracker.on_watermark(0, Watermark(20)) is None
+    assert tracker.on_watermark(1, Watermark(25)) == Watermark(20)
