@@ -19,7 +19,7 @@ import ray
 
 from control.coordination import JobLifecycle, LifecycleSnapshot, OpCoordinator
 from control.message import ControlMessage, ControlReturn
-from control.oprun import OpState
+from control.oprun import OpFailedError, OpState
 from control.trees import Relay, Tree
 
 from .errors import JobFailedError
@@ -33,7 +33,18 @@ class _ControllerOps:
     def _init_ops(self, name: str, view: Any) -> None:
         self.ops = OpCoordinator(name, view)
         self._op_events: dict[str, asyncio.Event] = {}
+        self._start_errors: dict[str, BaseException] = {}
         self._timer: asyncio.Task | None = None
+
+    def _start(self, op: Any, op_id: str | None, view: Any = None) -> Any:
+        """``ops.start``; an op that cannot start is remembered as failed, for ``op_result``."""
+        try:
+            return self.ops.start(op, op_id, view)
+        except Exception as exc:
+            if op_id is not None:
+                self._start_errors[op_id] = OpFailedError(f"control op {op_id} could not start: {exc}")
+                self._start_errors[op_id].__cause__ = exc
+            raise
 
     def _ops_changed(self) -> None:
         for op_id in self.ops.take_finished():
@@ -75,6 +86,8 @@ class _ControllerOps:
             run = self.ops.runs.get(op_id)
             if run is not None:
                 break
+            if op_id in self._start_errors:  # the op could not start (its on_init or extra edges)
+                return "FAILED", None, self._start_errors[op_id], 0.0
             if deadline is not None and asyncio.get_running_loop().time() >= deadline:
                 return "RUNNING", None, None, 0.0
             await asyncio.sleep(0.005)
@@ -334,7 +347,7 @@ class JobController(_ControllerOps):
         A topology-changing op (a rescale step) runs with ``view`` (the old and
         new instances); ops injected after it see ``next_view``.
         """
-        message = self.ops.start(op, op_id, view)
+        message = self._start(op, op_id, view)
         if next_view is not None:
             self.ops.view = next_view
         self._op_events[message.op_id] = asyncio.Event()
@@ -356,7 +369,7 @@ class SideController(_ControllerOps):
 
     async def run_op(self, op: Any, op_id: str | None = None) -> str:
         self._start_timer()
-        message = self.ops.start(op, op_id)
+        message = self._start(op, op_id)
         self._op_events[message.op_id] = asyncio.Event()
         try:
             await self.job_controller.inject.remote(message)

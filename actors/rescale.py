@@ -9,7 +9,9 @@ planner or the prioritisation needs them; plan the new table
 (``control.planning``); cut the moves into steps (the strategy); then, step
 by step, carry each out as one ``MigrateBins`` control op and wait for it:
 
-* ``all_at_once``: one blocking step moving every bin (Chi's Algorithm 1);
+* ``all_at_once``: one blocking step moving every bin (Chi's Algorithm 1; a
+  migration that swaps bins between two instances takes two steps, since
+  old owners that wait for each other's bins would wait for ever);
 * ``batched`` (``chunk_bins=k``) and ``fluid`` (k = 1): Megaphone's sequence
   of small blocking steps, each after the previous one completed, with an
   optional ``gap_s`` between them;
@@ -95,7 +97,7 @@ def _steps(strategy: str, moves: dict[int, tuple[int, int]], knobs: Mapping[str,
     if not bins:
         return [[]]
     if strategy == "all_at_once":
-        return [bins]
+        return _acyclic([bins], moves)
     if strategy == "fluid":
         size = 1
     elif knobs.get("chunk_bins") is not None:
@@ -104,7 +106,41 @@ def _steps(strategy: str, moves: dict[int, tuple[int, int]], knobs: Mapping[str,
         size = -(-len(bins) // int(knobs["chunks"]))
     else:
         size = 16 if strategy == "batched" else max(1, len(bins) // 8)
-    return [bins[i:i + size] for i in range(0, len(bins), size)]
+    return _acyclic([bins[i:i + size] for i in range(0, len(bins), size)], moves)
+
+
+def _acyclic(chunks: list[list[int]], moves: dict[int, tuple[int, int]]) -> list[list[int]]:
+    """Split chunks so that no step's old -> new owner edges form a cycle (two instances
+    waiting for each other's bins would wait for ever); order within a chunk is kept."""
+    out: list[list[int]] = []
+    for chunk in chunks:
+        rest = chunk
+        while rest:
+            edges: dict[int, set[int]] = {}
+            step, later = [], []
+            for b in rest:
+                old, new = moves[b]
+                if new in edges.get(old, set()) or not _reaches(edges, new, old):
+                    edges.setdefault(old, set()).add(new)
+                    step.append(b)
+                else:
+                    later.append(b)
+            out.append(step)
+            rest = later
+    return out
+
+
+def _reaches(edges: dict[int, set[int]], start: int, goal: int) -> bool:
+    seen, todo = {start}, [start]
+    while todo:
+        node = todo.pop()
+        if node == goal:
+            return True
+        for nxt in edges.get(node, ()):
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    return False
 
 
 class RescaleHandle:

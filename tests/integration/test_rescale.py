@@ -20,7 +20,7 @@ from operators import Dataflow, generate
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
-BINS = 32
+BINS = 16
 
 
 def read_all(src) -> list[pa.RecordBatch]:
@@ -123,3 +123,87 @@ def test_scale_2_3_1_2_is_exact(strategy, knobs, tmp_path):
     finally:
         job.cancel()
     check_exact(job, counted, ordered)
+
+
+def test_random_migrations_keep_the_invariant(tmp_path):
+    """Seeded random bin tables, strategies and moments: every key's state stays whole and in order."""
+    import random
+
+    rng = random.Random(5)
+    counted, ordered, flag = sources(tmp_path)
+    job = build("migrate-random", counted, ordered).submit()
+    try:
+        for _ in range(4):
+            wait_records(job, "src", job.statistics().records_out("src") + rng.randint(1_000, 20_000))
+            for op in ("count", "seqs"):
+                table = [rng.randrange(2) for _ in range(BINS)]
+                strategy = rng.choice(["all_at_once", "batched", "non_disruptive"])
+                knobs = {"chunk_bins": rng.randint(1, 8), "priority": rng.choice(["arrival", "random"])} \
+                    if strategy != "all_at_once" else {}
+                progress = job.migrate(op, table, strategy=strategy, **knobs).result(120)
+                assert progress["state"] == "DONE"
+                assert job.plan.bin_tables[op] == table
+        open(flag, "w").close()
+        job.wait(timeout=120)
+    finally:
+        job.cancel()
+    check_exact(job, counted, ordered)
+
+
+def test_killed_host_during_migration_recovers_exactly(tmp_path):
+    counted, ordered, flag = sources(tmp_path)
+    job = build("rescale-kill", counted, ordered).submit(
+        checkpoint_interval_s=0.5, poll_interval_s=0.2, checkpoint_dir=str(tmp_path / "chk"))
+    try:
+        wait_records(job, "src", 20_000)
+        handle = job.rescale("count", 3, strategy="batched", chunk_bins=1, gap_s=0.05)
+        deadline = time.monotonic() + 60
+        while handle.progress()["steps_done"] < 2:
+            assert time.monotonic() < deadline and not handle.done(), handle.progress()
+            time.sleep(0.02)
+        ray.kill(job.actors[0], no_restart=True)  # count[0] (and seqs[0]) live on host 0
+        with pytest.raises(RescaleError):
+            handle.result(120)
+        deadline = time.monotonic() + 120
+        while not any(e.startswith("recovered from") for e in job.status().events):
+            assert time.monotonic() < deadline, job.status().events
+            time.sleep(0.05)
+        # The job runs on, with the topology of the last completed step; a new rescale completes.
+        assert job.rescale("count", 1, strategy="all_at_once").result(120)["state"] == "DONE"
+        open(flag, "w").close()
+        job.wait(timeout=180)
+    finally:
+        job.cancel()
+    check_exact(job, counted, ordered)
+
+
+def test_bad_calls_get_clear_errors():
+    counted = generate(None, rate=1_000, batch_size=100, num_keys=10, seed=1)
+    flow = Dataflow("rescale-errors")
+    stream = flow.source(counted, name="src")
+    stream.map(lambda b: b, name="pass").key_by("key", num_bins=BINS).count(name="count").collect(name="out")
+    job = flow.submit()
+    try:
+        with pytest.raises(ValueError, match="no operator 'nope'"):
+            job.rescale("nope", 2)
+        with pytest.raises(ValueError, match="parallelism must be an int >= 1, got 0"):
+            job.rescale("count", 0)
+        with pytest.raises(ValueError, match="'src' is a source"):
+            job.rescale("src", 2)
+        with pytest.raises(ValueError, match="strategy 'fluid' moves key bins, but 'pass' is not keyed"):
+            job.rescale("pass", 2, strategy="fluid")
+        with pytest.raises(ValueError, match="unknown strategy 'fast'"):
+            job.rescale("count", 2, strategy="fast")
+        with pytest.raises(TypeError, match=r"unknown options \['chunk'\]"):
+            job.rescale("count", 2, strategy="batched", chunk=3)
+        with pytest.raises(ValueError, match="assignment for 'count' must give each of its 16 bins"):
+            job.migrate("count", [0, 1])
+        first = job.rescale("count", 2, strategy="fluid")
+        with pytest.raises(RescaleError, match="a rescale of 'count' is already running"):
+            job.rescale("count", 3)
+        first.result(120)
+        # A stateless operator rescales too (all at once), and the keyed one after it.
+        assert job.rescale("pass", 2).result(120)["parallelism"] == 2
+        assert [s.index for s in job.statistics().of("pass") if not s.finished] == [0, 1]
+    finally:
+        job.cancel()
