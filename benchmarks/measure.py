@@ -33,7 +33,8 @@ __all__ = ["build", "warm_up", "WarmState", "counted", "source_records", "state_
 PARALLELISM = 2
 
 
-def build(name: str, rate: float | None, keys: int, batch_size: int, sink: Any = None) -> Any:
+def build(name: str, rate: float | None, keys: int, batch_size: int, sink: Any = None,
+          num_bins: int | None = None) -> Any:
     """The keyed count: generate (p=2) -> key_by -> agg(count, max ts, updates) (p=2) -> sink (p=1)."""
     from benchmarks.control_overhead import LatencySink
     from operators import Dataflow, generate
@@ -41,7 +42,7 @@ def build(name: str, rate: float | None, keys: int, batch_size: int, sink: Any =
     flow = Dataflow(name)
     (flow.source(generate(None, rate=rate, batch_size=batch_size, num_keys=keys, num_splits=PARALLELISM,
                           key_type="string"), parallelism=PARALLELISM, name="source")
-         .key_by("key")
+         .key_by("key", num_bins=num_bins)
          .agg(count=(None, "count"), ts=("ts", "max"), emit="updates", parallelism=PARALLELISM, name="count")
          .sink(sink if sink is not None else LatencySink(), name="sink", parallelism=1))
     return flow
@@ -74,7 +75,7 @@ class WarmState:
 
 
 def warm_up(keys: int, batch_size: int, root: str, coverage: float = 0.99, min_s: float = 3.0,
-            timeout_s: float = 300.0) -> WarmState:
+            timeout_s: float = 300.0, num_bins: int | None = None) -> WarmState:
     """Fill the state unthrottled, measure capacity, checkpoint into ``root``, stop.
 
     Runs at least ``min_s`` and until the count operator has taken in
@@ -83,7 +84,7 @@ def warm_up(keys: int, batch_size: int, root: str, coverage: float = 0.99, min_s
     """
     started = time.perf_counter()
     needed = math.ceil(-keys * math.log(1.0 - coverage))
-    job = build("warm_up", None, keys, batch_size).submit(checkpoint_dir=root)
+    job = build("warm_up", None, keys, batch_size, num_bins=num_bins).submit(checkpoint_dir=root)
     try:
         samples: list[tuple[float, int]] = []
         t0 = time.perf_counter()

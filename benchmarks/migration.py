@@ -1,0 +1,234 @@
+"""migration.py: what a live rescale costs a keyed count, strategy by strategy (Megaphone's Figure 1).
+
+Pipeline (``benchmarks.measure.build``): ``generate`` (2 instances, string
+keys, open loop at ``--load`` of the measured capacity) -> ``key_by("key")``
+(1024 bins) -> ``agg(count, max(ts), emit="updates")`` (2 instances, the
+state holding ``--keys`` keys) -> a latency sink that keeps, per batch, its
+arrival time and ``now - ts`` (``ts``: when the source stamped the record).
+
+The state is filled first (an unthrottled run, checkpointed; the measured job
+restores it). Then, in one job, for each strategy: rescale the count 2 -> 3,
+settle, rescale 3 -> 2, settle. Per strategy, over both migrations: the max
+and p99 record latency of batches reaching the sink from the start of the
+migration to half a second after its end, its duration, the longest interval
+with no output (``max_gap_ms``), the bytes of state moved, and the peak RSS
+of the job's host processes. A PNG of latency over time (one panel per
+strategy, 2 -> 3) is written beside the JSON (``--png``).
+
+Targets: the best fine-grained strategy's max latency is at most 1/5 of
+all_at_once's (``best_over_all_at_once`` <= 0.2), and no strategy but
+all_at_once has an output gap over 250 ms.
+
+Run: ``python -m benchmarks.migration [--quick] [--keys N] [--load F] [--png PATH]``.
+``--quick`` (about a minute): 100,000 keys, 256 bins, fewer strategies.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import tempfile
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import psutil
+
+from benchmarks.common import emit, start_ray
+from benchmarks.control_overhead import TakeLatency
+from benchmarks.measure import build, loadavg, warm_up
+
+SETTLE_S = 2.0
+TAIL_S = 0.5
+
+STRATEGIES: list[tuple[str, str, dict[str, Any]]] = [
+    ("all_at_once", "all_at_once", {}),
+    ("batched_64", "batched", {"chunk_bins": 64}),
+    ("batched_16", "batched", {"chunk_bins": 16}),
+    ("fluid", "fluid", {}),
+    ("non_disruptive_16", "non_disruptive", {"chunk_bins": 16}),
+    ("non_disruptive_16_replicated", "non_disruptive", {"chunk_bins": 16, "replicate": True}),
+]
+QUICK = ("all_at_once", "batched_16", "non_disruptive_16", "non_disruptive_16_replicated")
+
+
+class HostRss(threading.Thread):
+    """Peak summed RSS of the job's host processes (hosts come and go with the rescale)."""
+
+    def __init__(self, job: Any):
+        super().__init__(daemon=True)
+        self.job = job
+        self.peak = 0
+        self._pids: dict[Any, int] = {}
+        self._stop = threading.Event()
+
+    def reset(self) -> None:
+        self.peak = 0
+
+    def run(self) -> None:
+        import ray
+
+        while not self._stop.is_set():
+            with self.job._lock:
+                hosts = list(self.job._hosts)
+            total = 0
+            for h in hosts:
+                key = h._actor_id
+                if key not in self._pids:
+                    try:
+                        self._pids[key] = ray.get(h.pid.remote(), timeout=5)
+                    except Exception:
+                        continue
+                try:
+                    total += psutil.Process(self._pids[key]).memory_info().rss
+                except psutil.Error:
+                    pass
+            self.peak = max(self.peak, total)
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def gaps_ms(arrivals_ns: np.ndarray, start_ns: int, end_ns: int) -> float:
+    """The longest interval without a batch reaching the sink within [start, end]."""
+    inside = np.sort(arrivals_ns[(arrivals_ns >= start_ns) & (arrivals_ns <= end_ns)])
+    edges = np.concatenate([[start_ns], inside, [end_ns]])
+    return float(np.diff(edges).max() / 1e6) if len(edges) > 1 else 0.0
+
+
+def weighted_p99(latency_ms: np.ndarray, rows: np.ndarray) -> float:
+    if len(latency_ms) == 0:
+        return 0.0
+    order = np.argsort(latency_ms)
+    cum = np.cumsum(rows[order])
+    return float(latency_ms[order][np.searchsorted(cum, 0.99 * cum[-1])])
+
+
+def migrate(job: Any, parallelism: int, strategy: str, knobs: dict[str, Any]) -> dict[str, Any]:
+    start = time.time_ns()
+    progress = job.rescale("count", parallelism, strategy=strategy, **knobs).result(600)
+    end = time.time_ns()
+    return {"start_ns": start, "end_ns": end, "bytes": progress["bytes_moved"],
+            "steps": progress["steps"], "reloaded": progress["bins_reloaded"]}
+
+
+def run_strategy(job: Any, rss: HostRss, label: str, strategy: str, knobs: dict[str, Any]) -> dict[str, Any]:
+    job.run_control(TakeLatency()).result(60)  # drop what came before
+    rss.reset()
+    legs = []
+    for p in (3, 2):
+        legs.append(migrate(job, p, strategy, knobs))
+        time.sleep(SETTLE_S)  # let the backlog of the migration drain before the next one (pacing)
+    samples = job.run_control(TakeLatency()).result(60)
+    arrival, latency_ms, rows = samples[:, 0], samples[:, 1] / 1e6, samples[:, 2]
+    inside = np.zeros(len(arrival), dtype=bool)
+    for leg in legs:
+        inside |= (arrival >= leg["start_ns"]) & (arrival <= leg["end_ns"] + TAIL_S * 1e9)
+    first = legs[0]
+    curve = arrival >= first["start_ns"] - 1e9
+    curve &= arrival <= legs[1]["start_ns"]
+    result = {
+        "strategy": label,
+        "max_latency_ms": round(float(latency_ms[inside].max()) if inside.any() else 0.0, 1),
+        "p99_latency_ms": round(weighted_p99(latency_ms[inside], rows[inside]), 1),
+        "duration_s": round(sum((leg["end_ns"] - leg["start_ns"]) / 1e9 for leg in legs), 3),
+        "max_gap_ms": round(max(gaps_ms(arrival, leg["start_ns"], leg["end_ns"]) for leg in legs), 1),
+        "bytes_moved": int(sum(leg["bytes"] for leg in legs)),
+        "peak_rss_mb": round(rss.peak / 2**20, 1),
+        "steps": [leg["steps"] for leg in legs],
+        "bins_reloaded": sum(leg["reloaded"] for leg in legs),
+    }
+    result["_curve"] = ((arrival[curve] - first["start_ns"]) / 1e9, latency_ms[curve],
+                        (first["end_ns"] - first["start_ns"]) / 1e9)
+    print(f"  {label}: max latency {result['max_latency_ms']} ms, p99 {result['p99_latency_ms']} ms, "
+          f"{result['duration_s']} s, max gap {result['max_gap_ms']} ms, "
+          f"{result['bytes_moved'] / 2**20:.1f} MiB moved", flush=True)
+    return result
+
+
+def plot(results: list[dict[str, Any]], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(results), 1, figsize=(8, 1.8 * len(results)), sharex=True, squeeze=False)
+    for ax, res in zip(axes[:, 0], results):
+        t, lat, duration = res["_curve"]
+        ax.plot(t, lat, ".", markersize=2)
+        ax.axvspan(0, duration, color="orange", alpha=0.2)
+        ax.set_yscale("log")
+        ax.set_ylabel("ms")
+        ax.set_title(f"{res['strategy']}: 2 -> 3 (shaded: migration)", fontsize=9)
+    axes[-1, 0].set_xlabel("seconds since the rescale started")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="100,000 keys, 256 bins, four strategies")
+    parser.add_argument("--keys", type=int, default=None, help="distinct keys (default 1,000,000)")
+    parser.add_argument("--bins", type=int, default=None, help="key bins (default 1024, quick 256)")
+    parser.add_argument("--load", type=float, default=0.6, help="offered rate as a fraction of capacity")
+    parser.add_argument("--batch-size", type=int, default=5_000)
+    parser.add_argument("--png", default="migration_latency.png", help="where the latency plot goes")
+    parser.add_argument("--strategies", default=None, help="comma-separated labels to run")
+    args = parser.parse_args()
+    keys = args.keys or (100_000 if args.quick else 1_000_000)
+    bins = args.bins or (256 if args.quick else 1024)
+    labels = args.strategies.split(",") if args.strategies else [s[0] for s in STRATEGIES
+                                                                  if not args.quick or s[0] in QUICK]
+    chosen = [s for s in STRATEGIES if s[0] in labels]
+    started, load_at_start = time.perf_counter(), loadavg()
+    tmp = tempfile.mkdtemp(prefix="chiray-bench-migration-")
+    start_ray(num_cpus=4)  # room for the hosts a scale-out adds (each asks for 0.5 CPU)
+    import ray
+
+    results = []
+    try:
+        print(f"warming up: {keys:,} keys, {bins} bins, unthrottled ...", flush=True)
+        warm = warm_up(keys, args.batch_size, os.path.join(tmp, "warm"), min_s=2.0 if args.quick else 5.0,
+                       num_bins=bins)
+        rate = args.load * warm.capacity
+        print(f"  capacity {warm.capacity:,.0f} records/s; offering {rate:,.0f} ({args.load:.0%})", flush=True)
+        job = build("migration", rate, keys, args.batch_size, num_bins=bins).submit(
+            restore_from=warm.path, checkpoint_dir=os.path.join(tmp, "run"))
+        rss = HostRss(job)
+        rss.start()
+        try:
+            time.sleep(SETTLE_S)  # settle after the restore
+            for label, strategy, knobs in chosen:
+                results.append(run_strategy(job, rss, label, strategy, knobs))
+        finally:
+            rss.stop()
+            job.cancel()
+    finally:
+        ray.shutdown()
+        shutil.rmtree(tmp, ignore_errors=True)
+    plot(results, args.png)
+    print(f"latency plot: {args.png}", flush=True)
+    for res in results:
+        del res["_curve"]
+    base = next((r for r in results if r["strategy"] == "all_at_once"), None)
+    fine = [r for r in results if r["strategy"] != "all_at_once"]
+    best = min((r["max_latency_ms"] for r in fine), default=None)
+    ratio = round(best / base["max_latency_ms"], 3) if base and best is not None and base["max_latency_ms"] else None
+    emit({
+        "benchmark": "migration", "quick": args.quick, "keys": keys, "keys_held": warm.keys_held, "bins": bins,
+        "capacity_records_per_s": round(warm.capacity), "offered_records_per_s": round(rate), "load": args.load,
+        "strategies": results, "best_over_all_at_once": ratio,
+        "target_best_over_all_at_once_met": ratio is not None and ratio <= 0.2,
+        "target_max_gap_met": all(r["max_gap_ms"] <= 250 for r in fine),
+        "png": os.path.abspath(args.png),
+        "loadavg_1m_at_start": load_at_start, "loadavg_1m_at_end": loadavg(),
+        "wall_s": round(time.perf_counter() - started, 1),
+    })
+
+
+if __name__ == "__main__":
+    main()
