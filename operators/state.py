@@ -343,7 +343,7 @@ class ColumnarAggState(BinnedState):
         return self._key_type, self._accs, self._meta
 
     def __len__(self) -> int:
-        return self._n
+        return self._n - self._dead
 
     def update(self, keys: pa.Array, partials: Mapping[str, np.ndarray]) -> np.ndarray:
         """Combine per-key partial accumulators into the state (a write to their bins).
@@ -363,6 +363,13 @@ class ColumnarAggState(BinnedState):
         slots, new = self._index.upsert(keys)
         if new.size:
             self._grow(slots[new])
+        if self._dead:  # keys of an extracted bin seen again: they start over in their old slots
+            revived = slots[self._bin[slots] == self._num_bins]
+            if revived.size:
+                self._bin[revived] = bins_from_hashes(self._index.hashes(revived), self._num_bins)
+                for acc in self._accs:
+                    self._cols[acc.name][revived] = acc.identity()
+                self._dead -= len(revived)
         for acc in self._accs:
             column, part = self._cols[acc.name], partials[acc.name]
             if acc.op == "sum":
@@ -376,6 +383,8 @@ class ColumnarAggState(BinnedState):
 
     def slots(self) -> np.ndarray:
         """Every slot in use, ascending (slot order is key insertion order)."""
+        if self._dead:
+            return np.flatnonzero(self._bin[: self._n] != self._num_bins)
         return np.arange(self._n)
 
     def values(self, slots: np.ndarray) -> dict[str, np.ndarray]:
@@ -400,12 +409,13 @@ class ColumnarAggState(BinnedState):
 
     def _reset(self, capacity: int) -> None:
         self._n = 0
+        self._dead = 0  # slots of extracted bins, marked with bin ``num_bins`` until the next compaction
         self._bin = np.zeros(capacity, dtype=np.int32)
         self._cols = {a.name: np.zeros(capacity, dtype=a.dtype) for a in self._accs}
         self._index = KeyIndex(self._key_type or pa.null(), table_hash_bits=self._index_hash_bits)
 
     def _bin_counts(self) -> np.ndarray:
-        return np.bincount(self._bin[: self._n], minlength=self._num_bins)
+        return np.bincount(self._bin[: self._n], minlength=self._num_bins + 1)[: self._num_bins]
 
     def bins(self) -> list[int]:
         return np.flatnonzero(self._bin_counts()).tolist()
@@ -444,17 +454,31 @@ class ColumnarAggState(BinnedState):
         return encode
 
     def extract_bins(self, bins: Iterable[int]) -> dict[int, bytes]:
+        """Snapshot and remove ``bins``. The rows become tombstones (cost proportional to the
+        bins, not the state), compacted away once they are half the slots, or before bins are
+        installed here (a key of a bin that comes back must not find its old slot)."""
         out = self.snapshot_bins(bins)
-        keep = np.flatnonzero(~np.isin(self._bin[: self._n], list(out)))
-        if len(keep) < self._n:
-            self._index.compact(keep)
-            self._bin = self._bin[keep]
-            self._cols = {name: col[keep] for name, col in self._cols.items()}
-            self._n = len(keep)
+        gone = np.isin(self._bin[: self._n], list(out))
+        count = int(gone.sum())
+        if count:
+            self._bin[: self._n][gone] = self._num_bins
+            self._dead += count
+            if 2 * self._dead > self._n:
+                self._compact()
         return out
+
+    def _compact(self) -> None:
+        keep = np.flatnonzero(self._bin[: self._n] != self._num_bins)
+        self._index.compact(keep)
+        self._bin = self._bin[keep]
+        self._cols = {name: col[keep] for name, col in self._cols.items()}
+        self._n = len(keep)
+        self._dead = 0
 
     def install_bins(self, data: Mapping[int, bytes]) -> None:
         decoded = [self._decode(self._check_bin(b), payload) for b, payload in data.items()]
+        if self._dead and any(table.num_rows for _, _, _, table in decoded):
+            self._compact()
         counts = self._bin_counts()
         layouts = {layout for _, _, layout, table in decoded if table.num_rows}
         if self.configured:

@@ -201,6 +201,31 @@ def test_columnar_state_extracted_keys_start_over_when_seen_again() -> None:
     assert counts == {k: (1 if bins[k] in gone else 2) for k in range(100)}
 
 
+def test_columnar_state_moves_bins_one_by_one_and_back() -> None:
+    """Bins extracted one at a time (tombstones, then a compaction) and installed back stay exact."""
+    a, b = ColumnarAggState(16), ColumnarAggState(16)
+    a.configure(pa.int64(), [Accumulator("n", "sum", "int64")])
+    keys = pa.array(range(400))
+    weights = np.arange(400, dtype=np.int64) % 7 + 1
+    a.update(keys, {"n": weights})
+    expected = dict(zip(range(400), weights.tolist()))
+
+    def contents(s):
+        return dict(zip(s.keys_at(s.slots()).to_pylist(), s.values(s.slots())["n"].tolist()))
+
+    for bin in range(12):  # past half the slots: a compaction happens on the way
+        b.install_bins(a.extract_bins([bin]))
+        assert len(a) + len(b) == 400
+        assert {**contents(a), **contents(b)} == expected
+    a.install_bins(b.extract_bins(range(6)))  # some come back to where they were tombstoned
+    mine = set(a.bins())
+    owned = pa.array([k for k in range(400) if int(bins_of(pa.array([k]), 16)[0]) in mine])
+    a.update(owned, {"n": np.ones(len(owned), np.int64)})
+    assert set(contents(a)) & set(contents(b)) == set()
+    got = {**contents(b), **contents(a)}
+    assert got == {k: v + 1 if int(bins_of(pa.array([k]), 16)[0]) in mine else v for k, v in expected.items()}
+
+
 def test_columnar_state_reports_bins_counts_and_sizes() -> None:
     s = ColumnarAggState(32)
     assert s.bins() == [] and s.bin_sizes() == {} and s.snapshot_bins([]) == {}
