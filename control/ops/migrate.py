@@ -40,6 +40,14 @@ from ..op import ControlOp, InstanceHandler
 __all__ = ["MigrateBins", "ReplicateBins", "bins_payload_size"]
 
 
+def owner_pairs(moves: Mapping[int, tuple[int, int]]) -> dict[tuple[int, int], list[int]]:
+    """(old owner, new owner) -> the bins that move between them, ascending."""
+    pairs: dict[tuple[int, int], list[int]] = {}
+    for b, (old, new) in sorted(moves.items()):
+        pairs.setdefault((old, new), []).append(b)
+    return pairs
+
+
 def bins_payload_size(bins: Mapping[int, Any]) -> int:
     return sum(len(v) for v in bins.values() if isinstance(v, (bytes, bytearray)))
 
@@ -79,10 +87,7 @@ class MigrateBins(ControlOp):
         return "MigrateBins" if self.blocking else "MigrateBinsNonBlocking"
 
     def _pairs(self) -> dict[tuple[int, int], list[int]]:
-        pairs: dict[tuple[int, int], list[int]] = {}
-        for b, (old, new) in sorted(self.moves.items()):
-            pairs.setdefault((old, new), []).append(b)
-        return pairs
+        return owner_pairs(self.moves)
 
     def on_init(self, ctx: Any) -> dict[InstanceId, Any]:
         if self.operator not in ctx.operators:
@@ -162,10 +167,7 @@ class ReplicateBins(ControlOp):
         self.timeout_s = timeout_s
 
     def _pairs(self) -> dict[tuple[int, int], list[int]]:
-        pairs: dict[tuple[int, int], list[int]] = {}
-        for b, (old, new) in sorted(self.moves.items()):
-            pairs.setdefault((old, new), []).append(b)
-        return pairs
+        return owner_pairs(self.moves)
 
     def on_init(self, ctx: Any) -> dict[InstanceId, Any]:
         configs: dict[InstanceId, Any] = {}
