@@ -1,3 +1,22 @@
-"""spark_bridge: Spark DataFrames as replayable dataflow sources (to come; see the Spark bridge issue)."""
+"""spark_bridge: Spark DataFrames (batch and Structured Streaming) as replayable dataflow sources.
 
-__all__: list[str] = []
+Spark's executors push Arrow batches to the dataflow's source instances
+(``from_spark``), or stage them as Arrow IPC files that sources read with
+exact offsets (``from_spark(df, staged=True, path=...)``, ``from_staged``).
+pyspark is imported lazily.
+"""
+
+from .env import spark_session
+from .schema import UnsupportedSparkType, to_arrow_schema
+from .source import SparkSource, from_spark
+from .units import BufferStatistics, SparkUnitFailed
+
+__all__ = [
+    "from_spark",
+    "spark_session",
+    "to_arrow_schema",
+    "SparkSource",
+    "BufferStatistics",
+    "SparkUnitFailed",
+    "UnsupportedSparkType",
+]
