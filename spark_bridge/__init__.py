@@ -9,10 +9,13 @@ pyspark is imported lazily.
 from .env import spark_session
 from .schema import UnsupportedSparkType, to_arrow_schema
 from .source import SparkSource, from_spark
+from .staged import StagedSource, from_staged
 from .units import BufferStatistics, SparkUnitFailed
 
 __all__ = [
     "from_spark",
+    "from_staged",
+    "StagedSource",
     "spark_session",
     "to_arrow_schema",
     "SparkSource",

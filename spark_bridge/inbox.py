@@ -1,10 +1,11 @@
 """inbox.py: the hand-off actor between Spark tasks and the dataflow's source instances.
 
 A thin async Ray shell around :class:`units.UnitBuffer`: Spark tasks call
-``push``/``seal``, the driver's job launcher calls ``launch``/``job_done``,
-source instances call ``take``. Calls on an async actor may run out of
-order, so every push carries its sequence number and a task seals only after
-all its pushes returned.
+``push``, the driver's job launcher calls ``launch`` and ``job_done`` (which
+commits the attempts Spark reported successful), source instances call
+``take``. Calls on an async actor may run out of order, so every push
+carries its sequence number, and a task reports success only after all its
+pushes returned.
 
 The actor is created by the driver (:class:`source.SparkSource`) as a named,
 detached-from-nothing actor in the bridge's namespace and killed by
@@ -63,17 +64,16 @@ class SparkInbox:
             generation, units = self._buffer.launch()
         return generation, units
 
-    async def job_done(self, generation: int, units: Sequence[Unit], error: str | None) -> None:
-        self._buffer.job_done(generation, [tuple(u) for u in units], error)  # type: ignore[misc]
+    async def job_done(self, generation: int, units: Sequence[Unit], error: str | None,
+                       succeeded: Sequence[tuple[Unit, int, int]] = ()) -> None:
+        self._buffer.job_done(generation, [tuple(u) for u in units], error, succeeded)  # type: ignore[misc]
         self._changed()
 
     async def push(self, unit: Unit, generation: int, attempt: int, seq: int, data: bytes, rows: int) -> bool:
         return self._buffer.push(tuple(unit), generation, attempt, seq, data, rows)  # type: ignore[arg-type]
 
-    async def seal(self, unit: Unit, generation: int, attempt: int, num_batches: int) -> bool:
-        won = self._buffer.seal(tuple(unit), generation, attempt, num_batches)  # type: ignore[arg-type]
-        self._changed()
-        return won
+    async def staged_rows(self, unit: Unit) -> int:
+        return self._buffer.staged_rows(tuple(unit))  # type: ignore[arg-type]
 
     async def statistics(self) -> BufferStatistics:
         return self._buffer.statistics()

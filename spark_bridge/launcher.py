@@ -4,7 +4,8 @@ One thread long-polls the inbox's ``launch`` (credit permitting, wanted units
 first) and hands each answer to a small pool of job threads; each runs one
 Spark job over exactly those partitions (``SparkContext.runJob`` on the
 pushing RDD, built once so that shuffle output upstream is reused across
-jobs) and reports how it ended. The generation of a launch travels to the
+jobs) and reports how it ended, with the attempts Spark returned results
+for: the successful ones, which the inbox then commits. The generation of a launch travels to the
 tasks as a Spark local property, so late attempts of an older launch are
 told apart.
 
@@ -22,7 +23,7 @@ from typing import Any, Sequence
 from .push import GENERATION_PROPERTY
 from .units import Unit
 
-__all__ = ["JobLauncher", "spark_error"]
+__all__ = ["JobLauncher", "spark_error", "successful_attempts"]
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +35,12 @@ def spark_error(e: BaseException, limit: int = 2000) -> str:
     if marker >= 0:
         text = text[marker:]
     return f"{type(e).__name__}: {text[:limit]}"
+
+
+def successful_attempts(rows: Any) -> list[tuple[Unit, int, int]]:
+    """``(unit, attempt, num_batches)`` from the summaries Spark returned (successful tasks only)."""
+    return [((int(r["epoch"]), int(r["partition"])), int(r["attempt"]), int(r["batches"]))
+            for r in rows if r["complete"]]
 
 
 def _drain(rows: Any) -> list[Any]:
@@ -79,18 +86,19 @@ class JobLauncher:
     def _run(self, generation: int, units: Sequence[Unit]) -> None:
         import ray
 
-        error = None
+        error, succeeded = None, []
         self._sc.setLocalProperty(GENERATION_PROPERTY, str(generation))
         self._sc.setJobGroup(self._group, f"chiray {self._group}: partitions {[p for _, p in units]}",
                              interruptOnCancel=True)
         try:
-            self._sc.runJob(self._rdd, _drain, [p for _, p in units])
+            rows = self._sc.runJob(self._rdd, _drain, [p for _, p in units])
+            succeeded = successful_attempts(rows)
         except Exception as e:  # reaches the source instances (and so Job.wait) through the inbox
             error = spark_error(e)
         if self._stop.is_set():
             return
         try:
-            ray.get(self._inbox.job_done.remote(generation, list(units), error))
+            ray.get(self._inbox.job_done.remote(generation, list(units), error, succeeded))
         except Exception:
             log.exception("spark_bridge %s: could not report a finished Spark job", self._group)
 

@@ -1,12 +1,14 @@
-"""push.py: what runs inside a Spark task: push one partition's Arrow batches to the inbox, then seal.
+"""push.py: what runs inside a Spark task: push one partition's Arrow batches to the inbox, then report it.
 
 The task connects to Ray once per Spark Python worker (workers are reused),
 re-chunks Spark's Arrow batches to about ``batch_bytes``, casts them to the
 bridge's schema, and keeps at most ``window`` pushes in flight: a task that
 has no credit waits in ``ray.wait``, which stops it reading its input and so
-stops the JVM side computing it. After its last push returned it seals the
-unit with its batch count; the inbox commits the first complete attempt and
-answers later pushes of a committed unit with ``False`` (the task then stops).
+stops the JVM side computing it. After its last push returned it yields a
+one-row summary (partition, attempt, batch count): Spark returns the
+summaries of successful attempts only, and the driver commits exactly those.
+The inbox answers pushes for an already committed unit with ``False`` (the
+task then stops early).
 
 Everything here runs in Spark's Python workers, never in the driver.
 """
@@ -21,10 +23,10 @@ import pyarrow as pa
 
 from .schema import conform
 
-__all__ = ["PushTarget", "push_partition", "GENERATION_PROPERTY", "SUMMARY_SCHEMA", "encode", "decode"]
+__all__ = ["PushTarget", "push_partition", "rechunk", "GENERATION_PROPERTY", "SUMMARY_SCHEMA", "encode", "decode"]
 
 GENERATION_PROPERTY = "chiray.spark.generation"
-SUMMARY_SCHEMA = "partition int, attempt bigint, rows bigint, batches int, committed boolean"
+SUMMARY_SCHEMA = "epoch bigint, partition int, attempt bigint, rows bigint, batches int, complete boolean"
 
 _handles: dict[tuple[str, str, str], Any] = {}
 
@@ -81,15 +83,16 @@ def _inbox(target: PushTarget) -> Any:
     return _handles[key]
 
 
-def _rechunk(batches: Iterator[pa.RecordBatch], target: PushTarget) -> Iterator[pa.RecordBatch]:
+def rechunk(batches: Iterator[pa.RecordBatch], schema: pa.Schema, batch_bytes: int) -> Iterator[pa.RecordBatch]:
+    """Spark's batches cast to ``schema`` and merged into batches of about ``batch_bytes`` (empty ones skipped)."""
     pending: list[pa.RecordBatch] = []
     size = 0
     for batch in batches:
         if batch.num_rows == 0:
             continue
-        pending.append(conform(batch, target.schema))
+        pending.append(conform(batch, schema))
         size += batch.nbytes
-        if size >= target.batch_bytes:
+        if size >= batch_bytes:
             yield pending[0] if len(pending) == 1 else pa.concat_batches(pending)
             pending, size = [], 0
     if pending:
@@ -97,7 +100,12 @@ def _rechunk(batches: Iterator[pa.RecordBatch], target: PushTarget) -> Iterator[
 
 
 def push_partition(target: PushTarget, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """``mapInArrow`` body: push this task's partition as one unit; yield a one-row summary."""
+    """``mapInArrow`` body: push this task's partition as one unit; yield a one-row summary.
+
+    ``attempt`` in the summary is Spark's task attempt id (unique in the
+    application); ``complete`` is false when the task stopped early because
+    another attempt's data was already committed.
+    """
     import ray
     from pyspark import TaskContext
 
@@ -110,7 +118,7 @@ def push_partition(target: PushTarget, batches: Iterator[pa.RecordBatch]) -> Ite
     in_flight: list[Any] = []
     seq = rows = 0
     accepted = True
-    for batch in _rechunk(batches, target):
+    for batch in rechunk(batches, target.schema, target.batch_bytes):
         while len(in_flight) >= target.window and accepted:  # no credit: wait, which stops Spark upstream
             done, in_flight = ray.wait(in_flight, num_returns=1)
             accepted = all(ray.get(done))
@@ -120,10 +128,9 @@ def push_partition(target: PushTarget, batches: Iterator[pa.RecordBatch]) -> Ite
         seq += 1
         rows += batch.num_rows
     accepted = all(ray.get(in_flight)) and accepted
-    committed = accepted and ray.get(inbox.seal.remote(unit, generation, attempt, seq))
     yield pa.RecordBatch.from_pydict(
-        {"partition": [unit[1]], "attempt": [ctx.attemptNumber()], "rows": [rows], "batches": [seq],
-         "committed": [bool(committed)]},
-        schema=pa.schema([("partition", pa.int32()), ("attempt", pa.int64()), ("rows", pa.int64()),
-                          ("batches", pa.int32()), ("committed", pa.bool_())]),
+        {"epoch": [unit[0]], "partition": [unit[1]], "attempt": [attempt], "rows": [rows], "batches": [seq],
+         "complete": [accepted]},
+        schema=pa.schema([("epoch", pa.int64()), ("partition", pa.int32()), ("attempt", pa.int64()),
+                          ("rows", pa.int64()), ("batches", pa.int32()), ("complete", pa.bool_())]),
     )

@@ -2,10 +2,12 @@
 
 A *unit* is one ``(epoch, partition)`` of a Spark DataFrame (a batch
 DataFrame has the single epoch 0). Spark task attempts push a unit's Arrow
-batches tagged ``(generation, attempt, seq)`` and then *seal* it; the first
-attempt to seal with every batch present is the unit's committed attempt and
-the only one a source instance ever sees. Other attempts (failed, retried,
-speculative or from an older generation) are staged apart and dropped.
+batches tagged ``(generation, attempt, seq)``; they stay staged, per attempt,
+until the driver commits the attempt that Spark reported successful (a task's
+Python code cannot know that: when its input fails upstream, Spark ends the
+input as if it were complete and fails the task afterwards). The committed
+attempt is the only one a source instance ever sees; the others (failed,
+retried, speculative, from an older generation) are dropped.
 
 Credit: the buffer lets Spark compute at most ``max_units`` units ahead of
 the dataflow (units running in Spark plus committed but not yet taken). A
@@ -15,7 +17,7 @@ never deadlock; the bound on buffered units is therefore
 
 Lifecycle of a unit::
 
-    IDLE --launch--> RUNNING --seal--> COMMITTED --take--> DELIVERED
+    IDLE --launch--> RUNNING --commit--> COMMITTED --take--> DELIVERED
       ^                 |  (Spark job failed)                  |
       |                 +--> FAILED                            |
       +-------------------------- want (replay) ---------------+
@@ -175,8 +177,19 @@ class UnitBuffer:
         self._note_peak()
         return self._generation, chosen
 
-    def job_done(self, generation: int, units: Sequence[Unit], error: str | None) -> None:
-        """Spark's job for ``units`` (launched as ``generation``) ended, failed with ``error`` if not None."""
+    def job_done(self, generation: int, units: Sequence[Unit], error: str | None,
+                 succeeded: Sequence[tuple[Unit, int, int]] = ()) -> None:
+        """Spark's job for ``units`` (launched as ``generation``) ended.
+
+        Args:
+            generation: the launch's generation.
+            units: the units it computed.
+            error: Spark's error if the job failed, else ``None``.
+            succeeded: ``(unit, attempt, num_batches)`` of the task attempts
+                Spark reported successful: these are committed.
+        """
+        for unit, attempt, num_batches in succeeded:
+            self.commit(tuple(unit), generation, attempt, num_batches)  # type: ignore[arg-type]
         for unit in units:
             state = self._state(unit)
             self._drop_staged(state, generation)
@@ -201,15 +214,15 @@ class UnitBuffer:
         self._note_peak()
         return True
 
-    def seal(self, unit: Unit, generation: int, attempt: int, num_batches: int) -> bool:
-        """An attempt pushed all its ``num_batches`` batches; ``True`` if it became the committed one."""
+    def commit(self, unit: Unit, generation: int, attempt: int, num_batches: int) -> bool:
+        """Spark says this attempt succeeded after pushing ``num_batches``; ``True`` if it is now the unit's data."""
         state = self._state(unit)
         mine = state.staged.get((generation, attempt), {})
         if state.status is not UnitStatus.RUNNING:
             return False
         if sorted(mine) != list(range(num_batches)):
             raise ValueError(
-                f"bug in spark_bridge: unit {unit} attempt {attempt} sealed {num_batches} batches, "
+                f"bug in spark_bridge: unit {unit} attempt {attempt} reported {num_batches} batches, "
                 f"the buffer holds {sorted(mine)}"
             )
         state.data = [mine[i][0] for i in range(num_batches)]
@@ -225,6 +238,10 @@ class UnitBuffer:
         for key in [k for k in state.staged if generation is None or k[0] == generation]:
             self._rows -= sum(rows for _, rows in state.staged.pop(key).values())
             self._discarded += 1
+
+    def staged_rows(self, unit: Unit) -> int:
+        """Rows staged for ``unit`` by attempts not (yet) committed."""
+        return sum(rows for batches in self._state(unit).staged.values() for _, rows in batches.values())
 
     def statistics(self) -> BufferStatistics:
         return BufferStatistics(

@@ -7,10 +7,15 @@ computed by Spark SQL over the same DataFrame.
 
 from __future__ import annotations
 
+import time
+
+import pyarrow as pa
 import pytest
+import ray
+from pyspark.sql import functions as F
 
 from operators import Dataflow
-from spark_bridge import from_spark
+from spark_bridge import from_spark, from_staged
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
@@ -52,4 +57,118 @@ def test_keyed_count_equals_spark_sql(spark, parallelism):
             job.cancel()
         stats = src.statistics()
     assert dataflow_counts(job) == spark_counts(df)
-    assert stats.committed_units == 6 and stats.discarded_attempts == 0
+    assert stats.committed_units == 6 and stats.discarded_attempts == 0, stats
+
+
+def _fail_first_attempt(batches):
+    """User preprocessing that fails partition 2's first attempt after it emitted half its rows."""
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    doomed = ctx.partitionId() == 2 and ctx.attemptNumber() == 0
+    emitted = 0
+    for batch in batches:
+        for start in range(0, batch.num_rows, 500):
+            yield batch.slice(start, 500)
+            emitted += min(500, batch.num_rows - start)
+            if doomed and emitted >= 6000:
+                raise RuntimeError("injected failure of the first attempt, mid-push")
+
+
+def test_task_retried_mid_push_causes_no_duplicates(spark):
+    base = events(spark, rows=48_000, partitions=4)
+    df = base.mapInArrow(_fail_first_attempt, base.schema)
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "500")  # so the attempt pushes before failing
+    try:
+        with from_spark(df, batch_bytes=1, max_units=4) as src:
+            job = keyed_count("spark-retry", src).submit()
+            try:
+                job.wait(timeout=180)
+            finally:
+                job.cancel()
+            stats = src.statistics()
+    finally:
+        spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "65536")
+    assert stats.discarded_attempts >= 1, stats  # the failed attempt did push, and its batches were dropped
+    assert dataflow_counts(job) == spark_counts(base)
+    assert stats.delivered_rows == sum(spark_counts(base).values())
+
+
+def _slowly(batch):
+    time.sleep(0.2)  # a slow consumer, not synchronisation
+    return batch
+
+
+def test_slow_dataflow_holds_spark_back_within_the_bound(spark):
+    partitions, max_units, parallelism = 10, 2, 1
+    df = events(spark, rows=30_000, partitions=partitions)
+    rows_per_partition = max(spark.range(30_000, numPartitions=partitions).groupBy(
+        F.spark_partition_id()).count().agg(F.max("count")).first()[0], 1)
+    with from_spark(df, max_units=max_units) as src:
+        flow = Dataflow("spark-backpressure")
+        flow.source(src, parallelism=parallelism, name="src").map(_slowly, name="slow").key_by("key").count(
+            name="count").collect(name="out")
+        job = flow.submit()
+        try:
+            job.wait(timeout=180)
+        finally:
+            job.cancel()
+        stats = src.statistics()
+    bound = max_units + parallelism  # units Spark may run ahead, plus the one each source instance waits for
+    assert stats.peak_buffered_units <= bound, stats
+    assert stats.peak_buffered_rows <= bound * rows_per_partition, stats
+    assert stats.launches >= partitions // bound, stats  # Spark computed on demand, not all at once
+    assert dataflow_counts(job) == spark_counts(df)
+
+
+def test_killed_stateful_host_replays_from_spark_exactly(spark, tmp_path):
+    df = events(spark, rows=60_000, partitions=12)
+    with from_spark(df, max_units=2) as src:
+        flow = Dataflow("spark-recovery")
+        flow.source(src, parallelism=2, name="src").map(_slowly, name="slow").key_by("key").count(
+            parallelism=2, name="count").collect(name="out")
+        job = flow.submit(checkpoint_interval_s=0.3, poll_interval_s=0.2, checkpoint_dir=str(tmp_path))
+        try:
+            deadline = time.monotonic() + 120
+            while job.statistics().records_out("src") < 20_000:  # mid-ingest, after some checkpoints
+                assert time.monotonic() < deadline, "no progress"
+                time.sleep(0.05)
+            ray.kill(job.actors[0], no_restart=True)  # the host of the keyed instance count[0]
+            job.wait(timeout=180)
+        finally:
+            job.cancel()
+    assert any(e.startswith("recovered from") for e in job.status().events), job.status().events
+    assert dataflow_counts(job) == spark_counts(df)
+
+
+def test_staged_reader_killed_mid_split_resumes_exactly(spark, tmp_path):
+    df = events(spark, rows=40_000, partitions=4)
+    src = from_spark(df, staged=True, path=str(tmp_path / "staged"), batch_bytes=16 << 10)
+    assert len(src.splits()) == 4 and src.num_rows == sum(spark_counts(df).values())
+    # A reader stopped after three batches and reopened at its offset yields the rest, nothing twice.
+    split = src.splits()[1]
+    whole, first = src.open_split(split), src.open_split(split)
+    expected = [b for b in iter(whole.read, None)]
+    head = [first.read() for _ in range(3)]
+    offset = first.offset()
+    first.close()
+    tail = list(iter(src.open_split(split, offset).read, None))
+    assert offset == 3 and len(expected) > 4
+    assert pa.Table.from_batches(head + tail).equals(pa.Table.from_batches(expected))
+    # In a dataflow: kill the host of a source instance mid-split; recovery resumes from the offsets.
+    flow = Dataflow("spark-staged")
+    flow.source(from_staged(str(tmp_path / "staged")), parallelism=2, name="src").map(
+        _slowly, name="slow").key_by("key").count(parallelism=2, name="count").collect(name="out")
+    job = flow.submit(checkpoint_interval_s=0.3, poll_interval_s=0.2, checkpoint_dir=str(tmp_path / "chk"))
+    try:
+        deadline = time.monotonic() + 120
+        while job.statistics().records_out("src") < 10_000:
+            assert time.monotonic() < deadline, "no progress"
+            time.sleep(0.05)
+        host = next(i.host for i in job.statistics().instances if i.operator == "src" and i.index == 0)
+        ray.kill(job.actors[host], no_restart=True)
+        job.wait(timeout=180)
+    finally:
+        job.cancel()
+    assert any(e.startswith("recovered from") for e in job.status().events), job.status().events
+    assert dataflow_counts(job) == spark_counts(df)
