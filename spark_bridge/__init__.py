@@ -10,16 +10,19 @@ from .env import spark_session
 from .schema import UnsupportedSparkType, to_arrow_schema
 from .source import SparkSource, from_spark
 from .staged import StagedSource, from_staged
+from .streaming import SparkStreamSource, from_spark_stream
 from .units import BufferStatistics, SparkUnitFailed
 
 __all__ = [
-    "from_spark",
-    "from_staged",
+    "BufferStatistics",
+    "SparkSource",
+    "SparkStreamSource",
+    "SparkUnitFailed",
     "StagedSource",
+    "UnsupportedSparkType",
+    "from_spark",
+    "from_spark_stream",
+    "from_staged",
     "spark_session",
     "to_arrow_schema",
-    "SparkSource",
-    "BufferStatistics",
-    "SparkUnitFailed",
-    "UnsupportedSparkType",
 ]

@@ -16,7 +16,7 @@ import os
 import sys
 from typing import Any
 
-__all__ = ["require_pyspark", "worker_env", "prepare_environment", "spark_session", "gcs_address"]
+__all__ = ["gcs_address", "prepare_environment", "require_pyspark", "spark_session", "worker_env"]
 
 MIN_PYSPARK = (3, 5)
 

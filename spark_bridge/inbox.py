@@ -15,13 +15,13 @@ detached-from-nothing actor in the bridge's namespace and killed by
 from __future__ import annotations
 
 import asyncio
-from typing import Sequence
+from collections.abc import Sequence
 
 import ray
 
 from .units import BufferStatistics, Unit, UnitBuffer
 
-__all__ = ["SparkInbox", "NAMESPACE"]
+__all__ = ["NAMESPACE", "SparkInbox"]
 
 NAMESPACE = "chiray-spark"
 

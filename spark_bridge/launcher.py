@@ -18,7 +18,8 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import threading
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from .push import GENERATION_PROPERTY
 from .units import Unit

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pyarrow as pa
 
 from .schema import conform
 
-__all__ = ["PushTarget", "push_partition", "rechunk", "GENERATION_PROPERTY", "SUMMARY_SCHEMA", "encode", "decode"]
+__all__ = ["GENERATION_PROPERTY", "SUMMARY_SCHEMA", "PushTarget", "decode", "encode", "push_partition", "rechunk"]
 
 GENERATION_PROPERTY = "chiray.spark.generation"
 SUMMARY_SCHEMA = "epoch bigint, partition int, attempt bigint, rows bigint, batches int, complete boolean"
@@ -83,8 +84,24 @@ def _inbox(target: PushTarget) -> Any:
     return _handles[key]
 
 
+def _sized(batch: pa.RecordBatch, batch_bytes: int) -> Iterator[pa.RecordBatch]:
+    """``batch`` in slices of about ``batch_bytes`` (as it is when it is not more than twice that)."""
+    pieces = batch.nbytes // batch_bytes if batch.nbytes > 2 * batch_bytes else 1
+    rows = -(-batch.num_rows // max(pieces, 1))
+    for start in range(0, batch.num_rows, rows):
+        yield batch.slice(start, rows)
+
+
 def rechunk(batches: Iterator[pa.RecordBatch], schema: pa.Schema, batch_bytes: int) -> Iterator[pa.RecordBatch]:
-    """Spark's batches cast to ``schema`` and merged into batches of about ``batch_bytes`` (empty ones skipped)."""
+    """Spark's batches cast to ``schema`` and merged or sliced into batches of about ``batch_bytes``.
+
+    Empty batches are skipped.
+    """
+    for batch in _merged(batches, schema, batch_bytes):
+        yield from _sized(batch, batch_bytes)
+
+
+def _merged(batches: Iterator[pa.RecordBatch], schema: pa.Schema, batch_bytes: int) -> Iterator[pa.RecordBatch]:
     pending: list[pa.RecordBatch] = []
     size = 0
     for batch in batches:

@@ -18,7 +18,7 @@ from typing import Any
 
 import pyarrow as pa
 
-__all__ = ["to_arrow_schema", "conform", "UnsupportedSparkType"]
+__all__ = ["UnsupportedSparkType", "conform", "to_arrow_schema"]
 
 
 class UnsupportedSparkType(TypeError):

@@ -33,7 +33,7 @@ from .push import SUMMARY_SCHEMA, PushTarget, decode, push_partition
 from .schema import to_arrow_schema
 from .units import BufferStatistics
 
-__all__ = ["SparkSource", "from_spark", "POLL_S"]
+__all__ = ["POLL_S", "SparkSource", "from_spark"]
 
 POLL_S = 0.005  # how often an idle source instance checks whether its unit has arrived
 

@@ -26,7 +26,8 @@ import dataclasses
 import functools
 import json
 import os
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -35,7 +36,7 @@ from operators import Source, SourceSplit, SplitReader
 
 from .push import rechunk
 
-__all__ = ["StagedSource", "stage", "from_staged", "MANIFEST"]
+__all__ = ["MANIFEST", "StagedSource", "from_staged", "stage"]
 
 MANIFEST = "_manifest.json"
 _SUMMARY = "partition int, attempt bigint, file string, batches int, rows bigint"

@@ -30,9 +30,9 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import Sequence
+from collections.abc import Sequence
 
-__all__ = ["Unit", "UnitStatus", "UnitBuffer", "BufferStatistics", "SparkUnitFailed"]
+__all__ = ["BufferStatistics", "SparkUnitFailed", "Unit", "UnitBuffer", "UnitStatus"]
 
 Unit = tuple[int, int]  # (epoch, partition)
 

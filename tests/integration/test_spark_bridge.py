@@ -10,12 +10,13 @@ from __future__ import annotations
 import time
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import ray
 from pyspark.sql import functions as F
 
 from operators import Dataflow
-from spark_bridge import from_spark, from_staged
+from spark_bridge import from_spark, from_spark_stream, from_staged
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
@@ -80,7 +81,7 @@ def test_task_retried_mid_push_causes_no_duplicates(spark):
     df = base.mapInArrow(_fail_first_attempt, base.schema)
     spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "500")  # so the attempt pushes before failing
     try:
-        with from_spark(df, batch_bytes=1, max_units=4) as src:
+        with from_spark(df, batch_bytes=16 << 10, max_units=4) as src:
             job = keyed_count("spark-retry", src).submit()
             try:
                 job.wait(timeout=180)
@@ -172,3 +173,35 @@ def test_staged_reader_killed_mid_split_resumes_exactly(spark, tmp_path):
         job.cancel()
     assert any(e.startswith("recovered from") for e in job.status().events), job.status().events
     assert dataflow_counts(job) == spark_counts(df)
+
+
+def test_stream_rerun_batch_is_seen_once(spark, tmp_path):
+    inbound, chk = tmp_path / "in", str(tmp_path / "query-chk")
+    inbound.mkdir()
+    for i in range(3):  # three input files: three micro-batches of one file each
+        pq.write_table(pa.table({"id": pa.array(range(i * 5000, (i + 1) * 5000), pa.int64())}),
+                       inbound / f"part{i}.parquet")
+
+    def preprocess(df):
+        return (df.selectExpr("concat('k', cast(id % 31 AS string)) AS key", "cast(id % 7 AS int) AS v")
+                .where("v <> 2"))
+
+    sdf = preprocess(spark.readStream.schema("id long").option("maxFilesPerTrigger", 1).parquet(str(inbound)))
+    with from_spark_stream(sdf, checkpoint_location=chk, trigger={"availableNow": True}, lanes=2,
+                           until_terminated=False) as src:
+        job = keyed_count("spark-stream", src).submit()
+        try:
+            src.await_termination(timeout_s=120)
+            commits = sorted(int(p.name) for p in (tmp_path / "query-chk" / "commits").iterdir()
+                             if p.name.isdigit())
+            for log in (str(commits[-1]), f".{commits[-1]}.crc"):  # as if the driver died before Spark's commit
+                (tmp_path / "query-chk" / "commits" / log).unlink(missing_ok=True)
+            src.restart()  # Spark re-runs the last batch from its logged offsets
+            src.await_termination(timeout_s=120)
+            src.end()
+            job.wait(timeout=120)
+        finally:
+            job.cancel()
+        stats = src.statistics()
+    assert stats.ignored_commits == 1 and stats.committed_epochs == len(commits), stats
+    assert dataflow_counts(job) == spark_counts(preprocess(spark.read.parquet(str(inbound))))
