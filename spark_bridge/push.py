@@ -16,6 +16,7 @@ Everything here runs in Spark's Python workers, never in the driver.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -76,12 +77,12 @@ def _inbox(target: PushTarget) -> Any:
     import ray
 
     if not ray.is_initialized():
-        ray.init(address=target.gcs_address, namespace=target.namespace, logging_level="ERROR",
+        ray.init(address=target.gcs_address, namespace=target.namespace, logging_level=logging.ERROR,
                  log_to_driver=False)
-    key = (target.gcs_address, target.namespace, target.inbox)
-    if key not in _handles:
-        _handles[key] = ray.get_actor(target.inbox, namespace=target.namespace)
-    return _handles[key]
+    where = (target.gcs_address, target.namespace, target.inbox)
+    if where not in _handles:
+        _handles[where] = ray.get_actor(target.inbox, namespace=target.namespace)
+    return _handles[where]
 
 
 def _sized(batch: pa.RecordBatch, batch_bytes: int) -> Iterator[pa.RecordBatch]:
@@ -129,7 +130,7 @@ def push_partition(target: PushTarget, batches: Iterator[pa.RecordBatch]) -> Ite
     ctx = TaskContext.get()
     assert ctx is not None, "bug in spark_bridge: push_partition outside a Spark task"
     inbox = _inbox(target)
-    epoch = target.epoch if target.epoch is not None else int(ctx.getLocalProperty("streaming.sql.batchId"))
+    epoch = target.epoch if target.epoch is not None else int(str(ctx.getLocalProperty("streaming.sql.batchId")))
     generation = int(ctx.getLocalProperty(GENERATION_PROPERTY) or 0)
     unit, attempt = (epoch, ctx.partitionId()), ctx.taskAttemptId()
     in_flight: list[Any] = []

@@ -31,6 +31,7 @@ from operators import Source, SourceSplit, SplitReader
 from .env import gcs_address, require_pyspark, worker_env
 from .push import SUMMARY_SCHEMA, PushTarget, decode, push_partition
 from .schema import to_arrow_schema
+from .staged import StagedSource
 from .units import BufferStatistics
 
 __all__ = ["POLL_S", "SparkSource", "from_spark"]
@@ -138,7 +139,8 @@ class SparkSource(Source):
         if driver.inbox is not None:
             return
         units = [(0, p) for p in range(self._num_partitions)]
-        driver.inbox = SparkInbox.options(name=self._inbox, namespace=self._namespace).remote(units, driver.max_units)
+        driver.inbox = SparkInbox.options(  # type: ignore[attr-defined]
+            name=self._inbox, namespace=self._namespace).remote(units, driver.max_units)
         driver.launcher = JobLauncher(driver.df.sparkSession, driver.rdd, driver.inbox, self._name, driver.max_jobs)
         driver.launcher.start()
 
@@ -187,7 +189,7 @@ def from_spark(
     batch_bytes: int = 4 << 20,
     max_jobs: int = 2,
     name: str | None = None,
-) -> Source:
+) -> SparkSource | StagedSource:
     """A source over a Spark DataFrame, fed by Spark's executors.
 
     Push mode (default): Spark computes partitions on demand, at most

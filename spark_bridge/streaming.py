@@ -156,8 +156,8 @@ class SparkStreamSource(Source):
     def splits(self) -> list[SourceSplit]:
         d = self._need_driver()
         if d["inbox"] is None:
-            d["inbox"] = StreamInbox.options(name=self._inbox, namespace=NAMESPACE).remote(self._lanes,
-                                                                                           d["max_epochs"])
+            d["inbox"] = StreamInbox.options(  # type: ignore[attr-defined]
+                name=self._inbox, namespace=NAMESPACE).remote(self._lanes, d["max_epochs"])
             self.restart()
         return [SourceSplit(f"{self._name}-lane{lane}", lane) for lane in range(self._lanes)]
 

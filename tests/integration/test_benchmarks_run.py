@@ -27,6 +27,8 @@ RUNS = {
     "checkpoint": (["--keys", "5000", "--window", "1"],
                    ["throughput_ratio_checkpoint_1s", "checkpoint_p50_ms", "checkpoint_p99_ms", "max_stall_ms"]),
     "recovery": (["--sizes", "5000", "--rate", "50000"], ["records_replayed"]),
+    "spark_ingest": (["--rows", "60000", "--small-rows", "20000", "--partitions", "4"],
+                     ["bridge_rows_per_s", "to_arrow_rows_per_s", "ratio", "driver_rss_mb_1m", "driver_rss_mb_5m"]),
 }
 
 
