@@ -50,6 +50,38 @@ def _inbox_handle(name: str, namespace: str) -> Any:
     return _handles[key]
 
 
+class ReadyPoll:
+    """Whether a pending Ray call has returned, as ``SplitReader.ready_at`` must report it.
+
+    The host asks ``ready_at`` twice in a row (is it due? when to wake?); the
+    answer may only change at the wake-up time it gave, or a call that returns
+    between the two questions would leave the source with no timer at all.
+    """
+
+    def __init__(self) -> None:
+        self._ref: Any = None
+        self._ready = False
+        self._next_check = 0.0
+
+    def watch(self, ref: Any) -> None:
+        self._ref, self._ready, self._next_check = ref, False, 0.0
+
+    def ready_at(self) -> float | None:
+        """``None`` once the call returned (and from then on), else the next time to look."""
+        import ray
+
+        if self._ready or self._ref is None:
+            return None
+        now = time.monotonic()
+        if now < self._next_check:
+            return self._next_check
+        if ray.wait([self._ref], timeout=0)[0]:
+            self._ready = True
+            return None
+        self._next_check = now + POLL_S
+        return self._next_check
+
+
 class _UnitReader(SplitReader):
     """Takes one unit from the inbox without blocking the host's loop; offset 0 or 1."""
 
@@ -57,13 +89,11 @@ class _UnitReader(SplitReader):
         self._schema = source._schema
         self._taken = taken
         self._pending = None if taken else _inbox_handle(source._inbox, source._namespace).take.remote(unit)
+        self._poll = ReadyPoll()
+        self._poll.watch(self._pending)
 
     def ready_at(self) -> float | None:
-        import ray
-
-        if self._pending is None or ray.wait([self._pending], timeout=0)[0]:
-            return None
-        return time.monotonic() + POLL_S
+        return self._poll.ready_at()
 
     def read(self) -> pa.RecordBatch | None:
         import ray

@@ -23,7 +23,6 @@ import asyncio
 import dataclasses
 import functools
 import threading
-import time
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -38,7 +37,7 @@ from .epochs import END, EpochBuffer, EpochStatistics
 from .inbox import NAMESPACE
 from .push import SUMMARY_SCHEMA, PushTarget, decode, push_partition
 from .schema import to_arrow_schema
-from .source import POLL_S, _inbox_handle
+from .source import ReadyPoll, _inbox_handle
 
 __all__ = ["SparkStreamSource", "StreamInbox", "from_spark_stream"]
 
@@ -101,17 +100,20 @@ class _LaneReader(SplitReader):
         self._inbox = _inbox_handle(source._inbox, NAMESPACE)
         self._lane, self._next = lane, offset
         self._pending: Any = None
+        self._poll = ReadyPoll()
         self._ended = False
 
     def _request(self) -> Any:
         if self._pending is None:
             self._pending = self._inbox.take.remote(self._lane, self._next)
+            self._poll.watch(self._pending)
         return self._pending
 
     def ready_at(self) -> float | None:
-        if self._ended or ray.wait([self._request()], timeout=0)[0]:
+        if self._ended:
             return None
-        return time.monotonic() + POLL_S
+        self._request()
+        return self._poll.ready_at()
 
     def read(self) -> pa.RecordBatch | None:
         if self._ended:
