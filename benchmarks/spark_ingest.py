@@ -1,7 +1,7 @@
 """spark_ingest.py: how fast Spark's executors push a preprocessed DataFrame into a keyed count.
 
 Pipeline: ``spark.range(N)`` -> Spark adds a string key (100,000 distinct),
-an int and a timestamp, filters (drops 1 row in 13) and projects -> 
+an int and a timestamp, filters (drops 1 row in 13) and projects ->
 ``from_spark`` (executor push, credit window) -> ``key_by("key")`` ->
 ``count`` (2 instances) -> ``collect``. The result is checked against Spark
 SQL's own ``GROUP BY`` over the same DataFrame.
@@ -35,11 +35,17 @@ from benchmarks.common import RssSampler, emit, start_ray
 
 def dataframe(spark: Any, rows: int, partitions: int) -> Any:
     """The preprocessed input: a filter and a projection in Spark."""
-    return (spark.range(rows, numPartitions=partitions)
-            .selectExpr("concat('k', cast(id % 100000 AS string)) AS key", "cast(id % 13 AS int) AS v",
-                        "timestamp_seconds(1700000000 + id) AS ts", "id")
-            .where("v <> 5")
-            .select("key", "v", "ts"))
+    return (
+        spark.range(rows, numPartitions=partitions)
+        .selectExpr(
+            "concat('k', cast(id % 100000 AS string)) AS key",
+            "cast(id % 13 AS int) AS v",
+            "timestamp_seconds(1700000000 + id) AS ts",
+            "id",
+        )
+        .where("v <> 5")
+        .select("key", "v", "ts")
+    )
 
 
 def driver_pids() -> list[int]:
@@ -57,7 +63,8 @@ def run_bridge(spark: Any, rows: int, partitions: int) -> tuple[float, float, in
     with RssSampler(driver_pids()) as rss, from_spark(df, max_units=4) as src:
         flow = Dataflow(f"spark-ingest-{rows}")
         flow.source(src, parallelism=2, name="src").key_by("key").count(parallelism=2, name="count").collect(
-            name="out")
+            name="out"
+        )
         t0 = time.perf_counter()
         job = flow.submit()
         try:
@@ -68,11 +75,15 @@ def run_bridge(spark: Any, rows: int, partitions: int) -> tuple[float, float, in
         delivered = src.statistics().delivered_rows
     got = {r["key"]: r["count"] for r in job.result("out").to_pylist()}
     df.createOrReplaceTempView("ingest_oracle")
-    expected = {r["key"]: r["n"] for r in spark.sql(
-        "SELECT key, count(*) AS n FROM ingest_oracle GROUP BY key").collect()}
+    expected = {
+        r["key"]: r["n"]
+        for r in spark.sql("SELECT key, count(*) AS n FROM ingest_oracle GROUP BY key").collect()
+    }
     if got != expected:
-        raise SystemExit(f"spark_ingest: the dataflow's counts differ from Spark SQL's ({len(got)} vs "
-                         f"{len(expected)} keys)")
+        raise SystemExit(
+            f"spark_ingest: the dataflow's counts differ from Spark SQL's ({len(got)} vs "
+            f"{len(expected)} keys)"
+        )
     return delivered / elapsed, rss.peak_mb, delivered
 
 
@@ -105,21 +116,25 @@ def main() -> None:
     t0 = time.perf_counter()
     table = df.toArrow()
     to_arrow = table.num_rows / (time.perf_counter() - t0)
-    assert table.num_rows == delivered, f"bug in spark_ingest: toArrow saw {table.num_rows}, the bridge {delivered}"
+    assert table.num_rows == delivered, (
+        f"bug in spark_ingest: toArrow saw {table.num_rows}, the bridge {delivered}"
+    )
     del table
     print(f"  {to_arrow / 1e6:.2f} M rows/s", flush=True)
     spark.stop()
-    emit({
-        "bridge_rows_per_s": round(bridge),
-        "to_arrow_rows_per_s": round(to_arrow),
-        "ratio": round(bridge / to_arrow, 3),
-        "driver_rss_mb_1m": rss_small,
-        "driver_rss_mb_5m": rss_large,
-        "rows": args.rows,
-        "small_rows": args.small_rows,
-        "quick": args.quick,
-        "load_avg_1m": round(os.getloadavg()[0], 2),
-    })
+    emit(
+        {
+            "bridge_rows_per_s": round(bridge),
+            "to_arrow_rows_per_s": round(to_arrow),
+            "ratio": round(bridge / to_arrow, 3),
+            "driver_rss_mb_1m": rss_small,
+            "driver_rss_mb_5m": rss_large,
+            "rows": args.rows,
+            "small_rows": args.small_rows,
+            "quick": args.quick,
+            "load_avg_1m": round(os.getloadavg()[0], 2),
+        }
+    )
 
 
 if __name__ == "__main__":

@@ -41,8 +41,10 @@ def run(args: argparse.Namespace) -> int:
 
     os.environ.setdefault("RAY_ENABLE_AUTO_CONNECT", "0")
     files = sorted(glob.glob(os.path.join(sysconfig.get_paths()["stdlib"], "*.py")))
-    print(f"chiray demo --spark: word count over {len(files)} Python standard library files, "
-          f"preprocessed in Spark, counted on Ray at parallelism {args.parallelism}")
+    print(
+        f"chiray demo --spark: word count over {len(files)} Python standard library files, "
+        f"preprocessed in Spark, counted on Ray at parallelism {args.parallelism}"
+    )
     if not ray.is_initialized():
         ray.init(address=args.address, include_dashboard=False, logging_level=logging.ERROR)
     spark = spark_session(cores=2, app_name="chiray-demo", conf={"spark.sql.shuffle.partitions": "8"})
@@ -52,10 +54,12 @@ def run(args: argparse.Namespace) -> int:
         with from_spark(words, max_units=4) as src:
             assert isinstance(src, SparkSource), "bug in demo: push mode expected"
             flow = Dataflow("spark-demo")
-            (flow.source(src, parallelism=args.parallelism, name="words")
-                 .key_by("word")
-                 .count(parallelism=args.parallelism, name="count")
-                 .collect(name="out"))
+            (
+                flow.source(src, parallelism=args.parallelism, name="words")
+                .key_by("word")
+                .count(parallelism=args.parallelism, name="count")
+                .collect(name="out")
+            )
             t0 = time.perf_counter()
             job = flow.submit()
             checkpointed = None
@@ -73,13 +77,17 @@ def run(args: argparse.Namespace) -> int:
             stats = src.statistics()
         got = {r["word"]: r["count"] for r in job.result("out").to_pylist()}
         words.createOrReplaceTempView("demo_words")
-        expected = {r["word"]: r["n"] for r in spark.sql(
-            "SELECT word, count(*) AS n FROM demo_words GROUP BY word").collect()}
+        expected = {
+            r["word"]: r["n"]
+            for r in spark.sql("SELECT word, count(*) AS n FROM demo_words GROUP BY word").collect()
+        }
     finally:
         spark.stop()
     total = sum(got.values())
-    print(f"\r  {total:,} words, {len(got):,} distinct, in {elapsed:.1f} s "
-          f"({stats.committed_units} Spark partitions pushed by the executors)")
+    print(
+        f"\r  {total:,} words, {len(got):,} distinct, in {elapsed:.1f} s "
+        f"({stats.committed_units} Spark partitions pushed by the executors)"
+    )
     if checkpointed is not None:
         print(f"  checkpoint {checkpointed} taken mid-run")
     top = sorted(got.items(), key=lambda kv: (-kv[1], kv[0]))[:5]

@@ -26,11 +26,14 @@ def require_pyspark() -> Any:
     try:
         import pyspark
     except ImportError as e:
-        raise ImportError(f"spark_bridge needs pyspark >= {'.'.join(map(str, MIN_PYSPARK))}: pip install pyspark") from e
+        raise ImportError(
+            f"spark_bridge needs pyspark >= {'.'.join(map(str, MIN_PYSPARK))}: pip install pyspark"
+        ) from e
     version = tuple(int(p) for p in pyspark.__version__.split(".")[:2])
     if version < MIN_PYSPARK:
         raise ImportError(
-            f"spark_bridge needs pyspark >= {'.'.join(map(str, MIN_PYSPARK))}, found {pyspark.__version__}")
+            f"spark_bridge needs pyspark >= {'.'.join(map(str, MIN_PYSPARK))}, found {pyspark.__version__}"
+        )
     return pyspark
 
 
@@ -43,7 +46,9 @@ def gcs_address() -> str:
     import ray
 
     if not ray.is_initialized():
-        raise RuntimeError("spark_bridge: start Ray first (ray.init(...)), then build the SparkSession and the source")
+        raise RuntimeError(
+            "spark_bridge: start Ray first (ray.init(...)), then build the SparkSession and the source"
+        )
     return str(ray.get_runtime_context().gcs_address)
 
 

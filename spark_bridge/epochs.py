@@ -56,7 +56,9 @@ class EpochBuffer:
 
     def __init__(self, lanes: int, max_epochs: int) -> None:
         if lanes < 1 or max_epochs < 1:
-            raise ValueError(f"from_spark_stream: lanes and max_epochs must be >= 1, got {lanes}, {max_epochs}")
+            raise ValueError(
+                f"from_spark_stream: lanes and max_epochs must be >= 1, got {lanes}, {max_epochs}"
+            )
         self.lanes, self.max_epochs = lanes, max_epochs
         self._staged: dict[tuple[int, int, int, int], dict[int, tuple[bytes, int]]] = {}
         self._epochs: dict[int, list[list[tuple[bytes, int]]]] = {}  # epoch -> per lane
@@ -76,8 +78,9 @@ class EpochBuffer:
     def is_committed(self, epoch: int) -> bool:
         return epoch in self._done
 
-    def push(self, epoch: int, partition: int, generation: int, attempt: int, seq: int, data: bytes,
-             rows: int) -> bool:
+    def push(
+        self, epoch: int, partition: int, generation: int, attempt: int, seq: int, data: bytes, rows: int
+    ) -> bool:
         """Stage one batch; ``False``: the epoch is already committed (a re-run): stop pushing."""
         if epoch in self._done:
             return False
@@ -97,8 +100,10 @@ class EpochBuffer:
         for partition, attempt in sorted(mine):
             batches = self._staged.get((epoch, partition, generation, attempt), {})
             if sorted(batches) != list(range(mine[(partition, attempt)])):
-                raise ValueError(f"bug in spark_bridge: epoch {epoch} partition {partition} attempt {attempt} "
-                                 f"reported {mine[(partition, attempt)]} batches, the buffer holds {sorted(batches)}")
+                raise ValueError(
+                    f"bug in spark_bridge: epoch {epoch} partition {partition} attempt {attempt} "
+                    f"reported {mine[(partition, attempt)]} batches, the buffer holds {sorted(batches)}"
+                )
             lanes[partition % self.lanes].extend(batches[i] for i in range(len(batches)))
         for k in keys:
             self._discarded += (k[1], k[3]) not in mine or k[2] != generation
@@ -128,7 +133,8 @@ class EpochBuffer:
             raise LookupError(
                 f"from_spark_stream: lane {lane} asked again for epoch {from_epoch}, which it already took; "
                 "replaying a streaming hand-off after a dataflow failure is not supported (stage the stream "
-                "to files, or restart the job from scratch)")
+                "to files, or restart the job from scratch)"
+            )
         for epoch in sorted(e for e in self._epochs if e >= from_epoch and lane not in self._taken[e]):
             data = self._epochs[epoch][lane]
             self._taken[epoch].add(lane)
@@ -145,5 +151,6 @@ class EpochBuffer:
         return None
 
     def statistics(self) -> EpochStatistics:
-        return EpochStatistics(len(self._done), self._ignored, len(self._epochs), self._peak, self._delivered,
-                               self._discarded)
+        return EpochStatistics(
+            len(self._done), self._ignored, len(self._epochs), self._peak, self._delivered, self._discarded
+        )

@@ -64,8 +64,13 @@ class SparkInbox:
             generation, units = self._buffer.launch()
         return generation, units
 
-    async def job_done(self, generation: int, units: Sequence[Unit], error: str | None,
-                       succeeded: Sequence[tuple[Unit, int, int]] = ()) -> None:
+    async def job_done(
+        self,
+        generation: int,
+        units: Sequence[Unit],
+        error: str | None,
+        succeeded: Sequence[tuple[Unit, int, int]] = (),
+    ) -> None:
         self._buffer.job_done(generation, [tuple(u) for u in units], error, succeeded)  # type: ignore[misc]
         self._changed()
 

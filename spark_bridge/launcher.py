@@ -40,8 +40,11 @@ def spark_error(e: BaseException, limit: int = 2000) -> str:
 
 def successful_attempts(rows: Any) -> list[tuple[Unit, int, int]]:
     """``(unit, attempt, num_batches)`` from the summaries Spark returned (successful tasks only)."""
-    return [((int(r["epoch"]), int(r["partition"])), int(r["attempt"]), int(r["batches"]))
-            for r in rows if r["complete"]]
+    return [
+        ((int(r["epoch"]), int(r["partition"])), int(r["attempt"]), int(r["batches"]))
+        for r in rows
+        if r["complete"]
+    ]
 
 
 def _drain(rows: Any) -> list[Any]:
@@ -65,7 +68,9 @@ class JobLauncher:
         self._inbox = inbox
         self._group = name
         self._stop = threading.Event()
-        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=max_jobs, thread_name_prefix=f"{name}-job")
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=max_jobs, thread_name_prefix=f"{name}-job"
+        )
         self._thread = threading.Thread(target=self._loop, name=f"{name}-launcher", daemon=True)
 
     def start(self) -> None:
@@ -89,8 +94,9 @@ class JobLauncher:
 
         error, succeeded = None, []
         self._sc.setLocalProperty(GENERATION_PROPERTY, str(generation))
-        self._sc.setJobGroup(self._group, f"chiray {self._group}: partitions {[p for _, p in units]}",
-                             interruptOnCancel=True)
+        self._sc.setJobGroup(
+            self._group, f"chiray {self._group}: partitions {[p for _, p in units]}", interruptOnCancel=True
+        )
         try:
             rows = self._sc.runJob(self._rdd, _drain, [p for _, p in units])
             succeeded = successful_attempts(rows)

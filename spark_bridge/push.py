@@ -25,7 +25,15 @@ import pyarrow as pa
 
 from .schema import conform
 
-__all__ = ["GENERATION_PROPERTY", "SUMMARY_SCHEMA", "PushTarget", "decode", "encode", "push_partition", "rechunk"]
+__all__ = [
+    "GENERATION_PROPERTY",
+    "SUMMARY_SCHEMA",
+    "PushTarget",
+    "decode",
+    "encode",
+    "push_partition",
+    "rechunk",
+]
 
 GENERATION_PROPERTY = "chiray.spark.generation"
 SUMMARY_SCHEMA = "epoch bigint, partition int, attempt bigint, rows bigint, batches int, complete boolean"
@@ -77,8 +85,12 @@ def _inbox(target: PushTarget) -> Any:
     import ray
 
     if not ray.is_initialized():
-        ray.init(address=target.gcs_address, namespace=target.namespace, logging_level=logging.ERROR,
-                 log_to_driver=False)
+        ray.init(
+            address=target.gcs_address,
+            namespace=target.namespace,
+            logging_level=logging.ERROR,
+            log_to_driver=False,
+        )
     where = (target.gcs_address, target.namespace, target.inbox)
     if where not in _handles:
         _handles[where] = ray.get_actor(target.inbox, namespace=target.namespace)
@@ -93,7 +105,9 @@ def _sized(batch: pa.RecordBatch, batch_bytes: int) -> Iterator[pa.RecordBatch]:
         yield batch.slice(start, rows)
 
 
-def rechunk(batches: Iterator[pa.RecordBatch], schema: pa.Schema, batch_bytes: int) -> Iterator[pa.RecordBatch]:
+def rechunk(
+    batches: Iterator[pa.RecordBatch], schema: pa.Schema, batch_bytes: int
+) -> Iterator[pa.RecordBatch]:
     """Spark's batches cast to ``schema`` and merged or sliced into batches of about ``batch_bytes``.
 
     Empty batches are skipped.
@@ -102,7 +116,9 @@ def rechunk(batches: Iterator[pa.RecordBatch], schema: pa.Schema, batch_bytes: i
         yield from _sized(batch, batch_bytes)
 
 
-def _merged(batches: Iterator[pa.RecordBatch], schema: pa.Schema, batch_bytes: int) -> Iterator[pa.RecordBatch]:
+def _merged(
+    batches: Iterator[pa.RecordBatch], schema: pa.Schema, batch_bytes: int
+) -> Iterator[pa.RecordBatch]:
     pending: list[pa.RecordBatch] = []
     size = 0
     for batch in batches:
@@ -130,7 +146,9 @@ def push_partition(target: PushTarget, batches: Iterator[pa.RecordBatch]) -> Ite
     ctx = TaskContext.get()
     assert ctx is not None, "bug in spark_bridge: push_partition outside a Spark task"
     inbox = _inbox(target)
-    epoch = target.epoch if target.epoch is not None else int(str(ctx.getLocalProperty("streaming.sql.batchId")))
+    epoch = (
+        target.epoch if target.epoch is not None else int(str(ctx.getLocalProperty("streaming.sql.batchId")))
+    )
     generation = int(ctx.getLocalProperty(GENERATION_PROPERTY) or 0)
     unit, attempt = (epoch, ctx.partitionId()), ctx.taskAttemptId()
     in_flight: list[Any] = []
@@ -147,8 +165,22 @@ def push_partition(target: PushTarget, batches: Iterator[pa.RecordBatch]) -> Ite
         rows += batch.num_rows
     accepted = all(ray.get(in_flight)) and accepted
     yield pa.RecordBatch.from_pydict(
-        {"epoch": [unit[0]], "partition": [unit[1]], "attempt": [attempt], "rows": [rows], "batches": [seq],
-         "complete": [accepted]},
-        schema=pa.schema([("epoch", pa.int64()), ("partition", pa.int32()), ("attempt", pa.int64()),
-                          ("rows", pa.int64()), ("batches", pa.int32()), ("complete", pa.bool_())]),
+        {
+            "epoch": [unit[0]],
+            "partition": [unit[1]],
+            "attempt": [attempt],
+            "rows": [rows],
+            "batches": [seq],
+            "complete": [accepted],
+        },
+        schema=pa.schema(
+            [
+                ("epoch", pa.int64()),
+                ("partition", pa.int32()),
+                ("attempt", pa.int64()),
+                ("rows", pa.int64()),
+                ("batches", pa.int32()),
+                ("complete", pa.bool_()),
+            ]
+        ),
     )

@@ -62,7 +62,8 @@ def _arrow_type(t: Any, path: str) -> pa.DataType:
         return pa.struct([_arrow_field(f, f"{path}.{f.name}") for f in t.fields])
     raise UnsupportedSparkType(
         f"from_spark: column {path!r} has Spark type {t.simpleString()}, which the bridge does not support "
-        "(supported: boolean, tinyint, smallint, int, bigint, float, double, string, binary, date, timestamp, "
+        "(supported: boolean, tinyint, smallint, int, bigint, float, double, string, binary, date, "
+        "timestamp, "
         "timestamp_ntz, decimal, and arrays and structs of these); cast or drop it in Spark first"
     )
 
@@ -104,5 +105,7 @@ def conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
         try:
             columns.append(column.cast(field.type) if not column.type.equals(field.type) else column)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
-            raise TypeError(f"from_spark: column {name!r} arrived as {column.type}, expected {field.type}: {e}") from e
+            raise TypeError(
+                f"from_spark: column {name!r} arrived as {column.type}, expected {field.type}: {e}"
+            ) from e
     return pa.RecordBatch.from_arrays(columns, schema=schema)

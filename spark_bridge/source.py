@@ -50,6 +50,11 @@ def _inbox_handle(name: str, namespace: str) -> Any:
     return _handles[key]
 
 
+def _empty(schema: pa.Schema) -> pa.RecordBatch:
+    """A batch with no rows: "nothing yet" to the host (it emits no empty batch); ``None`` means "done"."""
+    return pa.RecordBatch.from_pylist([], schema=schema)
+
+
 class ReadyPoll:
     """Whether a pending Ray call has returned, as ``SplitReader.ready_at`` must report it.
 
@@ -83,7 +88,10 @@ class ReadyPoll:
 
 
 class _UnitReader(SplitReader):
-    """Takes one unit from the inbox without blocking the host's loop; offset 0 or 1."""
+    """Takes one unit from the inbox without blocking the host's loop; offset 0 or 1.
+
+    ``read`` returns an empty batch while the unit is not there yet (the host emits nothing for it).
+    """
 
     def __init__(self, source: SparkSource, unit: tuple[int, int], taken: bool) -> None:
         self._schema = source._schema
@@ -100,6 +108,10 @@ class _UnitReader(SplitReader):
 
         if self._pending is None:
             return None
+        if (
+            self._poll.ready_at() is not None
+        ):  # not yet: an empty batch (never emitted) instead of blocking the host
+            return _empty(self._schema)
         data = ray.get(self._pending)
         self._pending, self._taken = None, True
         batches = [b for chunk in data for b in decode(chunk)]
@@ -132,8 +144,9 @@ class SparkSource(Source):
     after the job ended.
     """
 
-    def __init__(self, df: Any, schema: pa.Schema, target: PushTarget, name: str, max_units: int,
-                 max_jobs: int) -> None:
+    def __init__(
+        self, df: Any, schema: pa.Schema, target: PushTarget, name: str, max_units: int, max_jobs: int
+    ) -> None:
         self._schema = schema
         self._name = name
         self._inbox = target.inbox
@@ -165,18 +178,25 @@ class SparkSource(Source):
 
         driver = self._driver
         if driver is None:
-            raise RuntimeError(f"{self._name}: splits() needs the driver-side source (it was pickled or closed)")
+            raise RuntimeError(
+                f"{self._name}: splits() needs the driver-side source (it was pickled or closed)"
+            )
         if driver.inbox is not None:
             return
         units = [(0, p) for p in range(self._num_partitions)]
         driver.inbox = SparkInbox.options(  # type: ignore[attr-defined]
-            name=self._inbox, namespace=self._namespace).remote(units, driver.max_units)
-        driver.launcher = JobLauncher(driver.df.sparkSession, driver.rdd, driver.inbox, self._name, driver.max_jobs)
+            name=self._inbox, namespace=self._namespace
+        ).remote(units, driver.max_units)
+        driver.launcher = JobLauncher(
+            driver.df.sparkSession, driver.rdd, driver.inbox, self._name, driver.max_jobs
+        )
         driver.launcher.start()
 
     def open_split(self, split: SourceSplit, offset: Any = None) -> SplitReader:
         if offset not in (None, 0, 1):
-            raise ValueError(f"{self._name}: offset of split {split.split_id!r} must be 0 or 1, got {offset!r}")
+            raise ValueError(
+                f"{self._name}: offset of split {split.split_id!r} must be 0 or 1, got {offset!r}"
+            )
         return _UnitReader(self, tuple(split.payload), bool(offset))  # type: ignore[arg-type]
 
     def statistics(self) -> BufferStatistics:
@@ -184,7 +204,9 @@ class SparkSource(Source):
         import ray
 
         if self._driver is None or self._driver.inbox is None:
-            raise RuntimeError(f"{self._name}: statistics() is available on the driver once the job was submitted")
+            raise RuntimeError(
+                f"{self._name}: statistics() is available on the driver once the job was submitted"
+            )
         return ray.get(self._driver.inbox.statistics.remote())
 
     def close(self) -> None:
@@ -262,8 +284,12 @@ def from_spark(
         raise TypeError(f"from_spark: expected a pyspark.sql.DataFrame, got {type(df).__name__}")
     if df.isStreaming:
         raise TypeError("from_spark: this DataFrame is a streaming one; use from_spark_stream")
-    for arg, value in (("max_units", max_units), ("window", window), ("batch_bytes", batch_bytes),
-                       ("max_jobs", max_jobs)):
+    for arg, value in (
+        ("max_units", max_units),
+        ("window", window),
+        ("batch_bytes", batch_bytes),
+        ("max_jobs", max_jobs),
+    ):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"from_spark: {arg} must be a positive integer, got {value!r}")
     schema = to_arrow_schema(df.schema)

@@ -17,7 +17,7 @@ offset counts the batches already emitted, so a reader resumes exactly.
 
 Example:
     >>> src = from_spark(df, staged=True, path="s3://bucket/run-7/")   # doctest: +SKIP
-    >>> src = from_staged("s3://bucket/run-7/")                          # later, without Spark  # doctest: +SKIP
+    >>> src = from_staged("s3://bucket/run-7/")  # later, without Spark   # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -73,8 +73,15 @@ def _write_partition(target: _StageTarget, batches: Iterator[pa.RecordBatch]) ->
             rows += batch.num_rows
     yield pa.RecordBatch.from_pydict(
         {"partition": [partition], "attempt": [attempt], "file": [path], "batches": [count], "rows": [rows]},
-        schema=pa.schema([("partition", pa.int32()), ("attempt", pa.int64()), ("file", pa.string()),
-                          ("batches", pa.int32()), ("rows", pa.int64())]),
+        schema=pa.schema(
+            [
+                ("partition", pa.int32()),
+                ("attempt", pa.int64()),
+                ("file", pa.string()),
+                ("batches", pa.int32()),
+                ("rows", pa.int64()),
+            ]
+        ),
     )
 
 
@@ -85,8 +92,9 @@ class _FileReader(SplitReader):
         self._file: Any = fs.open_input_file(path)
         self._reader = pa.ipc.open_file(self._file)
         if not 0 <= offset <= self._reader.num_record_batches:
-            raise ValueError(f"from_staged: offset {offset} is outside [0, {self._reader.num_record_batches}] "
-                             f"for {path}")
+            raise ValueError(
+                f"from_staged: offset {offset} is outside [0, {self._reader.num_record_batches}] for {path}"
+            )
         self._next = offset
 
     def read(self) -> pa.RecordBatch | None:
@@ -123,7 +131,9 @@ class StagedSource(Source):
         return sum(int(p["rows"]) for p in self._manifest["parts"])
 
     def splits(self) -> list[SourceSplit]:
-        return [SourceSplit(f"{self._manifest['name']}/{p['file']}", p["file"]) for p in self._manifest["parts"]]
+        return [
+            SourceSplit(f"{self._manifest['name']}/{p['file']}", p["file"]) for p in self._manifest["parts"]
+        ]
 
     def open_split(self, split: SourceSplit, offset: Any = None) -> SplitReader:
         return _FileReader(self._fs, f"{self._root}/{split.payload}", 0 if offset is None else int(offset))
@@ -149,8 +159,10 @@ def stage(df: Any, schema: pa.Schema, path: str, *, name: str, batch_bytes: int)
     """
     fs, root = _filesystem(path)
     if fs.get_file_info(f"{root}/{MANIFEST}").type != pafs.FileType.NotFound:
-        raise FileExistsError(f"from_spark: {path!r} already holds staged data; read it with from_staged(path) "
-                              "or stage to an empty path")
+        raise FileExistsError(
+            f"from_spark: {path!r} already holds staged data; read it with from_staged(path) "
+            "or stage to an empty path"
+        )
     fs.create_dir(f"{root}/_attempts", recursive=True)
     target = _StageTarget(fs, root, schema, batch_bytes)
     summaries = df.mapInArrow(functools.partial(_write_partition, target), _SUMMARY).collect()
@@ -178,5 +190,7 @@ def from_staged(path: str) -> StagedSource:
         with fs.open_input_stream(f"{root}/{MANIFEST}") as f:
             manifest = json.loads(f.read().decode())
     except (FileNotFoundError, OSError) as e:
-        raise FileNotFoundError(f"from_staged: {path!r} holds no complete staged data ({MANIFEST} missing)") from e
+        raise FileNotFoundError(
+            f"from_staged: {path!r} holds no complete staged data ({MANIFEST} missing)"
+        ) from e
     return StagedSource(fs, root, manifest)

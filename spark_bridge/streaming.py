@@ -37,7 +37,7 @@ from .epochs import END, EpochBuffer, EpochStatistics
 from .inbox import NAMESPACE
 from .push import SUMMARY_SCHEMA, PushTarget, decode, push_partition
 from .schema import to_arrow_schema
-from .source import ReadyPoll, _inbox_handle
+from .source import ReadyPoll, _empty, _inbox_handle
 
 __all__ = ["SparkStreamSource", "StreamInbox", "from_spark_stream"]
 
@@ -68,8 +68,9 @@ class StreamInbox:
     async def is_committed(self, epoch: int) -> bool:
         return self._buffer.is_committed(epoch)
 
-    async def push(self, unit: tuple[int, int], generation: int, attempt: int, seq: int, data: bytes,
-                   rows: int) -> bool:
+    async def push(
+        self, unit: tuple[int, int], generation: int, attempt: int, seq: int, data: bytes, rows: int
+    ) -> bool:
         return self._buffer.push(unit[0], unit[1], generation, attempt, seq, data, rows)
 
     async def commit(self, epoch: int, succeeded: Sequence[tuple[int, int, int]]) -> bool:
@@ -98,6 +99,7 @@ class _LaneReader(SplitReader):
 
     def __init__(self, source: SparkStreamSource, lane: int, offset: int) -> None:
         self._inbox = _inbox_handle(source._inbox, NAMESPACE)
+        self._schema = source._schema
         self._lane, self._next = lane, offset
         self._pending: Any = None
         self._poll = ReadyPoll()
@@ -118,7 +120,12 @@ class _LaneReader(SplitReader):
     def read(self) -> pa.RecordBatch | None:
         if self._ended:
             return None
-        epoch, data = ray.get(self._request())
+        self._request()
+        if (
+            self._poll.ready_at() is not None
+        ):  # not yet: an empty batch (never emitted) instead of blocking the host
+            return _empty(self._schema)
+        epoch, data = ray.get(self._pending)
         self._pending = None
         if epoch == END:
             self._ended = True
@@ -140,12 +147,27 @@ class SparkStreamSource(Source):
     ``close()`` (stop the query, kill the inbox; idempotent).
     """
 
-    def __init__(self, sdf: Any, target: PushTarget, name: str, lanes: int, max_epochs: int,
-                 checkpoint_location: str, trigger: dict[str, Any] | None, until_terminated: bool) -> None:
+    def __init__(
+        self,
+        sdf: Any,
+        target: PushTarget,
+        name: str,
+        lanes: int,
+        max_epochs: int,
+        checkpoint_location: str,
+        trigger: dict[str, Any] | None,
+        until_terminated: bool,
+    ) -> None:
         self._schema, self._name, self._inbox, self._lanes = target.schema, name, target.inbox, lanes
         self._driver: dict[str, Any] | None = {
-            "sdf": sdf, "target": target, "max_epochs": max_epochs, "checkpoint": checkpoint_location,
-            "trigger": trigger, "until_terminated": until_terminated, "inbox": None, "query": None,
+            "sdf": sdf,
+            "target": target,
+            "max_epochs": max_epochs,
+            "checkpoint": checkpoint_location,
+            "trigger": trigger,
+            "until_terminated": until_terminated,
+            "inbox": None,
+            "query": None,
             "closing": False,
         }
 
@@ -159,7 +181,8 @@ class SparkStreamSource(Source):
         d = self._need_driver()
         if d["inbox"] is None:
             d["inbox"] = StreamInbox.options(  # type: ignore[attr-defined]
-                name=self._inbox, namespace=NAMESPACE).remote(self._lanes, d["max_epochs"])
+                name=self._inbox, namespace=NAMESPACE
+            ).remote(self._lanes, d["max_epochs"])
             self.restart()
         return [SourceSplit(f"{self._name}-lane{lane}", lane) for lane in range(self._lanes)]
 
@@ -183,13 +206,18 @@ class SparkStreamSource(Source):
             return
         target = dataclasses.replace(d["target"], epoch=batch_id)
         rows = bdf.mapInArrow(functools.partial(push_partition, target), SUMMARY_SCHEMA).collect()
-        ray.get(inbox.commit.remote(batch_id, [(r["partition"], r["attempt"], r["batches"])
-                                               for r in rows if r["complete"]]))
+        ray.get(
+            inbox.commit.remote(
+                batch_id, [(r["partition"], r["attempt"], r["batches"]) for r in rows if r["complete"]]
+            )
+        )
 
     def restart(self) -> None:
         """(Re)start the streaming query from its checkpoint location."""
         d = self._need_driver()
-        writer = d["sdf"].writeStream.foreachBatch(self._on_batch).option("checkpointLocation", d["checkpoint"])
+        writer = (
+            d["sdf"].writeStream.foreachBatch(self._on_batch).option("checkpointLocation", d["checkpoint"])
+        )
         if d["trigger"]:
             writer = writer.trigger(**d["trigger"])
         d["query"] = writer.start()
@@ -276,15 +304,19 @@ def from_spark_stream(
         UnsupportedSparkType: a column's type has no Arrow mapping (named).
 
     Example:
-        >>> src = from_spark_stream(sdf, checkpoint_location="/tmp/chk", trigger={"availableNow": True})  # doctest: +SKIP
+        >>> src = from_spark_stream(sdf, checkpoint_location="chk/")  # doctest: +SKIP
     """
     require_pyspark()
     from pyspark.sql import DataFrame
 
     if not isinstance(sdf, DataFrame) or not sdf.isStreaming:
-        raise TypeError(f"from_spark_stream: expected a streaming DataFrame, got {type(sdf).__name__}"
-                        + (" (a batch one: use from_spark)" if isinstance(sdf, DataFrame) else ""))
+        raise TypeError(
+            f"from_spark_stream: expected a streaming DataFrame, got {type(sdf).__name__}"
+            + (" (a batch one: use from_spark)" if isinstance(sdf, DataFrame) else "")
+        )
     schema = to_arrow_schema(sdf.schema)
     name = name or f"from_spark_stream-{uuid.uuid4().hex[:8]}"
     target = PushTarget(gcs_address(), NAMESPACE, name, schema, window, batch_bytes, worker_env(), epoch=None)
-    return SparkStreamSource(sdf, target, name, lanes, max_epochs, checkpoint_location, trigger, until_terminated)
+    return SparkStreamSource(
+        sdf, target, name, lanes, max_epochs, checkpoint_location, trigger, until_terminated
+    )

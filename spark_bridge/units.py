@@ -129,7 +129,7 @@ class UnitBuffer:
     # -- the source side -----------------------------------------------------------
 
     def want(self, unit: Unit) -> None:
-        """A source instance waits for ``unit``: launch it next (again, if it was delivered before: replay)."""
+        """A source instance waits for ``unit``: launch it next (again if it was delivered: a replay)."""
         state = self._state(unit)
         state.wanted = True
         if state.status is UnitStatus.DELIVERED:
@@ -143,7 +143,9 @@ class UnitBuffer:
         """
         state = self._state(unit)
         if state.status is UnitStatus.FAILED:
-            raise SparkUnitFailed(f"Spark failed to compute partition {unit[1]} (epoch {unit[0]}): {state.error}")
+            raise SparkUnitFailed(
+                f"Spark failed to compute partition {unit[1]} (epoch {unit[0]}): {state.error}"
+            )
         if state.status is not UnitStatus.COMMITTED:
             self.want(unit)
             return None
@@ -161,7 +163,9 @@ class UnitBuffer:
         Wanted units first (always), then the next idle units while the credit
         window has room.
         """
-        chosen = [u for u in self._order if self._units[u].wanted and self._units[u].status is UnitStatus.IDLE]
+        chosen = [
+            u for u in self._order if self._units[u].wanted and self._units[u].status is UnitStatus.IDLE
+        ]
         room = self.max_units - self._buffered_units() - len(chosen)
         for u in self._order:
             if room <= 0:
@@ -177,8 +181,13 @@ class UnitBuffer:
         self._note_peak()
         return self._generation, chosen
 
-    def job_done(self, generation: int, units: Sequence[Unit], error: str | None,
-                 succeeded: Sequence[tuple[Unit, int, int]] = ()) -> None:
+    def job_done(
+        self,
+        generation: int,
+        units: Sequence[Unit],
+        error: str | None,
+        succeeded: Sequence[tuple[Unit, int, int]] = (),
+    ) -> None:
         """Spark's job for ``units`` (launched as ``generation``) ended.
 
         Args:
@@ -208,14 +217,16 @@ class UnitBuffer:
             return False
         batches = state.staged.setdefault((generation, attempt), {})
         if seq in batches:
-            raise ValueError(f"bug in spark_bridge: batch {seq} of unit {unit} attempt {attempt} pushed twice")
+            raise ValueError(
+                f"bug in spark_bridge: batch {seq} of unit {unit} attempt {attempt} pushed twice"
+            )
         batches[seq] = (data, rows)
         self._rows += rows
         self._note_peak()
         return True
 
     def commit(self, unit: Unit, generation: int, attempt: int, num_batches: int) -> bool:
-        """Spark says this attempt succeeded after pushing ``num_batches``; ``True`` if it is now the unit's data."""
+        """Spark says this attempt succeeded with ``num_batches`` pushed; ``True``: it is the unit's data."""
         state = self._state(unit)
         mine = state.staged.get((generation, attempt), {})
         if state.status is not UnitStatus.RUNNING:

@@ -23,10 +23,15 @@ pytestmark = pytest.mark.usefixtures("ray_session")
 
 def events(spark, rows: int = 60_000, partitions: int = 6):
     """A preprocessed DataFrame: string key, int value, timestamp; a filter and a projection in Spark."""
-    return (spark.range(rows, numPartitions=partitions)
-            .selectExpr("concat('k', cast(id % 97 AS string)) AS key", "cast(id % 13 AS int) AS v",
-                        "timestamp_seconds(id) AS ts")
-            .where("v <> 3"))
+    return (
+        spark.range(rows, numPartitions=partitions)
+        .selectExpr(
+            "concat('k', cast(id % 97 AS string)) AS key",
+            "cast(id % 13 AS int) AS v",
+            "timestamp_seconds(id) AS ts",
+        )
+        .where("v <> 3")
+    )
 
 
 def spark_counts(df) -> dict[str, int]:
@@ -39,7 +44,8 @@ def spark_counts(df) -> dict[str, int]:
 def keyed_count(name: str, src, parallelism: int = 2) -> Dataflow:
     flow = Dataflow(name)
     flow.source(src, parallelism=parallelism, name="src").key_by("key").count(
-        parallelism=2, name="count").collect(name="out")
+        parallelism=2, name="count"
+    ).collect(name="out")
     return flow
 
 
@@ -78,7 +84,9 @@ def _fail_first_attempt(batches):
 def test_task_retried_mid_push_causes_no_duplicates(spark):
     base = events(spark, rows=48_000, partitions=4)
     df = base.mapInArrow(_fail_first_attempt, base.schema)
-    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "500")  # so the attempt pushes before failing
+    spark.conf.set(
+        "spark.sql.execution.arrow.maxRecordsPerBatch", "500"
+    )  # so the attempt pushes before failing
     try:
         with from_spark(df, batch_bytes=16 << 10, max_units=4) as src:
             job = keyed_count("spark-retry", src).submit()
@@ -102,12 +110,19 @@ def _slowly(batch):
 def test_slow_dataflow_holds_spark_back_within_the_bound(spark):
     partitions, max_units, parallelism = 6, 1, 1
     df = events(spark, rows=12_000, partitions=partitions)
-    rows_per_partition = max(spark.range(12_000, numPartitions=partitions).groupBy(
-        F.spark_partition_id()).count().agg(F.max("count")).first()[0], 1)
+    rows_per_partition = max(
+        spark.range(12_000, numPartitions=partitions)
+        .groupBy(F.spark_partition_id())
+        .count()
+        .agg(F.max("count"))
+        .first()[0],
+        1,
+    )
     with from_spark(df, max_units=max_units) as src:
         flow = Dataflow("spark-backpressure")
         flow.source(src, parallelism=parallelism, name="src").map(_slowly, name="slow").key_by("key").count(
-            name="count").collect(name="out")
+            name="count"
+        ).collect(name="out")
         job = flow.submit()
         try:
             job.wait(timeout=180)
@@ -126,7 +141,8 @@ def test_killed_stateful_host_replays_from_spark_exactly(spark, tmp_path):
     with from_spark(df, max_units=2) as src:
         flow = Dataflow("spark-recovery")
         flow.source(src, parallelism=2, name="src").map(_slowly, name="slow").key_by("key").count(
-            parallelism=2, name="count").collect(name="out")
+            parallelism=2, name="count"
+        ).collect(name="out")
         job = flow.submit(checkpoint_interval_s=0.3, poll_interval_s=0.2, checkpoint_dir=str(tmp_path))
         try:
             deadline = time.monotonic() + 120
@@ -158,7 +174,8 @@ def test_staged_reader_killed_mid_split_resumes_exactly(spark, tmp_path):
     # In a dataflow: kill the host of a source instance mid-split; recovery resumes from the offsets.
     flow = Dataflow("spark-staged")
     flow.source(from_staged(str(tmp_path / "staged")), parallelism=2, name="src").map(
-        _slowly, name="slow").key_by("key").count(parallelism=2, name="count").collect(name="out")
+        _slowly, name="slow"
+    ).key_by("key").count(parallelism=2, name="count").collect(name="out")
     job = flow.submit(checkpoint_interval_s=0.3, poll_interval_s=0.2, checkpoint_dir=str(tmp_path / "chk"))
     try:
         deadline = time.monotonic() + 120
@@ -178,22 +195,30 @@ def test_stream_rerun_batch_is_seen_once(spark, tmp_path):
     inbound, chk = tmp_path / "in", str(tmp_path / "query-chk")
     inbound.mkdir()
     for i in range(3):  # three input files: three micro-batches of one file each
-        pq.write_table(pa.table({"id": pa.array(range(i * 5000, (i + 1) * 5000), pa.int64())}),
-                       inbound / f"part{i}.parquet")
+        pq.write_table(
+            pa.table({"id": pa.array(range(i * 5000, (i + 1) * 5000), pa.int64())}),
+            inbound / f"part{i}.parquet",
+        )
 
     def preprocess(df):
-        return (df.selectExpr("concat('k', cast(id % 31 AS string)) AS key", "cast(id % 7 AS int) AS v")
-                .where("v <> 2"))
+        return df.selectExpr("concat('k', cast(id % 31 AS string)) AS key", "cast(id % 7 AS int) AS v").where(
+            "v <> 2"
+        )
 
     sdf = preprocess(spark.readStream.schema("id long").option("maxFilesPerTrigger", 1).parquet(str(inbound)))
-    with from_spark_stream(sdf, checkpoint_location=chk, trigger={"availableNow": True}, lanes=2,
-                           until_terminated=False) as src:
+    with from_spark_stream(
+        sdf, checkpoint_location=chk, trigger={"availableNow": True}, lanes=2, until_terminated=False
+    ) as src:
         job = keyed_count("spark-stream", src).submit()
         try:
             src.await_termination(timeout_s=120)
-            commits = sorted(int(p.name) for p in (tmp_path / "query-chk" / "commits").iterdir()
-                             if p.name.isdigit())
-            for log in (str(commits[-1]), f".{commits[-1]}.crc"):  # as if the driver died before Spark's commit
+            commits = sorted(
+                int(p.name) for p in (tmp_path / "query-chk" / "commits").iterdir() if p.name.isdigit()
+            )
+            for log in (
+                str(commits[-1]),
+                f".{commits[-1]}.crc",
+            ):  # as if the driver died before Spark's commit
                 (tmp_path / "query-chk" / "commits" / log).unlink(missing_ok=True)
             src.restart()  # Spark re-runs the last batch from its logged offsets
             src.await_termination(timeout_s=120)
