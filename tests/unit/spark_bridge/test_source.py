@@ -6,7 +6,7 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from spark_bridge import source  # noqa: E402
+from spark_bridge import source  # noqa: E402  (after the importorskip)
 
 
 def test_ready_poll_answer_changes_only_at_the_wake_up_time_it_gave(monkeypatch):
