@@ -9,6 +9,7 @@ records.
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
 import sys
@@ -96,7 +97,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     d.add_argument("--parallelism", type=int, default=2)
     d.add_argument("--seed", type=int, default=7)
     d.add_argument("--address", default=None, help="Ray address (default: start an embedded Ray)")
+    d.add_argument("--spark", action="store_true", help="the full pipeline: Spark preprocesses real text files")
     args = parser.parse_args(argv)
+    if args.command == "demo" and args.spark:
+        return int(importlib.import_module("spark_bridge.demo").run(args))  # actors may not import spark_bridge
     if args.command == "demo":
         return demo(args)
     return 2

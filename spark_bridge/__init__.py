@@ -1,3 +1,28 @@
-"""spark_bridge: Spark DataFrames as replayable dataflow sources (to come; see the Spark bridge issue)."""
+"""spark_bridge: Spark DataFrames (batch and Structured Streaming) as replayable dataflow sources.
 
-__all__: list[str] = []
+Spark's executors push Arrow batches to the dataflow's source instances
+(``from_spark``), or stage them as Arrow IPC files that sources read with
+exact offsets (``from_spark(df, staged=True, path=...)``, ``from_staged``).
+pyspark is imported lazily.
+"""
+
+from .env import spark_session
+from .schema import UnsupportedSparkType, to_arrow_schema
+from .source import SparkSource, from_spark
+from .staged import StagedSource, from_staged
+from .streaming import SparkStreamSource, from_spark_stream
+from .units import BufferStatistics, SparkUnitFailed
+
+__all__ = [
+    "BufferStatistics",
+    "SparkSource",
+    "SparkStreamSource",
+    "SparkUnitFailed",
+    "StagedSource",
+    "UnsupportedSparkType",
+    "from_spark",
+    "from_spark_stream",
+    "from_staged",
+    "spark_session",
+    "to_arrow_schema",
+]

@@ -26,3 +26,16 @@ def no_leaked_actors(request):
         time.sleep(0.1)
     free = ray.available_resources().get("CPU", 0)
     pytest.fail(f"{request.node.name} left actors behind: {before - free} CPUs still held")
+
+
+@pytest.fixture(scope="session")
+def spark(ray_session):
+    """One local SparkSession for the whole session, built after Ray (it inherits Ray's environment)."""
+    pytest.importorskip("pyspark")
+    from spark_bridge import spark_session
+
+    session = spark_session(cores=2, conf={"spark.sql.shuffle.partitions": "4",
+                                           "spark.sql.adaptive.enabled": "false"})
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()

@@ -1,0 +1,141 @@
+"""spark_ingest.py: how fast Spark's executors push a preprocessed DataFrame into a keyed count.
+
+Pipeline: ``spark.range(N)`` -> Spark adds a string key (100,000 distinct),
+an int and a timestamp, filters (drops 1 row in 13) and projects ->
+``from_spark`` (executor push, credit window) -> ``key_by("key")`` ->
+``count`` (2 instances) -> ``collect``. The result is checked against Spark
+SQL's own ``GROUP BY`` over the same DataFrame.
+
+Measured: ``bridge_rows_per_s`` (rows into the dataflow / seconds from
+``submit()`` to the end of the job, Spark's computation included);
+``to_arrow_rows_per_s``: Spark's own ``df.toArrow()`` of the same DataFrame
+in the same run, the driver-funnel reference; ``ratio`` = bridge / toArrow
+(target >= 0.7); ``driver_rss_mb_1m`` / ``driver_rss_mb_5m``: the peak RSS of
+the driver (this Python process plus Spark's JVM) during a bridge run of the
+small and the large size: it must stay flat as the rows grow, because no row
+passes through the driver. Expected on a 2-core machine: about 0.4-1 M
+rows/s for both paths (it varies with the machine's load).
+
+Run: ``python -m benchmarks.spark_ingest [--quick] [--rows N] [--small-rows N]``.
+``--quick`` (under a minute): 1,000,000 and 200,000 rows (the JSON's
+``rows`` / ``small_rows`` say which sizes the two RSS figures are for).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from typing import Any
+
+import psutil
+
+from benchmarks.common import RssSampler, emit, start_ray
+
+
+def dataframe(spark: Any, rows: int, partitions: int) -> Any:
+    """The preprocessed input: a filter and a projection in Spark."""
+    return (
+        spark.range(rows, numPartitions=partitions)
+        .selectExpr(
+            "concat('k', cast(id % 100000 AS string)) AS key",
+            "cast(id % 13 AS int) AS v",
+            "timestamp_seconds(1700000000 + id) AS ts",
+            "id",
+        )
+        .where("v <> 5")
+        .select("key", "v", "ts")
+    )
+
+
+def driver_pids() -> list[int]:
+    """This process and Spark's JVM (a child of it)."""
+    me = psutil.Process()
+    return [me.pid] + [c.pid for c in me.children(recursive=True) if "java" in c.name()]
+
+
+def run_bridge(spark: Any, rows: int, partitions: int) -> tuple[float, float, int]:
+    """(rows/s, peak driver RSS in MB, rows in) of one bridged keyed count; checked against Spark SQL."""
+    from operators import Dataflow
+    from spark_bridge import from_spark
+
+    df = dataframe(spark, rows, partitions)
+    with RssSampler(driver_pids()) as rss, from_spark(df, max_units=4) as src:
+        flow = Dataflow(f"spark-ingest-{rows}")
+        flow.source(src, parallelism=2, name="src").key_by("key").count(parallelism=2, name="count").collect(
+            name="out"
+        )
+        t0 = time.perf_counter()
+        job = flow.submit()
+        try:
+            job.wait(timeout=1800)
+        finally:
+            job.cancel()
+        elapsed = time.perf_counter() - t0
+        delivered = src.statistics().delivered_rows
+    got = {r["key"]: r["count"] for r in job.result("out").to_pylist()}
+    df.createOrReplaceTempView("ingest_oracle")
+    expected = {
+        r["key"]: r["n"]
+        for r in spark.sql("SELECT key, count(*) AS n FROM ingest_oracle GROUP BY key").collect()
+    }
+    if got != expected:
+        raise SystemExit(
+            f"spark_ingest: the dataflow's counts differ from Spark SQL's ({len(got)} vs "
+            f"{len(expected)} keys)"
+        )
+    return delivered / elapsed, rss.peak_mb, delivered
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=5_000_000)
+    parser.add_argument("--small-rows", type=int, default=1_000_000)
+    parser.add_argument("--partitions", type=int, default=8)
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    if args.quick:
+        args.rows, args.small_rows = 1_000_000, 200_000
+    os.environ.setdefault("RAY_ENABLE_AUTO_CONNECT", "0")
+    start_ray(num_cpus=4)
+    from spark_bridge import spark_session
+
+    spark = spark_session(2, app_name="spark_ingest", conf={"spark.sql.shuffle.partitions": "4"})
+    spark.sparkContext.setLogLevel("ERROR")
+    if args.small_rows >= 100_000:  # tiny runs (CI) skip the warm-up
+        print("spark_ingest: warming up Spark and the bridge", flush=True)
+        run_bridge(spark, 100_000, 2)
+    print(f"spark_ingest: bridge, {args.small_rows:,} rows", flush=True)
+    _, rss_small, _ = run_bridge(spark, args.small_rows, args.partitions)
+    print(f"  peak driver RSS {rss_small} MB", flush=True)
+    print(f"spark_ingest: bridge, {args.rows:,} rows", flush=True)
+    bridge, rss_large, delivered = run_bridge(spark, args.rows, args.partitions)
+    print(f"  {bridge / 1e6:.2f} M rows/s, peak driver RSS {rss_large} MB", flush=True)
+    print(f"spark_ingest: toArrow() of the same {args.rows:,}-row DataFrame", flush=True)
+    df = dataframe(spark, args.rows, args.partitions)
+    t0 = time.perf_counter()
+    table = df.toArrow()
+    to_arrow = table.num_rows / (time.perf_counter() - t0)
+    assert table.num_rows == delivered, (
+        f"bug in spark_ingest: toArrow saw {table.num_rows}, the bridge {delivered}"
+    )
+    del table
+    print(f"  {to_arrow / 1e6:.2f} M rows/s", flush=True)
+    spark.stop()
+    emit(
+        {
+            "bridge_rows_per_s": round(bridge),
+            "to_arrow_rows_per_s": round(to_arrow),
+            "ratio": round(bridge / to_arrow, 3),
+            "driver_rss_mb_1m": rss_small,
+            "driver_rss_mb_5m": rss_large,
+            "rows": args.rows,
+            "small_rows": args.small_rows,
+            "quick": args.quick,
+            "load_avg_1m": round(os.getloadavg()[0], 2),
+        }
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,186 @@
+"""push.py: what runs inside a Spark task: push one partition's Arrow batches to the inbox, then report it.
+
+The task connects to Ray once per Spark Python worker (workers are reused),
+re-chunks Spark's Arrow batches to about ``batch_bytes``, casts them to the
+bridge's schema, and keeps at most ``window`` pushes in flight: a task that
+has no credit waits in ``ray.wait``, which stops it reading its input and so
+stops the JVM side computing it. After its last push returned it yields a
+one-row summary (partition, attempt, batch count): Spark returns the
+summaries of successful attempts only, and the driver commits exactly those.
+The inbox answers pushes for an already committed unit with ``False`` (the
+task then stops early).
+
+Everything here runs in Spark's Python workers, never in the driver.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+
+from .schema import conform
+
+__all__ = [
+    "GENERATION_PROPERTY",
+    "SUMMARY_SCHEMA",
+    "PushTarget",
+    "decode",
+    "encode",
+    "push_partition",
+    "rechunk",
+]
+
+GENERATION_PROPERTY = "chiray.spark.generation"
+SUMMARY_SCHEMA = "epoch bigint, partition int, attempt bigint, rows bigint, batches int, complete boolean"
+
+_handles: dict[tuple[str, str, str], Any] = {}
+
+
+@dataclasses.dataclass(frozen=True)
+class PushTarget:
+    """Where and how a Spark task pushes (pickled into the task).
+
+    Attributes:
+        gcs_address: the Ray cluster's GCS address.
+        namespace: the inbox actor's namespace.
+        inbox: the inbox actor's name.
+        schema: the Arrow schema batches are cast to.
+        window: pushes in flight per task (the credit window).
+        batch_bytes: re-chunk Spark's batches to about this many bytes.
+        env: environment a Spark worker needs to reach Ray (set if absent).
+        epoch: the unit's epoch; ``None``: Spark's streaming batch id.
+    """
+
+    gcs_address: str
+    namespace: str
+    inbox: str
+    schema: pa.Schema
+    window: int
+    batch_bytes: int
+    env: dict[str, str]
+    epoch: int | None = 0
+
+
+def encode(batch: pa.RecordBatch) -> bytes:
+    """One batch as an Arrow IPC stream."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema) as writer:
+        writer.write_batch(batch)
+    return sink.getvalue().to_pybytes()
+
+
+def decode(data: bytes) -> list[pa.RecordBatch]:
+    """The batches of an Arrow IPC stream (zero-copy over ``data``)."""
+    return list(pa.ipc.open_stream(pa.py_buffer(data)))
+
+
+def _inbox(target: PushTarget) -> Any:
+    for key, value in target.env.items():
+        os.environ.setdefault(key, value)
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(
+            address=target.gcs_address,
+            namespace=target.namespace,
+            logging_level=logging.ERROR,
+            log_to_driver=False,
+        )
+    where = (target.gcs_address, target.namespace, target.inbox)
+    if where not in _handles:
+        _handles[where] = ray.get_actor(target.inbox, namespace=target.namespace)
+    return _handles[where]
+
+
+def _sized(batch: pa.RecordBatch, batch_bytes: int) -> Iterator[pa.RecordBatch]:
+    """``batch`` in slices of about ``batch_bytes`` (as it is when it is not more than twice that)."""
+    pieces = batch.nbytes // batch_bytes if batch.nbytes > 2 * batch_bytes else 1
+    rows = -(-batch.num_rows // max(pieces, 1))
+    for start in range(0, batch.num_rows, rows):
+        yield batch.slice(start, rows)
+
+
+def rechunk(
+    batches: Iterator[pa.RecordBatch], schema: pa.Schema, batch_bytes: int
+) -> Iterator[pa.RecordBatch]:
+    """Spark's batches cast to ``schema`` and merged or sliced into batches of about ``batch_bytes``.
+
+    Empty batches are skipped.
+    """
+    for batch in _merged(batches, schema, batch_bytes):
+        yield from _sized(batch, batch_bytes)
+
+
+def _merged(
+    batches: Iterator[pa.RecordBatch], schema: pa.Schema, batch_bytes: int
+) -> Iterator[pa.RecordBatch]:
+    pending: list[pa.RecordBatch] = []
+    size = 0
+    for batch in batches:
+        if batch.num_rows == 0:
+            continue
+        pending.append(conform(batch, schema))
+        size += batch.nbytes
+        if size >= batch_bytes:
+            yield pending[0] if len(pending) == 1 else pa.concat_batches(pending)
+            pending, size = [], 0
+    if pending:
+        yield pending[0] if len(pending) == 1 else pa.concat_batches(pending)
+
+
+def push_partition(target: PushTarget, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """``mapInArrow`` body: push this task's partition as one unit; yield a one-row summary.
+
+    ``attempt`` in the summary is Spark's task attempt id (unique in the
+    application); ``complete`` is false when the task stopped early because
+    another attempt's data was already committed.
+    """
+    import ray
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    assert ctx is not None, "bug in spark_bridge: push_partition outside a Spark task"
+    inbox = _inbox(target)
+    epoch = (
+        target.epoch if target.epoch is not None else int(str(ctx.getLocalProperty("streaming.sql.batchId")))
+    )
+    generation = int(ctx.getLocalProperty(GENERATION_PROPERTY) or 0)
+    unit, attempt = (epoch, ctx.partitionId()), ctx.taskAttemptId()
+    in_flight: list[Any] = []
+    seq = rows = 0
+    accepted = True
+    for batch in rechunk(batches, target.schema, target.batch_bytes):
+        while len(in_flight) >= target.window and accepted:  # no credit: wait, which stops Spark upstream
+            done, in_flight = ray.wait(in_flight, num_returns=1)
+            accepted = all(ray.get(done))
+        if not accepted:
+            break  # another attempt already committed this unit
+        in_flight.append(inbox.push.remote(unit, generation, attempt, seq, encode(batch), batch.num_rows))
+        seq += 1
+        rows += batch.num_rows
+    accepted = all(ray.get(in_flight)) and accepted
+    yield pa.RecordBatch.from_pydict(
+        {
+            "epoch": [unit[0]],
+            "partition": [unit[1]],
+            "attempt": [attempt],
+            "rows": [rows],
+            "batches": [seq],
+            "complete": [accepted],
+        },
+        schema=pa.schema(
+            [
+                ("epoch", pa.int64()),
+                ("partition", pa.int32()),
+                ("attempt", pa.int64()),
+                ("rows", pa.int64()),
+                ("batches", pa.int32()),
+                ("complete", pa.bool_()),
+            ]
+        ),
+    )
