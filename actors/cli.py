@@ -1,9 +1,10 @@
 """cli.py: the ``chiray`` command line: ``chiray demo`` runs the main job on an embedded Ray.
 
 ``demo`` counts records per key (and sums a value) over a generated,
-deterministic stream, shows a progress bar with the rate, takes an aligned
-checkpoint mid-run, and checks the result against pandas over the same
-records.
+deterministic stream (paced at ``--rate``), shows a progress bar with the
+rate, rescales the count live from ``--parallelism`` to one more instance,
+takes an aligned checkpoint mid-run, and checks the result against pandas
+over the same records.
 """
 
 from __future__ import annotations
@@ -48,9 +49,10 @@ def demo(args: argparse.Namespace) -> int:
     print(f"chiray demo: keyed count + sum over {args.records:,} generated records, "
           f"{args.keys:,} keys ({args.dist}), parallelism {args.parallelism}")
     if not ray.is_initialized():
-        ray.init(address=args.address, include_dashboard=False, logging_level=logging.ERROR)
+        ray.init(address=args.address, include_dashboard=False, logging_level=logging.ERROR,
+                 **({"num_cpus": max(4, os.cpu_count() or 1)} if args.address is None else {}))
     source = generate(args.records, num_keys=args.keys, dist=args.dist, batch_size=50_000,
-                      seed=args.seed, num_splits=args.parallelism)
+                      seed=args.seed, num_splits=args.parallelism, rate=args.rate)
     flow = Dataflow("demo")
     (flow.source(source, parallelism=args.parallelism, name="events")
          .key_by("key")
@@ -61,6 +63,7 @@ def demo(args: argparse.Namespace) -> int:
     print(f"  deployed in {time.perf_counter() - start:.1f} s; running")
     t0 = time.perf_counter()
     checkpointed = None
+    rescale = None
     while True:
         try:
             job.wait(timeout=0.5)
@@ -68,7 +71,9 @@ def demo(args: argparse.Namespace) -> int:
         except TimeoutError:
             done = job.statistics().records_in("count")
             print(_progress(done, args.records, done / (time.perf_counter() - t0)), end="", flush=True)
-            if checkpointed is None and done > args.records // 3:
+            if rescale is None and done > args.records // 10:  # live, no record lost or counted twice
+                rescale = job.rescale("count", args.parallelism + 1, strategy="non_disruptive", chunk_bins=64)
+            if checkpointed is None and rescale is not None and rescale.done() and done > args.records // 3:
                 c0 = time.perf_counter()
                 checkpointed = (job.checkpoint(timeout=60), time.perf_counter() - c0)  # in-band, aligned
     elapsed = time.perf_counter() - t0
@@ -78,6 +83,14 @@ def demo(args: argparse.Namespace) -> int:
     ok = result[["count", "total"]].astype("int64").equals(expected.astype("int64"))
     top = result.sort_values("count", ascending=False).head(5)
     print(f"  {len(result):,} keys, {args.records / elapsed / 1e6:.2f} M records/s end to end")
+    if rescale is not None:
+        try:
+            moved = rescale.result(0)
+            print(f"  rescaled 'count' live from {args.parallelism} to {args.parallelism + 1} instances "
+                  f"({moved['strategy']}): {moved['bins_moved']} bins, {moved['bytes_moved'] / 2**20:.1f} MiB "
+                  f"moved in {moved['elapsed_s']:.1f} s")
+        except Exception as exc:  # e.g. the input ended first; the result is still checked below
+            print(f"  rescale did not complete: {exc}")
     if checkpointed is not None:
         print(f"  checkpoint {checkpointed[0]} taken mid-run, without stopping the job, "
               f"in {checkpointed[1] * 1000:.0f} ms")
@@ -96,6 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     d.add_argument("--dist", choices=["uniform", "zipf"], default="zipf")
     d.add_argument("--parallelism", type=int, default=2)
     d.add_argument("--seed", type=int, default=7)
+    d.add_argument("--rate", type=float, default=600_000, help="records/s offered (paced, so the rescale happens mid-run)")
     d.add_argument("--address", default=None, help="Ray address (default: start an embedded Ray)")
     d.add_argument("--spark", action="store_true", help="the full pipeline: Spark preprocesses real text files")
     args = parser.parse_args(argv)

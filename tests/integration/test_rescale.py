@@ -77,10 +77,10 @@ def switchable_clock(flag: str):
     return clock
 
 
-COUNTED = 4_000_000
+COUNTED = 2_000_000
 
 
-def sources(tmp_path, counted_n: int = COUNTED, ordered_n: int = 600_000):
+def sources(tmp_path, counted_n: int = COUNTED, ordered_n: int = 300_000):
     """Paced for minutes (so rescales happen while input flows, however loaded the machine); a test
     lifts the pacing once done."""
     flag = str(tmp_path / "full-speed")
