@@ -155,7 +155,7 @@ def plot(results: list[dict[str, Any]], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(len(results), 1, figsize=(8, 1.8 * len(results)), sharex=True, squeeze=False)
+    fig, axes = plt.subplots(len(results), 1, figsize=(8, 1.8 * len(results)), squeeze=False)
     for ax, res in zip(axes[:, 0], results):
         t, lat, duration = res["_curve"]
         ax.plot(t, lat, ".", markersize=2)
@@ -163,7 +163,8 @@ def plot(results: list[dict[str, Any]], path: str) -> None:
         ax.set_yscale("log")
         ax.set_ylabel("ms")
         ax.set_title(f"{res['strategy']}: 2 -> 3 (shaded: migration)", fontsize=9)
-    axes[-1, 0].set_xlabel("seconds since the rescale started")
+    for ax in axes[:, 0]:
+        ax.set_xlabel("seconds since the rescale started", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
