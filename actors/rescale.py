@@ -203,6 +203,7 @@ class RescaleRun(threading.Thread):
         self.reloaded = 0
         self.predicted_bytes = 0
         self.step_log: list[dict[str, Any]] = []
+        self.first_step_ns: int | None = None  # when the first migration op was injected (after setup)
         self._lock = threading.Lock()
 
     def progress(self) -> dict[str, Any]:
@@ -212,7 +213,7 @@ class RescaleRun(threading.Thread):
                     "bins_moved": self.bins_moved, "bins": self.bins_total, "bytes_moved": self.bytes_moved,
                     "bins_reloaded": self.reloaded, "predicted_bytes": self.predicted_bytes,
                     "elapsed_s": (self.finished or time.monotonic()) - self.started,
-                    "step_log": list(self.step_log)}
+                    "first_step_ns": self.first_step_ns, "step_log": list(self.step_log)}
 
     def run(self) -> None:
         try:
@@ -319,16 +320,21 @@ class RescaleRun(threading.Thread):
                              timeout_s=self.knobs.get("step_timeout_s", 120.0))
         op_id = f"controller:{uuid.uuid4().hex[:12]}:{op.kind}"
         started = time.monotonic()
+        first = self.first_step_ns is None
         retiring: list[int] = []
         if changes_topology:
             placement, added, retiring = self._place(old, new)
             view = job_view(job.name, _union(old, new))
             next_view = job_view(job.name, new)
             self._prepare(op_id, new, placement, added)
+            if first:
+                self.first_step_ns = time.time_ns()
             handle = OpHandle(op_id, job._controller, op.timeout_s)
             job._controller.run_op.remote(op, op_id, view, next_view)
         else:
             placement = dict(job._placement)
+            if first:
+                self.first_step_ns = time.time_ns()
             handle = job.run_control(op, op_id=op_id)
         try:
             result = handle.result(op.timeout_s)

