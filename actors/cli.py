@@ -49,8 +49,9 @@ def demo(args: argparse.Namespace) -> int:
     print(f"chiray demo: keyed count + sum over {args.records:,} generated records, "
           f"{args.keys:,} keys ({args.dist}), parallelism {args.parallelism}")
     if not ray.is_initialized():
-        ray.init(address=args.address, include_dashboard=False, logging_level=logging.ERROR,
-                 **({"num_cpus": max(4, os.cpu_count() or 1)} if args.address is None else {}))
+        # An embedded Ray gets room for the host that the live rescale adds (hosts ask for 0.5 CPU).
+        num_cpus = max(4, os.cpu_count() or 1) if args.address is None else None
+        ray.init(address=args.address, num_cpus=num_cpus, include_dashboard=False, logging_level=logging.ERROR)
     source = generate(args.records, num_keys=args.keys, dist=args.dist, batch_size=50_000,
                       seed=args.seed, num_splits=args.parallelism, rate=args.rate)
     flow = Dataflow("demo")
