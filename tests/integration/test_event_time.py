@@ -140,7 +140,7 @@ def event_times(src) -> pd.DataFrame:
     return pa.Table.from_batches(batches).to_pandas()
 
 
-@pytest.mark.parametrize("strategy", ["all_at_once", "non_disruptive"])
+@pytest.mark.parametrize("strategy", ["all_at_once"])  # non_disruptive: the join and timer test below
 def test_windows_are_exact_across_a_live_rescale(strategy):
     """Window contents and the watermark move with their bins: 2 -> 3 -> 1 mid-stream, exact result."""
     src = generate(N, rate=8_000, batch_size=500, num_keys=50, num_splits=SPLITS, seed=5)
