@@ -311,6 +311,10 @@ class HostCore:
                 if wake is not None and wake > now:
                     # Re-check a paused source at least every RECHECK_S: what it waits for may change.
                     heapq.heappush(self._timers, (min(wake, now + RECHECK_S), next(self._timer_seq), inst))
+                elif inst.is_source and not inst.finished and not inst._outputs_blocked():
+                    # It became due between our two questions (a reader waiting on another process):
+                    # look again at the next step rather than never.
+                    heapq.heappush(self._timers, (now, next(self._timer_seq), inst))
                 continue
             self._candidates[inst] = None  # it may have more: back of the line
             grants = inst.step()

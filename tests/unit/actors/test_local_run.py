@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import random
+import time
 from typing import Any, Callable
 
 import numpy as np
@@ -502,3 +503,49 @@ def test_local_run_does_not_reuse_state_between_runs():
     first = LocalRun(flow, seed=1).run()["out"].to_pylist()
     second = LocalRun(flow, seed=2).run()["out"].to_pylist()
     assert first == second == [{"k": "a", "count": 5}]
+
+
+class _FlipReader:
+    """A reader that says "not yet" when first asked and "due" right after (a reply that lands between
+    the host's two questions, as a reader waiting on another process sees)."""
+
+    def __init__(self, batches):
+        self.batches = list(batches)
+        self.waiting = True  # the next batch is "on its way" until the host asks twice
+
+    def ready_at(self):
+        if self.waiting:
+            self.waiting = False
+            return time.monotonic() + 3600
+        return None
+
+    def read(self):
+        self.waiting = True
+        return self.batches.pop(0) if self.batches else None
+
+    def offset(self):
+        return 0
+
+    def close(self):
+        pass
+
+
+def test_a_source_that_becomes_due_between_two_questions_is_not_forgotten():
+    from operators.logic import Source, SourceSplit
+
+    batches = [pa.record_batch({"x": [i, i + 1]}) for i in range(0, 6, 2)]
+
+    class FlipSource(Source):
+        def schema(self):
+            return batches[0].schema
+
+        def splits(self):
+            return [SourceSplit("only", 0)]
+
+        def open_split(self, split, offset=None):
+            return _FlipReader(batches)
+
+    flow = Dataflow("flip")
+    flow.source(FlipSource(), name="src").collect(name="out")
+    out = LocalRun(flow).run(max_rounds=10_000)["out"]
+    assert sorted(out.column("x").to_pylist()) == list(range(6))
