@@ -93,7 +93,7 @@ STRATEGIES = [
 
 def test_every_strategy_scales_2_3_1_2_exactly():
     """One running job, both keyed operators, every strategy in turn: 2 -> 3 -> 1 -> 2 each."""
-    counted, ordered = sources(100)
+    counted, ordered = sources(85)
     job = build("rescale-strategies", counted, ordered).submit()
     try:
         wait_records(job, "src", 20_000)
@@ -116,10 +116,10 @@ def test_random_migrations_keep_the_invariant():
     import random
 
     rng = random.Random(5)
-    counted, ordered = sources(35)
+    counted, ordered = sources(25)
     job = build("migrate-random", counted, ordered).submit()
     try:
-        for _ in range(3):
+        for _ in range(2):
             wait_records(job, "src", job.statistics().records_out("src") + rng.randint(1_000, 20_000))
             for op in ("count", "seqs"):
                 table = [rng.randrange(2) for _ in range(BINS)]
@@ -136,7 +136,7 @@ def test_random_migrations_keep_the_invariant():
 
 
 def test_killed_host_during_migration_recovers_exactly(tmp_path):
-    counted, ordered = sources(40)
+    counted, ordered = sources(30)
     job = build("rescale-kill", counted, ordered).submit(
         checkpoint_interval_s=0.5, poll_interval_s=0.2, checkpoint_dir=str(tmp_path / "chk"))
     try:
