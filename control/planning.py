@@ -8,7 +8,7 @@ predicted cost (bytes of state to move).
 * ``round_robin`` (baseline): bin ``b`` goes to instance ``b mod p``.
 * ``consistent_hash`` (baseline): instances own arcs of a hash ring (with
   virtual nodes); a bin goes to the owner of its point on the ring.
-* ``ssm``: the optimal single-step migration of Ding et al. (ICDE 2015):
+* ``ssm``: optimal single-step migration (SSM, from the operator-state migration literature):
   the bins are cut into ``p`` contiguous intervals, one per instance, and the
   intervals are assigned to instances so that the state that stays in place
   is maximal (the migrated bytes minimal), subject to load balance: no
