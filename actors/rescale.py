@@ -249,7 +249,7 @@ class RescaleRun(threading.Thread):
         if not keyed:
             self.steps_total = 1
             self.state = "MIGRATING"
-            self._step(plan, rescaled_plan(plan, self.operator, self.parallelism), None, {}, last=True)
+            self._step(plan, rescaled_plan(plan, self.operator, self.parallelism), None)
             return
         current = list(plan.bin_tables[self.operator])
         loads = sizes = None
@@ -290,7 +290,7 @@ class RescaleRun(threading.Thread):
             moves = {b: result.moves[b] for b in chunk}
             op = MigrateBins(self.operator, list(table), moves, blocking, node.key, replicas,
                              timeout_s=self.knobs.get("step_timeout_s", 120.0))
-            self._step(job.plan, new_plan, op, moves, last=last)
+            self._step(job.plan, new_plan, op)
             if first and self.knobs.get("replicate"):
                 replicas = self._replicate({b: result.moves[b] for c in chunks for b in c})
             gap = self.knobs.get("gap_s", 0.0)
@@ -308,8 +308,7 @@ class RescaleRun(threading.Thread):
             self.step_log.append({"step": "replicate", "bins": len(versions), "elapsed_s": handle.elapsed_s})
         return dict(versions)
 
-    def _step(self, old: PhysicalPlan, new: PhysicalPlan, op: Any, moves: dict[int, tuple[int, int]],
-              last: bool) -> None:
+    def _step(self, old: PhysicalPlan, new: PhysicalPlan, op: Any) -> None:
         """Carry out one op; change the topology with it if ``new`` has other instances."""
         job = self.job
         changes_topology = set(new.instances) != set(old.instances) or any(

@@ -26,13 +26,10 @@ __all__ = ["NAMESPACE", "SparkInbox"]
 NAMESPACE = "chiray-spark"
 
 
-@ray.remote(num_cpus=0, max_restarts=0)
-class SparkInbox:
-    """Ray actor: the :class:`UnitBuffer` of one bridged DataFrame, plus waiting."""
+class Changes:
+    """Waking whoever waits for an inbox's state to change (shared by the batch and streaming inboxes)."""
 
-    def __init__(self, units: Sequence[Unit], max_units: int) -> None:
-        self._buffer = UnitBuffer([tuple(u) for u in units], max_units)  # type: ignore[misc]
-        self._event = asyncio.Event()
+    _event: asyncio.Event
 
     def _changed(self) -> None:
         self._event.set()
@@ -43,6 +40,15 @@ class SparkInbox:
             await asyncio.wait_for(self._event.wait(), timeout_s)
         except asyncio.TimeoutError:
             pass
+
+
+@ray.remote(num_cpus=0, max_restarts=0)
+class SparkInbox(Changes):
+    """Ray actor: the :class:`UnitBuffer` of one bridged DataFrame, plus waiting."""
+
+    def __init__(self, units: Sequence[Unit], max_units: int) -> None:
+        self._buffer = UnitBuffer([tuple(u) for u in units], max_units)  # type: ignore[misc]
+        self._event = asyncio.Event()
 
     async def take(self, unit: Unit) -> list[bytes]:
         """Wait until ``unit`` is committed and return its batches (Arrow IPC streams, in order)."""

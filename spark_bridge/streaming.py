@@ -37,28 +37,19 @@ from .epochs import END, EpochBuffer, EpochStatistics
 from .inbox import NAMESPACE
 from .push import SUMMARY_SCHEMA, PushTarget, decode, push_partition
 from .schema import to_arrow_schema
+from .inbox import Changes
 from .source import ReadyPoll, _empty, _inbox_handle
 
 __all__ = ["SparkStreamSource", "StreamInbox", "from_spark_stream"]
 
 
 @ray.remote(num_cpus=0, max_restarts=0)
-class StreamInbox:
+class StreamInbox(Changes):
     """Ray actor: the :class:`EpochBuffer` of one streaming query, plus waiting."""
 
     def __init__(self, lanes: int, max_epochs: int) -> None:
         self._buffer = EpochBuffer(lanes, max_epochs)
         self._event = asyncio.Event()
-
-    def _changed(self) -> None:
-        self._event.set()
-        self._event = asyncio.Event()
-
-    async def _wait(self, timeout_s: float | None) -> None:
-        try:
-            await asyncio.wait_for(self._event.wait(), timeout_s)
-        except asyncio.TimeoutError:
-            pass
 
     async def wait_room(self, timeout_s: float) -> bool:
         if not self._buffer.has_room():
