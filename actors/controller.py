@@ -121,7 +121,7 @@ class JobController(_ControllerOps):
     def __init__(self, job_name: str, sinks: list[tuple[str, int]], config: Any,
                  view: Any = None, broadcast: Tree | None = None, placement: dict | None = None,
                  storage: Any = None, sink_objects: dict[str, Any] | None = None,
-                 next_checkpoint_id: int = 1):
+                 next_checkpoint_id: int = 1, source_objects: dict[str, Any] | None = None):
         self.job_name = job_name
         self.config = config
         self.lifecycle = JobLifecycle(sinks, config.max_restarts)
@@ -131,6 +131,7 @@ class JobController(_ControllerOps):
         self.placement = placement or {}
         self.storage = storage
         self.sink_objects = sink_objects or {}
+        self.source_objects = source_objects or {}
         self.next_checkpoint_id = next_checkpoint_id
         self.incarnation = 0
         self.side_controllers: dict[str, Any] = {}
@@ -279,6 +280,12 @@ class JobController(_ControllerOps):
     def _commit_sinks(self, sink: str, staged: list) -> None:
         self.sink_objects[sink].commit(staged)
 
+    def _commit_sources(self, source: str, checkpoint_id: int, offsets: dict[str, Any]) -> None:
+        try:
+            self.source_objects[source].checkpoint_complete(checkpoint_id, offsets)
+        except Exception as exc:  # the checkpoint stands; the source only keeps data longer
+            self.lifecycle.events.append(f"source {source!r}: checkpoint_complete({checkpoint_id}) failed: {exc!r}")
+
     async def checkpoint(self) -> str:
         """Start a checkpoint now; returns the op id (its result is the checkpoint id)."""
         from control.ops.checkpoint import Checkpoint
@@ -288,7 +295,8 @@ class JobController(_ControllerOps):
         checkpoint_id = self.next_checkpoint_id
         self.next_checkpoint_id += 1
         job = {"name": self.job_name, "operators": self.ops.view.operators}
-        op = Checkpoint(checkpoint_id, self.storage, self.config.checkpoints_to_keep, self._commit_sinks, job)
+        op = Checkpoint(checkpoint_id, self.storage, self.config.checkpoints_to_keep, self._commit_sinks, job,
+                        commit_sources=self._commit_sources)
         op_id = await self.run_op(op)
         self._checkpoint_op = op_id
         return op_id

@@ -163,6 +163,7 @@ def submit(flow: Dataflow, *, config: JobConfig | None = None, restore_from: str
     deployment = Deployment(flow.name, ray.put(plan), placement, num_hosts, config, storage, sinks)
     view = job_view(flow.name, plan)
     broadcast, _ = control_trees(plan, placement, config.control_fanout)
+    sources = {n.name: n.source for n in plan.graph.nodes.values() if n.kind is OperatorKind.SOURCE}
     sink_instances = [i for i in plan.instances if plan.graph.nodes[i[0]].kind is OperatorKind.SINK]
 
     deployment.plan = plan
@@ -171,7 +172,7 @@ def submit(flow: Dataflow, *, config: JobConfig | None = None, restore_from: str
         first = max(storage.checkpoint_ids(), default=0) + 1
         return JobController.remote(  # type: ignore[attr-defined]
             flow.name, sink_instances, config, job_view(flow.name, deployment.plan), broadcast,
-            deployment.placement, storage, sinks, first)
+            deployment.placement, storage, sinks, first, sources)
 
     controller = make_controller()
     job = Job(flow.name, plan, controller, [], view)

@@ -158,6 +158,16 @@ class Source(abc.ABC):
     def open_split(self, split: SourceSplit, offset: Any = None) -> SplitReader:
         """Open ``split`` positioned at ``offset`` (``None``: from the start)."""
 
+    def checkpoint_complete(self, checkpoint_id: int, offsets: dict[str, Any]) -> None:
+        """Checkpoint ``checkpoint_id`` completed, holding these offsets (split id -> offset).
+
+        Called at the job's controller, once per completed checkpoint, on a copy
+        of the source pickled at ``submit()`` (driver-side attributes are not
+        there). A source whose upstream keeps data for a replay may release
+        what lies before these offsets: a restore never goes further back.
+        The default does nothing. It must not block.
+        """
+
     def describe(self) -> str:
         """A short name for messages."""
         return type(self).__name__

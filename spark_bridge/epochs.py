@@ -7,10 +7,18 @@ Spark returned. An epoch is committed at most once: a batch that Spark re-runs
 after a restart (its offsets were logged, its commit was not) is ignored.
 
 Source instances are *lanes*: partition ``q`` of every epoch belongs to lane
-``q % lanes``. A lane takes epochs in order; an epoch is dropped once every
-lane took it. Credit: at most ``max_epochs`` committed epochs wait for the
-lanes; the driver does not start pushing the next micro-batch until there is
-room, so Spark's next batch waits (back-pressure in units of micro-batches).
+``q % lanes``. A lane takes epochs in order. Credit: at most ``max_epochs``
+committed epochs wait for the lanes; the driver does not start pushing the
+next micro-batch until there is room, so Spark's next batch waits
+(back-pressure in units of micro-batches).
+
+Replay: an epoch every lane took is kept until the dataflow's checkpoints
+cover it (``acknowledge``: every lane's checkpointed offset is past it), so a
+dataflow restored from its last checkpoint takes the same epochs again, with
+the same partitions in the same lanes (a batch Spark re-ran could be
+partitioned differently, so the replay must not come from Spark while some
+lanes are past the epoch and others are not). At most ``retain_epochs`` taken
+epochs are kept; a replay that needs an older one fails with a clear error.
 
 Only the owning actor touches an :class:`EpochBuffer`.
 """
@@ -34,8 +42,10 @@ class EpochStatistics:
         ignored_commits: commits of an epoch already committed (re-run batches).
         held_epochs: committed epochs not yet taken by every lane.
         peak_held_epochs: the most ``held_epochs`` ever was.
-        delivered_rows: rows handed to lanes.
+        delivered_rows: rows handed to lanes (a replayed epoch counts again).
         discarded_attempts: staged attempts dropped.
+        retained_epochs: epochs every lane took, kept for a replay.
+        replayed_epochs: epochs handed to a lane a second time (after a dataflow restore).
     """
 
     committed_epochs: int
@@ -44,6 +54,8 @@ class EpochStatistics:
     peak_held_epochs: int
     delivered_rows: int
     discarded_attempts: int
+    retained_epochs: int = 0
+    replayed_epochs: int = 0
 
 
 class EpochBuffer:
@@ -52,28 +64,37 @@ class EpochBuffer:
     Args:
         lanes: number of source splits (lanes), >= 1.
         max_epochs: committed epochs that may wait for the lanes, >= 1.
+        retain_epochs: taken epochs kept for a replay until checkpoints cover them, >= 0.
     """
 
-    def __init__(self, lanes: int, max_epochs: int) -> None:
-        if lanes < 1 or max_epochs < 1:
+    def __init__(self, lanes: int, max_epochs: int, retain_epochs: int = 0) -> None:
+        if lanes < 1 or max_epochs < 1 or retain_epochs < 0:
             raise ValueError(
-                f"from_spark_stream: lanes and max_epochs must be >= 1, got {lanes}, {max_epochs}"
+                "from_spark_stream: lanes and max_epochs must be >= 1 and retain_epochs >= 0, got "
+                f"{lanes}, {max_epochs}, {retain_epochs}"
             )
-        self.lanes, self.max_epochs = lanes, max_epochs
+        self.lanes, self.max_epochs, self.retain_epochs = lanes, max_epochs, retain_epochs
         self._staged: dict[tuple[int, int, int, int], dict[int, tuple[bytes, int]]] = {}
         self._epochs: dict[int, list[list[tuple[bytes, int]]]] = {}  # epoch -> per lane
         self._taken: dict[int, set[int]] = {}
         self._done: set[int] = set()  # every epoch ever committed
         self._ended = False
         self._error: str | None = None
-        self._lane_last: dict[int, int] = {}  # the last epoch each lane was given data of
+        self._lane_last: dict[int, int] = {}  # the last epoch each lane was given
+        self._acked: dict[int, int] = {}  # lane -> the next epoch its checkpointed offset needs
+        self._kept_from = 0  # epochs below this may have been dropped
+        self._replayed = 0
         self._peak = 0
         self._ignored = 0
         self._delivered = 0
         self._discarded = 0
 
+    def _waiting(self) -> int:
+        """Committed epochs some lane has not taken yet."""
+        return sum(len(self._taken[e]) < self.lanes for e in self._epochs)
+
     def has_room(self) -> bool:
-        return len(self._epochs) < self.max_epochs
+        return self._waiting() < self.max_epochs
 
     def is_committed(self, epoch: int) -> bool:
         return epoch in self._done
@@ -111,7 +132,7 @@ class EpochBuffer:
         self._done.add(epoch)
         self._epochs[epoch] = lanes
         self._taken[epoch] = set()
-        self._peak = max(self._peak, len(self._epochs))
+        self._peak = max(self._peak, self._waiting())
         return True
 
     def end(self, error: str | None = None) -> None:
@@ -120,37 +141,68 @@ class EpochBuffer:
         self._error = error
 
     def take(self, lane: int, from_epoch: int) -> tuple[int, list[bytes]] | None:
-        """This lane's data of the first committed epoch ``>= from_epoch`` that has rows for it.
+        """This lane's data of the first committed epoch ``>= from_epoch`` (possibly no rows).
+
+        Asking again for an epoch the lane already took is a replay (the
+        dataflow was restored from a checkpoint): the kept epochs are handed
+        out again, unchanged.
 
         Returns ``(epoch, data)``, ``(END, [])`` when the stream ended, or
         ``None`` (wait).
 
         Raises:
-            LookupError: ``from_epoch`` was already dropped (a replay of the
-                streaming hand-off needs the epochs still held).
+            LookupError: the replay needs an epoch that was no longer kept.
         """
-        if from_epoch <= self._lane_last.get(lane, -1):
+        last = self._lane_last.get(lane, -1)
+        if from_epoch <= last and from_epoch < self._kept_from:
             raise LookupError(
-                f"from_spark_stream: lane {lane} asked again for epoch {from_epoch}, which it already took; "
-                "replaying a streaming hand-off after a dataflow failure is not supported (stage the stream "
-                "to files, or restart the job from scratch)"
+                f"from_spark_stream: lane {lane} must replay from epoch {from_epoch}, but epochs before "
+                f"{self._kept_from} were released (retain_epochs={self.retain_epochs}); checkpoint more "
+                "often than every retain_epochs micro-batches, or raise retain_epochs"
             )
-        for epoch in sorted(e for e in self._epochs if e >= from_epoch and lane not in self._taken[e]):
+        for epoch in sorted(e for e in self._epochs if e >= from_epoch):
             data = self._epochs[epoch][lane]
             self._taken[epoch].add(lane)
-            if len(self._taken[epoch]) == self.lanes:
-                del self._epochs[epoch], self._taken[epoch]
-            if data:
-                self._lane_last[lane] = epoch
-                self._delivered += sum(rows for _, rows in data)
-                return epoch, [d for d, _ in data]
+            self._replayed += epoch <= last
+            self._lane_last[lane] = max(last, epoch)
+            self._delivered += sum(rows for _, rows in data)
+            self._release()
+            return epoch, [d for d, _ in data]
         if self._ended:
             if self._error is not None:
                 raise RuntimeError(f"from_spark_stream: {self._error}")
             return END, []
         return None
 
+    def acknowledge(self, offsets: dict[int, int]) -> None:
+        """A dataflow checkpoint completed with these lane offsets (the next epoch each lane needs)."""
+        for lane, epoch in offsets.items():
+            self._acked[lane] = max(self._acked.get(lane, 0), epoch)
+        self._release()
+
+    def _release(self) -> None:
+        """Drop the taken epochs that no replay can need, and the oldest beyond ``retain_epochs``."""
+        done = sorted(e for e in self._epochs if len(self._taken[e]) == self.lanes)
+        for epoch in done:
+            if all(self._acked.get(lane, 0) > epoch for lane in range(self.lanes)):
+                self._drop(epoch)
+        done = [e for e in done if e in self._epochs]
+        for epoch in done[: max(len(done) - self.retain_epochs, 0)]:
+            self._drop(epoch)
+
+    def _drop(self, epoch: int) -> None:
+        del self._epochs[epoch], self._taken[epoch]
+        self._kept_from = max(self._kept_from, epoch + 1)  # a replay from here is no longer possible
+
     def statistics(self) -> EpochStatistics:
+        retained = sum(len(self._taken[e]) == self.lanes for e in self._epochs)
         return EpochStatistics(
-            len(self._done), self._ignored, len(self._epochs), self._peak, self._delivered, self._discarded
+            len(self._done),
+            self._ignored,
+            self._waiting(),
+            self._peak,
+            self._delivered,
+            self._discarded,
+            retained,
+            self._replayed,
         )

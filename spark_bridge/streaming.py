@@ -12,6 +12,13 @@ ignores it: the dataflow sees every epoch once.
 Splits are *lanes*: lane ``l`` gets partition ``q`` of every epoch with
 ``q % lanes == l``; its offset is the next epoch it needs.
 
+Replay after a dataflow failure: the inbox keeps the epochs every lane took
+until a dataflow checkpoint covers them (``Source.checkpoint_complete``), at
+most ``retain_epochs`` of them; the restored lanes ask again from their
+checkpointed offsets and get the same epochs, byte for byte. Spark's own
+offset log covers the other side: a Spark driver restarted from the query's
+checkpoint re-runs its last batch, which the inbox ignores if committed.
+
 Example:
     >>> src = from_spark_stream(spark.readStream.parquet("in/"), checkpoint_location="chk/")  # doctest: +SKIP
     >>> flow.source(src).key_by("key").count(); job = flow.submit(); job.wait()              # doctest: +SKIP
@@ -47,8 +54,8 @@ __all__ = ["SparkStreamSource", "StreamInbox", "from_spark_stream"]
 class StreamInbox(Changes):
     """Ray actor: the :class:`EpochBuffer` of one streaming query, plus waiting."""
 
-    def __init__(self, lanes: int, max_epochs: int) -> None:
-        self._buffer = EpochBuffer(lanes, max_epochs)
+    def __init__(self, lanes: int, max_epochs: int, retain_epochs: int) -> None:
+        self._buffer = EpochBuffer(lanes, max_epochs, retain_epochs)
         self._event = asyncio.Event()
 
     async def wait_room(self, timeout_s: float) -> bool:
@@ -80,6 +87,9 @@ class StreamInbox(Changes):
                 self._changed()  # credit freed
                 return got
             await self._wait(None)
+
+    async def acknowledge(self, offsets: dict[int, int]) -> None:
+        self._buffer.acknowledge(offsets)
 
     async def statistics(self) -> EpochStatistics:
         return self._buffer.statistics()
@@ -123,6 +133,8 @@ class _LaneReader(SplitReader):
             return None
         self._next = epoch + 1
         batches = [b for chunk in data for b in decode(chunk)]
+        if not batches:
+            return _empty(self._schema)  # an epoch with no rows for this lane
         return batches[0] if len(batches) == 1 else pa.concat_batches(batches)
 
     def offset(self) -> int:
@@ -145,6 +157,7 @@ class SparkStreamSource(Source):
         name: str,
         lanes: int,
         max_epochs: int,
+        retain_epochs: int,
         checkpoint_location: str,
         trigger: dict[str, Any] | None,
         until_terminated: bool,
@@ -154,6 +167,7 @@ class SparkStreamSource(Source):
             "sdf": sdf,
             "target": target,
             "max_epochs": max_epochs,
+            "retain_epochs": retain_epochs,
             "checkpoint": checkpoint_location,
             "trigger": trigger,
             "until_terminated": until_terminated,
@@ -173,12 +187,19 @@ class SparkStreamSource(Source):
         if d["inbox"] is None:
             d["inbox"] = StreamInbox.options(  # type: ignore[attr-defined]
                 name=self._inbox, namespace=NAMESPACE
-            ).remote(self._lanes, d["max_epochs"])
+            ).remote(self._lanes, d["max_epochs"], d["retain_epochs"])
             self.restart()
         return [SourceSplit(f"{self._name}-lane{lane}", lane) for lane in range(self._lanes)]
 
     def open_split(self, split: SourceSplit, offset: Any = None) -> SplitReader:
         return _LaneReader(self, int(split.payload), 0 if offset is None else int(offset))
+
+    def checkpoint_complete(self, checkpoint_id: int, offsets: dict[str, Any]) -> None:
+        """The dataflow checkpointed these lane offsets: epochs before them need no replay any more."""
+        prefix = f"{self._name}-lane"
+        lanes = {int(s[len(prefix):]): int(o or 0) for s, o in offsets.items() if s.startswith(prefix)}
+        if lanes:
+            _inbox_handle(self._inbox, NAMESPACE).acknowledge.remote(lanes)
 
     def _need_driver(self) -> dict[str, Any]:
         if self._driver is None:
@@ -272,6 +293,7 @@ def from_spark_stream(
     trigger: dict[str, Any] | None = None,
     lanes: int = 1,
     max_epochs: int = 2,
+    retain_epochs: int = 16,
     until_terminated: bool = True,
     window: int = 4,
     batch_bytes: int = 4 << 20,
@@ -285,6 +307,10 @@ def from_spark_stream(
         trigger: keywords for ``DataStreamWriter.trigger`` (e.g. ``{"availableNow": True}``).
         lanes: source splits; use the source's parallelism.
         max_epochs: committed micro-batches that may wait for the dataflow.
+        retain_epochs: micro-batches every lane took that are kept until the
+            dataflow's checkpoints cover them, so that a dataflow restored
+            from its last checkpoint is handed the same epochs again (0: no
+            replay). Checkpoint at least once every this many micro-batches.
         until_terminated: end the source when the query stops; otherwise call ``end()``.
         window: pushes in flight per Spark task.
         batch_bytes: Arrow batches are re-chunked to about this size.
@@ -305,9 +331,13 @@ def from_spark_stream(
             f"from_spark_stream: expected a streaming DataFrame, got {type(sdf).__name__}"
             + (" (a batch one: use from_spark)" if isinstance(sdf, DataFrame) else "")
         )
+    for arg, value, least in (("lanes", lanes, 1), ("max_epochs", max_epochs, 1), ("window", window, 1),
+                              ("batch_bytes", batch_bytes, 1), ("retain_epochs", retain_epochs, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise ValueError(f"from_spark_stream: {arg} must be an integer >= {least}, got {value!r}")
     schema = to_arrow_schema(sdf.schema)
     name = name or f"from_spark_stream-{uuid.uuid4().hex[:8]}"
     target = PushTarget(gcs_address(), NAMESPACE, name, schema, window, batch_bytes, worker_env(), epoch=None)
     return SparkStreamSource(
-        sdf, target, name, lanes, max_epochs, checkpoint_location, trigger, until_terminated
+        sdf, target, name, lanes, max_epochs, retain_epochs, checkpoint_location, trigger, until_terminated
     )

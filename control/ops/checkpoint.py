@@ -63,6 +63,8 @@ class Checkpoint(ControlOp):
         keep: how many complete checkpoints to retain.
         commit_sinks: at the controller, makes one sink's staged output visible:
             ``commit_sinks(sink_name, [staged per instance])``.
+        commit_sources: at the controller, tells one source the offsets the
+            checkpoint holds: ``commit_sources(source_name, checkpoint_id, {split id: offset})``.
         job: metadata recorded in the manifest (operators, parallelism, bins).
     """
 
@@ -70,12 +72,14 @@ class Checkpoint(ControlOp):
 
     def __init__(self, checkpoint_id: int, storage: CheckpointStore, keep: int = 3,
                  commit_sinks: Callable[[str, list], None] | None = None,
-                 job: dict[str, Any] | None = None, timeout_s: float | None = 120.0):
+                 job: dict[str, Any] | None = None, timeout_s: float | None = 120.0,
+                 commit_sources: Callable[[str, int, dict[str, Any]], None] | None = None):
         super().__init__()
         self.checkpoint_id = checkpoint_id
         self.storage = storage
         self.keep = keep
         self.commit_sinks = commit_sinks
+        self.commit_sources = commit_sources
         self.job = job or {}
         self.timeout_s = timeout_s
         self.started = time.time()
@@ -85,7 +89,7 @@ class Checkpoint(ControlOp):
     def __getstate__(self) -> dict[str, Any]:
         # Travels to every instance: leave the controller's commit callback behind.
         state = dict(self.__dict__)
-        state["commit_sinks"] = None
+        state["commit_sinks"] = state["commit_sources"] = None
         return state
 
     def expected_acks(self, ctx: Any) -> set[InstanceId]:
@@ -134,5 +138,11 @@ class Checkpoint(ControlOp):
                 by_sink.setdefault(key.split("/")[0], []).append(staged)
             for sink, staged in by_sink.items():
                 self.commit_sinks(sink, staged)
+        if self.commit_sources is not None:
+            by_source: dict[str, dict[str, Any]] = {}
+            for key, offsets in sorted(manifest["sources"].items()):
+                by_source.setdefault(key.split("/")[0], {}).update(decode_offsets(offsets) or {})
+            for source, merged in by_source.items():
+                self.commit_sources(source, self.checkpoint_id, merged)
         self.storage.retain(self.keep)
         return self.checkpoint_id

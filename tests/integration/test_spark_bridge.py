@@ -236,3 +236,37 @@ def test_stream_rerun_batch_is_seen_once(spark, tmp_path):
         stats = src.statistics()
     assert stats.ignored_commits == 1 and stats.committed_epochs == len(commits), stats
     assert dataflow_counts(job) == spark_counts(preprocess(spark.read.parquet(str(inbound))))
+
+
+def test_stream_replays_kept_epochs_after_a_killed_host(spark, tmp_path):
+    inbound = tmp_path / "in"
+    inbound.mkdir()
+    for i in range(6):  # six micro-batches of one file each
+        pq.write_table(pa.table({"id": pa.array(range(i * 4000, (i + 1) * 4000), pa.int64())}),
+                       inbound / f"part{i}.parquet")
+
+    def preprocess(df):
+        return df.selectExpr("concat('k', cast(id % 23 AS string)) AS key", "cast(id % 5 AS int) AS v").where(
+            "v <> 1")
+
+    sdf = preprocess(spark.readStream.schema("id long").option("maxFilesPerTrigger", 1).parquet(str(inbound)))
+    with from_spark_stream(sdf, checkpoint_location=str(tmp_path / "query-chk"),
+                           trigger={"availableNow": True}, lanes=2) as src:
+        flow = Dataflow("spark-stream-recovery")
+        flow.source(src, parallelism=2, name="src").map(_slowly, name="slow").key_by("key").count(
+            parallelism=2, name="count").collect(name="out")
+        # No checkpoint completes before the kill: the restored lanes start again from epoch 0.
+        job = flow.submit(checkpoint_interval_s=60, poll_interval_s=0.2, checkpoint_dir=str(tmp_path / "chk"))
+        try:
+            deadline = time.monotonic() + 120
+            while job.statistics().records_out("src") < 3_000:  # the lanes took some epochs
+                assert time.monotonic() < deadline, "no progress"
+                time.sleep(0.05)
+            ray.kill(job.actors[0], no_restart=True)  # the host of the keyed instance count[0]
+            job.wait(timeout=180)
+        finally:
+            job.cancel()
+        stats = src.statistics()
+    assert any(e.startswith("recovered from") for e in job.status().events), job.status().events
+    assert stats.replayed_epochs >= 1, stats
+    assert dataflow_counts(job) == spark_counts(preprocess(spark.read.parquet(str(inbound))))
