@@ -7,6 +7,7 @@ checks that the result is exact: no record lost, none counted twice.
 from __future__ import annotations
 
 import collections
+import json
 import os
 import time
 
@@ -17,7 +18,8 @@ import ray
 
 from actors import submit
 from actors.storage import CheckpointError, CheckpointStorage
-from operators import Dataflow, generate, to_parquet
+from control.ops.checkpoint import decode_offsets
+from operators import Dataflow, Source, generate, to_parquet
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
@@ -76,8 +78,28 @@ def assert_exact(job, src, parquet_dir: str | None = None) -> None:
         assert got_rows == expected
 
 
+class Notified(Source):
+    """The generator, logging every ``checkpoint_complete`` call to a file (the controller calls it)."""
+
+    def __init__(self, inner: Source, log: str) -> None:
+        self.inner, self.log = inner, log
+
+    def schema(self):
+        return self.inner.schema()
+
+    def splits(self):
+        return self.inner.splits()
+
+    def open_split(self, split, offset=None):
+        return self.inner.open_split(split, offset)
+
+    def checkpoint_complete(self, checkpoint_id, offsets):
+        with open(self.log, "a") as f:
+            f.write(json.dumps([checkpoint_id, {k: repr(v) for k, v in offsets.items()}]) + "\n")
+
+
 def test_killed_stateful_host_recovers_exactly(tmp_path):
-    src = source()
+    src = Notified(source(), str(tmp_path / "notified.jsonl"))
     out = str(tmp_path / "parquet")
     job = build("kill-once", src, out).submit(checkpoint_interval_s=0.3, poll_interval_s=0.2,
                                              checkpoint_dir=str(tmp_path / "chk"))
@@ -88,7 +110,17 @@ def test_killed_stateful_host_recovers_exactly(tmp_path):
     finally:
         job.cancel()
     assert any(e.startswith("recovered from") for e in job.status().events), job.status().events
-    assert_exact(job, src, out)
+    assert_exact(job, src.inner, out)
+    # The source heard of every completed checkpoint with the offsets its manifest holds.
+    storage = CheckpointStorage(str(tmp_path / "chk"))
+    with open(tmp_path / "notified.jsonl") as f:
+        notified = dict(json.loads(line) for line in f)
+    kept = storage.checkpoint_ids()
+    assert kept and set(kept) <= {int(c) for c in notified}
+    for checkpoint_id in kept:
+        manifest = storage.load(checkpoint_id)
+        offsets = {k: repr(v) for text in manifest["sources"].values() for k, v in decode_offsets(text).items()}
+        assert notified[checkpoint_id] == offsets and len(offsets) == SPLITS
 
 
 def test_killed_twice_in_a_row_still_exact(tmp_path):
