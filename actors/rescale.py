@@ -222,9 +222,9 @@ class RescaleRun(threading.Thread):
                 self._run()
             self.state = "DONE"
         except RescaleError as exc:
-            self.error, self.state = exc, "FAILED"
+            self.error, self.state = self._ended_first(exc) or exc, "FAILED"
         except Exception as exc:  # report, never leave the caller waiting
-            error = RescaleError(f"rescale of {self.operator!r} failed: {exc!r}")
+            error = self._ended_first(exc) or RescaleError(f"rescale of {self.operator!r} failed: {exc!r}")
             error.__cause__ = exc
             self.error, self.state = error, "FAILED"
         finally:
@@ -425,6 +425,22 @@ class RescaleRun(threading.Thread):
                 ray.kill(h, no_restart=True)
             except Exception:
                 pass
+
+    def _ended_first(self, exc: BaseException) -> RescaleError | None:
+        """The clearer error when the job itself ended (e.g. its input did) before the rescale completed."""
+        snap = self.job._final
+        if snap is None:
+            try:
+                snap = ray.get(self.job._controller.snapshot.remote(), timeout=5)
+            except Exception:
+                return None
+        if not snap.state.terminal:
+            return None
+        error = RescaleError(
+            f"rescale of {self.operator!r} did not complete: the job ended ({snap.state.value}) after "
+            f"{self.steps_done} of {self.steps_total} steps")
+        error.__cause__ = exc
+        return error
 
     def _abandon(self, reason: str) -> None:
         """A step failed half-way: if the job still runs, roll it back to its last checkpoint."""

@@ -20,6 +20,7 @@ Example:
 from __future__ import annotations
 
 import functools
+import os
 import time
 import uuid
 from typing import Any
@@ -86,6 +87,14 @@ class ReadyPoll:
         self._next_check = now + POLL_S
         return self._next_check
 
+    def result(self) -> Any:
+        """The call's value; only after ``ready_at()`` answered ``None``, so it never waits."""
+        import ray
+
+        # Readers run inside the host's asyncio loop, where Ray warns of every get; this one cannot block.
+        os.environ.setdefault("RAY_WARN_BLOCKING_GET_INSIDE_ASYNC", "0")
+        return ray.get(self._ref)
+
 
 class _UnitReader(SplitReader):
     """Takes one unit from the inbox without blocking the host's loop; offset 0 or 1.
@@ -104,15 +113,11 @@ class _UnitReader(SplitReader):
         return self._poll.ready_at()
 
     def read(self) -> pa.RecordBatch | None:
-        import ray
-
         if self._pending is None:
             return None
-        if (
-            self._poll.ready_at() is not None
-        ):  # not yet: an empty batch (never emitted) instead of blocking the host
+        if self._poll.ready_at() is not None:  # not yet: an empty batch (never emitted) instead of blocking the host
             return _empty(self._schema)
-        data = ray.get(self._pending)
+        data = self._poll.result()
         self._pending, self._taken = None, True
         batches = [b for chunk in data for b in decode(chunk)]
         if not batches:

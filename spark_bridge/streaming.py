@@ -126,7 +126,7 @@ class _LaneReader(SplitReader):
             self._poll.ready_at() is not None
         ):  # not yet: an empty batch (never emitted) instead of blocking the host
             return _empty(self._schema)
-        epoch, data = ray.get(self._pending)
+        epoch, data = self._poll.result()
         self._pending = None
         if epoch == END:
             self._ended = True
