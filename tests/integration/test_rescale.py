@@ -8,6 +8,7 @@ twice or applied out of order shows.
 from __future__ import annotations
 
 import collections
+import os
 import time
 
 import pyarrow as pa
@@ -15,18 +16,68 @@ import pytest
 import ray
 
 from actors.rescale import RescaleError
-from operators import Dataflow, generate
+from operators import Dataflow, Source, SplitReader, generate
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
 BINS = 16
 
 
+class UntilStopped(Source):
+    """Unbounded paced generator splits that end, each at a batch boundary, once the file ``stop`` exists.
+
+    So a test's input lasts exactly as long as its rescales. A split that ends
+    writes how many batches it emitted to ``<stop>.<name>.<split id>``.
+    """
+
+    def __init__(self, inner: Source, stop: str, name: str) -> None:
+        self.inner, self.stop, self.name = inner, stop, name
+
+    def schema(self):
+        return self.inner.schema()
+
+    def splits(self):
+        return self.inner.splits()
+
+    def open_split(self, split, offset=None):
+        report = f"{self.stop}.{self.name}.{split.split_id}"
+        return _UntilStoppedReader(self.inner.open_split(split, offset), report, self.stop)
+
+    def emitted(self) -> dict[str, int]:
+        """Batches each split emitted (after the job ended)."""
+        out = {}
+        for split in self.splits():
+            with open(f"{self.stop}.{self.name}.{split.split_id}") as f:
+                out[split.split_id] = int(f.read())
+        return out
+
+
+class _UntilStoppedReader(SplitReader):
+    def __init__(self, inner: SplitReader, report: str, stop: str) -> None:
+        self.inner, self.report, self.stop = inner, report, stop
+
+    def read(self):
+        if os.path.exists(self.stop):
+            with open(self.report, "w") as f:
+                f.write(str(self.inner.offset()))
+            return None
+        return self.inner.read()
+
+    def offset(self):
+        return self.inner.offset()
+
+    def ready_at(self):
+        return self.inner.ready_at()
+
+
 def read_all(src) -> list[pa.RecordBatch]:
     out = []
-    for split in src.splits():
-        reader = src.open_split(split)
-        while (batch := reader.read()) is not None:
+    counts = src.emitted() if isinstance(src, UntilStopped) else {}
+    inner = src.inner if isinstance(src, UntilStopped) else src
+    for split in inner.splits():
+        reader = inner.open_split(split)
+        while (split.split_id not in counts or reader.offset() < counts[split.split_id]) \
+                and (batch := reader.read()) is not None:
             out.append(batch)
     return out
 
@@ -76,6 +127,14 @@ def sources(seconds: float):
     return counted, ordered
 
 
+def sources_until_stopped(tmp_path):
+    """Paced like ``sources``, until the test creates the returned stop file."""
+    stop = str(tmp_path / "stop")
+    counted = generate(None, rate=40_000, batch_size=1000, num_keys=200, num_splits=2, seed=3)
+    ordered = generate(None, rate=2_000, batch_size=250, num_keys=50, num_splits=1, seed=4)
+    return UntilStopped(counted, stop, "counted"), UntilStopped(ordered, stop, "ordered"), stop
+
+
 def wait_records(job, operator: str, n: int, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while job.statistics().records_out(operator) < n:
@@ -91,9 +150,9 @@ STRATEGIES = [
 ]
 
 
-def test_every_strategy_scales_2_3_1_2_exactly():
+def test_every_strategy_scales_2_3_1_2_exactly(tmp_path):
     """One running job, both keyed operators, every strategy in turn: 2 -> 3 -> 1 -> 2 each."""
-    counted, ordered = sources(85)
+    counted, ordered, stop = sources_until_stopped(tmp_path)
     job = build("rescale-strategies", counted, ordered).submit()
     try:
         wait_records(job, "src", 20_000)
@@ -104,19 +163,19 @@ def test_every_strategy_scales_2_3_1_2_exactly():
                     assert progress["state"] == "DONE" and progress["parallelism"] == p, (strategy, progress)
                     assert progress["bins_moved"] == progress["bins"] > 0, (strategy, progress)
                     assert [s.index for s in job.statistics().of(op) if not s.finished] == list(range(p))
-        assert job.statistics().records_out("src") < counted.num_records, "the input ended before the rescales"
+        open(stop, "w").close()  # the input ends after the rescales
         job.wait(timeout=180)
     finally:
         job.cancel()
     check_exact(job, counted, ordered)
 
 
-def test_random_migrations_keep_the_invariant():
+def test_random_migrations_keep_the_invariant(tmp_path):
     """Seeded random bin tables, strategies and moments: every key's state stays whole and in order."""
     import random
 
     rng = random.Random(5)
-    counted, ordered = sources(25)
+    counted, ordered, stop = sources_until_stopped(tmp_path)
     job = build("migrate-random", counted, ordered).submit()
     try:
         for _ in range(2):
@@ -129,6 +188,7 @@ def test_random_migrations_keep_the_invariant():
                 progress = job.migrate(op, table, strategy=strategy, **knobs).result(120)
                 assert progress["state"] == "DONE"
                 assert job.plan.bin_tables[op] == table
+        open(stop, "w").close()
         job.wait(timeout=180)
     finally:
         job.cancel()
