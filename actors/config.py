@@ -36,7 +36,8 @@ class JobConfig:
         checkpoint_dir: where checkpoints (and the staged output of collect
             sinks) go: a local directory or a ``pyarrow.fs`` URI (shared storage
             on a cluster). Default: a fresh directory under the system's temp
-            directory, removed when the job finishes.
+            directory, removed when the job finishes or is cancelled (kept when it
+            fails, for a restore).
         checkpoint_interval_s: take a checkpoint this often (None: only on ``job.checkpoint()``).
         checkpoints_to_keep: complete checkpoints retained.
         max_restarts: recoveries allowed after hosts die before the job fails.

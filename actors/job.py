@@ -335,6 +335,8 @@ class Job:
             pass
         self._final = snap
         self._shutdown()
+        if self._own_dir is not None:  # nothing to restore from after a cancel
+            shutil.rmtree(self._own_dir, ignore_errors=True)
 
     def _shutdown(self) -> None:
         if self._supervisor is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import pyarrow as pa
@@ -124,8 +125,11 @@ def test_cancel_leaves_no_actor_behind():
     flow.source(generate(None, rate=20_000, batch_size=1000)).key_by("key").count().collect()
     job = flow.submit()
     wait_for(lambda: job.statistics().records_in("source-1") > 0, 30, "records to flow")
+    own_dir = job.checkpoint_dir
+    assert own_dir is not None and os.path.isdir(own_dir)
     job.cancel()
     job.cancel()  # idempotent
+    assert not os.path.exists(own_dir), "the job's own temporary directory outlived the cancel"
     assert wait_for(lambda: actors_dead(job.actors), 30, "the job's actors to go away")
     with pytest.raises(JobCancelledError):
         job.wait()
