@@ -230,6 +230,8 @@ class RescaleRun(threading.Thread):
         finally:
             self.finished = time.monotonic()
             self.job._rescaling.discard(self.operator)
+            if self.job._deployment is not None and self.job._final is None:
+                self.job._deployment.start_spares()  # refill what a scale-out took
 
     # -- the steps -------------------------------------------------------------------
 
@@ -335,11 +337,13 @@ class RescaleRun(threading.Thread):
             if first:
                 self.first_step_ns = time.time_ns()
             handle = job.run_control(op, op_id=op_id)
+        injected = time.monotonic()
         try:
             result = handle.result(op.timeout_s)
         except (OpFailedError, TimeoutError) as exc:
             self._abandon(str(exc))
             raise RescaleError(f"rescale of {self.operator!r} failed during a step: {exc}") from exc
+        waited = time.monotonic()
         with job._lock:
             job.plan = new
             job.view = job_view(job.name, new)
@@ -354,7 +358,9 @@ class RescaleRun(threading.Thread):
             self.bytes_moved += result["bytes"]
             self.reloaded += result["reloaded"]
             self.step_log.append({"step": self.steps_done, "bins": result["bins"], "bytes": result["bytes"],
-                                  "elapsed_s": time.monotonic() - started})
+                                  "elapsed_s": time.monotonic() - started, "prepare_s": injected - started,
+                                  "op_s": handle.elapsed_s, "wait_s": waited - injected,
+                                  "extract_s": result.get("extract_s", 0.0)})
         if retiring:
             self._retire(retiring)
 
@@ -378,7 +384,7 @@ class RescaleRun(threading.Thread):
         """Start new hosts and have every host prepare the change (before the op is injected)."""
         job = self.job
         dep = job._deployment
-        fresh = dep.new_hosts(added) if added else []
+        fresh = dep.take_hosts(added) if added else []
         with job._lock:
             job._hosts = [*job._hosts, *fresh]
             job._host_ids = [*job._host_ids, *added]
@@ -388,7 +394,8 @@ class RescaleRun(threading.Thread):
         try:
             new_ref = ray.put(new)
             errors = ray.get([h.setup.remote(new_ref, placement, dep.config, peers, job._controller,
-                                             None, incarnation) for h in fresh], timeout=timeout)
+                                             None, incarnation, hid) for hid, h in zip(added, fresh)],
+                             timeout=timeout)
             for error in errors:
                 if error is not None:
                     raise error

@@ -132,6 +132,7 @@ class MigrateBins(ControlOp):
                 return
             state = ctx.state
             sent = nbytes = reloaded = 0
+            started = time.perf_counter()
             for target, bins in self.config["send"].items():
                 current = [b for b in bins if op.replicas.get(b) == state.version(b)]
                 payload = state.extract_bins(bins)
@@ -141,12 +142,14 @@ class MigrateBins(ControlOp):
                 sent += len(bins)
                 reloaded += len(current)
                 nbytes += bins_payload_size(payload)
-            ctx.ack({"bins": sent, "bytes": nbytes, "reloaded": reloaded})
+            ctx.ack({"bins": sent, "bytes": nbytes, "reloaded": reloaded,
+                     "extract_s": time.perf_counter() - started})
 
     def on_complete(self, ctx: Any) -> dict[str, int]:
         acks = [a for a in self.acks.values() if a]
         return {"bins": sum(a["bins"] for a in acks), "bytes": sum(a["bytes"] for a in acks),
-                "reloaded": sum(a["reloaded"] for a in acks)}
+                "reloaded": sum(a["reloaded"] for a in acks),
+                "extract_s": max((a.get("extract_s", 0.0) for a in acks), default=0.0)}
 
 
 class ReplicateBins(ControlOp):
