@@ -187,6 +187,7 @@ def submit(flow: Dataflow, *, config: JobConfig | None = None, restore_from: str
         job._shutdown()
         raise
     job._deployment = deployment
+    deployment.start_spares()
     job._supervisor = Supervisor(job, deployment, make_controller)
     job._supervisor.start()
     return job
@@ -338,7 +339,8 @@ class Job:
     def _shutdown(self) -> None:
         if self._supervisor is not None:
             self._supervisor.stop()
-        for actor in (*self._hosts, *self._side.values(), self._controller):
+        spares = self._deployment.spares if self._deployment is not None else []
+        for actor in (*self._hosts, *spares, *self._side.values(), self._controller):
             try:
                 ray.kill(actor, no_restart=True)
             except Exception:
