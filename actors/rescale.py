@@ -14,7 +14,8 @@ by step, carry each out as one ``MigrateBins`` control op and wait for it:
   old owners that wait for each other's bins would wait for ever);
 * ``batched`` (``chunk_bins=k``) and ``fluid`` (k = 1): Megaphone's sequence
   of small blocking steps, each after the previous one completed, with an
-  optional ``gap_s`` between them;
+  optional ``gap_s`` between them; a step holds only the inputs of the old
+  and new owners of its bins;
 * ``non_disruptive``: Spacker's protocol, non-blocking steps (the new owner
   buffers only records of the bins it waits for); with ``replicate=True`` the
   moving bins are first copied to their new owners (``ReplicateBins``) and a
@@ -291,7 +292,8 @@ class RescaleRun(threading.Thread):
             new_plan = rescaled_plan(job.plan, self.operator, target_p, list(table))
             moves = {b: result.moves[b] for b in chunk}
             op = MigrateBins(self.operator, list(table), moves, blocking, node.key, replicas,
-                             timeout_s=self.knobs.get("step_timeout_s", 120.0))
+                             timeout_s=self.knobs.get("step_timeout_s", 120.0),
+                             everywhere=self.strategy == "all_at_once")
             self._step(job.plan, new_plan, op)
             if first and self.knobs.get("replicate"):
                 replicas = self._replicate({b: result.moves[b] for c in chunks for b in c})
