@@ -46,8 +46,9 @@ class JobConfig:
             fails (Ray has no room for them, say).
         spare_hosts: idle host actors kept started beside the job: a scale-out
             sets them up instead of starting new processes (a second or more
-            on a busy node, while the job runs), and the pool is refilled once
-            the rescale is done. Each is an idle process that holds ``host_num_cpus``.
+            on a busy node, while the job runs); ``Job.refill_spare_hosts()``
+            starts new ones for those taken. Each is an idle process that holds
+            ``host_num_cpus``.
     """
 
     channel_capacity: int = 8

@@ -415,6 +415,29 @@ class Job:
         parallelism = node.parallelism if node is not None else None
         return start_rescale(self, operator, parallelism, strategy, "ssm", list(assignment), knobs)  # type: ignore[arg-type]
 
+    def refill_spare_hosts(self, timeout: float | None = None) -> None:
+        """Start spare hosts for those scale-outs took (``JobConfig.spare_hosts``) and wait until they are up.
+
+        Starting a process costs a second or more of CPU; call this when the job can
+        spare it (between rescales), so that the next scale-out finds its hosts ready.
+
+        Args:
+            timeout: seconds; ``None`` waits forever, ``0`` starts them without waiting.
+
+        Raises:
+            TimeoutError: not all up after ``timeout``.
+        """
+        _check_timeout(timeout)
+        if self._deployment is None or self._final is not None:
+            return
+        self._deployment.start_spares()
+        if timeout == 0:
+            return
+        try:
+            self._deployment.wait_spares(timeout)
+        except ray.exceptions.GetTimeoutError:
+            raise TimeoutError(f"job {self.name!r}: spare hosts not up after {timeout} s") from None
+
     def checkpoint(self, timeout: float | None = 120.0) -> int:
         """Take an aligned, durable checkpoint now; returns its id once committed.
 

@@ -231,8 +231,6 @@ class RescaleRun(threading.Thread):
         finally:
             self.finished = time.monotonic()
             self.job._rescaling.discard(self.operator)
-            if self.job._deployment is not None and self.job._final is None:
-                self.job._deployment.start_spares()  # refill what a scale-out took
 
     # -- the steps -------------------------------------------------------------------
 

@@ -17,8 +17,7 @@ of the job's host processes. The setup before the first step (an in-band
 actor, the same for every strategy) is reported apart: ``setup_s`` and
 ``setup_max_latency_ms``. The job keeps one spare host (``spare_hosts=1``),
 so a scale-out sets up a started process instead of starting one while the
-job runs; the pool is refilled after each rescale, and each strategy starts
-once it is. A PNG of latency over time (one panel per
+job runs; the spare is replaced before each strategy. A PNG of latency over time (one panel per
 strategy, 2 -> 3) is written beside the JSON (``--png``).
 
 Targets: the best fine-grained strategy's max latency is at most 1/5 of
@@ -123,7 +122,7 @@ def migrate(job: Any, parallelism: int, strategy: str, knobs: dict[str, Any]) ->
 
 
 def run_strategy(job: Any, rss: HostRss, label: str, strategy: str, knobs: dict[str, Any]) -> dict[str, Any]:
-    job._deployment.wait_spares(120)  # the spare host the previous scale-out took is back
+    job.refill_spare_hosts(120)  # replace the spare host the previous scale-out took
     job.run_control(TakeLatency()).result(60)  # drop what came before
     rss.reset()
     legs = []

@@ -94,7 +94,7 @@ STRATEGIES = [
 def test_every_strategy_scales_2_3_1_2_exactly():
     """One running job, both keyed operators, every strategy in turn: 2 -> 3 -> 1 -> 2 each."""
     counted, ordered = sources(85)
-    job = build("rescale-strategies", counted, ordered).submit()
+    job = build("rescale-strategies", counted, ordered).submit(spare_hosts=1)  # scale-outs take the spare
     try:
         wait_records(job, "src", 20_000)
         for strategy, knobs in STRATEGIES:
@@ -104,6 +104,7 @@ def test_every_strategy_scales_2_3_1_2_exactly():
                     assert progress["state"] == "DONE" and progress["parallelism"] == p, (strategy, progress)
                     assert progress["bins_moved"] == progress["bins"] > 0, (strategy, progress)
                     assert [s.index for s in job.statistics().of(op) if not s.finished] == list(range(p))
+            job.refill_spare_hosts(0)  # the next strategy's first scale-out takes a spare again
         assert job.statistics().records_out("src") < counted.num_records, "the input ended before the rescales"
         job.wait(timeout=180)
     finally:
