@@ -45,6 +45,11 @@ class JobConfig:
             (off by default: a deterministic error would only repeat).
         deploy_timeout_s: how long starting the hosts may take before the job
             fails (Ray has no room for them, say).
+        spare_hosts: idle host actors kept started beside the job: a scale-out
+            sets them up instead of starting new processes (a second or more
+            on a busy node, while the job runs); ``Job.refill_spare_hosts()``
+            starts new ones for those taken. Each is an idle process that holds
+            ``host_num_cpus``.
     """
 
     channel_capacity: int = 8
@@ -62,6 +67,7 @@ class JobConfig:
     max_restarts: int = 3
     restart_on_operator_error: bool = False
     deploy_timeout_s: float = 120.0
+    spare_hosts: int = 0
 
     def __post_init__(self) -> None:
         if self.channel_capacity < 1:
@@ -81,5 +87,7 @@ class JobConfig:
             raise ValueError(f"JobConfig: checkpoints_to_keep must be >= 1, got {self.checkpoints_to_keep}")
         if self.max_restarts < 0:
             raise ValueError(f"JobConfig: max_restarts must be >= 0, got {self.max_restarts}")
+        if self.spare_hosts < 0:
+            raise ValueError(f"JobConfig: spare_hosts must be >= 0, got {self.spare_hosts}")
         if self.host_num_cpus < 0:
             raise ValueError(f"JobConfig: host_num_cpus must be >= 0, got {self.host_num_cpus}")

@@ -50,8 +50,14 @@ class OperatorHost:
         self._background: set[asyncio.Task] = set()
 
     async def setup(self, plan: Any, placement: dict, config: JobConfig, peers: dict,
-                    controller: Any, restore: Any = None, incarnation: int = 0) -> OperatorError | None:
-        """Build this host's instances (from a checkpoint if ``restore``); returns a user constructor's error."""
+                    controller: Any, restore: Any = None, incarnation: int = 0,
+                    host_id: int | None = None) -> OperatorError | None:
+        """Build this host's instances (from a checkpoint if ``restore``); returns a user constructor's error.
+
+        ``host_id`` names a spare host (started before its id was known) at its setup.
+        """
+        if host_id is not None:
+            self.host_id = host_id
         self.controller = controller
         self.incarnation = incarnation
         self.controllers = {"controller": controller}

@@ -188,6 +188,7 @@ def submit(flow: Dataflow, *, config: JobConfig | None = None, restore_from: str
         job._shutdown()
         raise
     job._deployment = deployment
+    deployment.start_spares()
     job._supervisor = Supervisor(job, deployment, make_controller)
     job._supervisor.start()
     return job
@@ -341,7 +342,8 @@ class Job:
     def _shutdown(self) -> None:
         if self._supervisor is not None:
             self._supervisor.stop()
-        for actor in (*self._hosts, *self._side.values(), self._controller):
+        spares = self._deployment.spares if self._deployment is not None else []
+        for actor in (*self._hosts, *spares, *self._side.values(), self._controller):
             try:
                 ray.kill(actor, no_restart=True)
             except Exception:
@@ -415,6 +417,29 @@ class Job:
         node = self.plan.graph.nodes.get(operator)
         parallelism = node.parallelism if node is not None else None
         return start_rescale(self, operator, parallelism, strategy, "ssm", list(assignment), knobs)  # type: ignore[arg-type]
+
+    def refill_spare_hosts(self, timeout: float | None = None) -> None:
+        """Start spare hosts for those scale-outs took (``JobConfig.spare_hosts``) and wait until they are up.
+
+        Starting a process costs a second or more of CPU; call this when the job can
+        spare it (between rescales), so that the next scale-out finds its hosts ready.
+
+        Args:
+            timeout: seconds; ``None`` waits forever, ``0`` starts them without waiting.
+
+        Raises:
+            TimeoutError: not all up after ``timeout``.
+        """
+        _check_timeout(timeout)
+        if self._deployment is None or self._final is not None:
+            return
+        self._deployment.start_spares()
+        if timeout == 0:
+            return
+        try:
+            self._deployment.wait_spares(timeout)
+        except ray.exceptions.GetTimeoutError:
+            raise TimeoutError(f"job {self.name!r}: spare hosts not up after {timeout} s") from None
 
     def checkpoint(self, timeout: float | None = 120.0) -> int:
         """Take an aligned, durable checkpoint now; returns its id once committed.

@@ -14,7 +14,8 @@ by step, carry each out as one ``MigrateBins`` control op and wait for it:
   old owners that wait for each other's bins would wait for ever);
 * ``batched`` (``chunk_bins=k``) and ``fluid`` (k = 1): Megaphone's sequence
   of small blocking steps, each after the previous one completed, with an
-  optional ``gap_s`` between them;
+  optional ``gap_s`` between them; a step holds only the inputs of the old
+  and new owners of its bins;
 * ``non_disruptive``: Spacker's protocol, non-blocking steps (the new owner
   buffers only records of the bins it waits for); with ``replicate=True`` the
   moving bins are first copied to their new owners (``ReplicateBins``) and a
@@ -289,7 +290,8 @@ class RescaleRun(threading.Thread):
             new_plan = rescaled_plan(job.plan, self.operator, target_p, list(table))
             moves = {b: result.moves[b] for b in chunk}
             op = MigrateBins(self.operator, list(table), moves, blocking, node.key, replicas,
-                             timeout_s=self.knobs.get("step_timeout_s", 120.0))
+                             timeout_s=self.knobs.get("step_timeout_s", 120.0),
+                             everywhere=self.strategy == "all_at_once")
             self._step(job.plan, new_plan, op)
             if first and self.knobs.get("replicate"):
                 replicas = self._replicate({b: result.moves[b] for c in chunks for b in c})
@@ -335,11 +337,13 @@ class RescaleRun(threading.Thread):
             if first:
                 self.first_step_ns = time.time_ns()
             handle = job.run_control(op, op_id=op_id)
+        injected = time.monotonic()
         try:
             result = handle.result(op.timeout_s)
         except (OpFailedError, TimeoutError) as exc:
             self._abandon(str(exc))
             raise RescaleError(f"rescale of {self.operator!r} failed during a step: {exc}") from exc
+        waited = time.monotonic()
         with job._lock:
             job.plan = new
             job.view = job_view(job.name, new)
@@ -354,7 +358,9 @@ class RescaleRun(threading.Thread):
             self.bytes_moved += result["bytes"]
             self.reloaded += result["reloaded"]
             self.step_log.append({"step": self.steps_done, "bins": result["bins"], "bytes": result["bytes"],
-                                  "elapsed_s": time.monotonic() - started})
+                                  "elapsed_s": time.monotonic() - started, "prepare_s": injected - started,
+                                  "op_s": handle.elapsed_s, "wait_s": waited - injected,
+                                  "extract_s": result.get("extract_s", 0.0)})
         if retiring:
             self._retire(retiring)
 
@@ -378,7 +384,7 @@ class RescaleRun(threading.Thread):
         """Start new hosts and have every host prepare the change (before the op is injected)."""
         job = self.job
         dep = job._deployment
-        fresh = dep.new_hosts(added) if added else []
+        fresh = dep.take_hosts(added) if added else []
         with job._lock:
             job._hosts = [*job._hosts, *fresh]
             job._host_ids = [*job._host_ids, *added]
@@ -388,7 +394,8 @@ class RescaleRun(threading.Thread):
         try:
             new_ref = ray.put(new)
             errors = ray.get([h.setup.remote(new_ref, placement, dep.config, peers, job._controller,
-                                             None, incarnation) for h in fresh], timeout=timeout)
+                                             None, incarnation, hid) for hid, h in zip(added, fresh)],
+                             timeout=timeout)
             for error in errors:
                 if error is not None:
                     raise error

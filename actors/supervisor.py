@@ -33,6 +33,9 @@ __all__ = ["Deployment", "Supervisor"]
 
 log = logging.getLogger(__name__)
 
+SPARE_HOST_ID = -1
+"""The id a spare host has until a scale-out sets it up with its own."""
+
 MAX_FAILED_ATTEMPTS = 5
 """Recovery attempts in a row that may fail (hosts dying while they start) before the job fails."""
 
@@ -63,6 +66,7 @@ class Deployment:
         self.sinks = sinks
         self.host_ids = list(range(num_hosts))
         self.plan: Any = None
+        self.spares: list[Any] = []  # started, not set up (``config.spare_hosts``)
 
     def update(self, plan: Any, placement: dict, host_ids: list[int]) -> None:
         """A rescale step completed: recoveries from now on deploy this topology."""
@@ -79,6 +83,21 @@ class Deployment:
                 "max_concurrency": 1000, **config.host_options}
         return [OperatorHost.options(**opts).remote(i, self.name)  # type: ignore[attr-defined]
                 for i in host_ids]
+
+    def start_spares(self) -> None:
+        """Start hosts (in the background) until ``config.spare_hosts`` spares are up or coming."""
+        missing = self.config.spare_hosts - len(self.spares)
+        if missing > 0:
+            self.spares.extend(self.new_hosts([SPARE_HOST_ID] * missing))
+
+    def wait_spares(self, timeout: float | None) -> None:
+        """Wait until every spare host's process has started."""
+        ray.get([h.ping.remote() for h in self.spares], timeout=timeout)
+
+    def take_hosts(self, host_ids: list[int]) -> list[Any]:
+        """Hosts for a scale-out: spares first (they take their ids at setup), then new ones."""
+        taken, self.spares = self.spares[:len(host_ids)], self.spares[len(host_ids):]
+        return taken + self.new_hosts(host_ids[len(taken):])
 
     def start_hosts(self, controller: Any, restore: RestoreInfo | None, incarnation: int) -> list[Any]:
         """Create, set up and start every host (in ``host_ids`` order); raises a user constructor's error."""

@@ -27,7 +27,9 @@ return) -> ``on_complete`` (every sink returned; its value is the op's result)
 A *blocking* op holds back each input channel it arrived on until
 ``on_complete`` has run at that instance; a *non-blocking* op never does. A
 *safe* blocking op touches operator state only in ``on_complete`` and is then
-equivalent to freezing the world.
+equivalent to freezing the world. A blocking op's handler may leave an
+instance's inputs free (``InstanceHandler.holds_inputs = False``) where the op
+touches no state: there it is tracked like a non-blocking op.
 """
 
 from __future__ import annotations
@@ -127,7 +129,11 @@ class InstanceHandler:
     Attributes:
         op: the op object.
         config: the configuration the controller injected for this instance.
+        holds_inputs: whether a blocking op holds this instance's inputs (set it
+            in ``__init__``; read once, when the op first arrives).
     """
+
+    holds_inputs: bool = True
 
     def __init__(self, op: "ControlOp", config: Any):
         self.op = op

@@ -84,6 +84,7 @@ class _Pending:
     message: ControlMessage
     handler: Any
     state: AlignmentState
+    holds: bool  # a blocking op that holds this instance's inputs
 
 
 class ControlProcessor:
@@ -132,8 +133,9 @@ class ControlProcessor:
         if pending is None:
             self.inputs.extend(self._joins.pop(message.op_id, ()))
             handler = message.op.Instance(message.op, message.configs.get(self.instance))
-            kind = WaitingForFirst if message.blocking else Tracking
-            pending = _Pending(message, handler, kind(self.expected(message)))
+            holds = message.blocking and handler.holds_inputs
+            kind = WaitingForFirst if holds else Tracking
+            pending = _Pending(message, handler, kind(self.expected(message)), holds)
             self._pending[message.op_id] = pending
             handler.on_begin(ctx)
         pending.handler.on_next(ctx, message.payload, message.sender)
@@ -142,7 +144,7 @@ class ControlProcessor:
                                          and not self._may_send(message.sender, message.op_id))):
             return self._release(ctx)  # its sender ended meanwhile; the notice overtook this message
         pending.state = pending.state.arrive(source)
-        if message.blocking:
+        if pending.holds:
             self._hold(source)
         return self._release(ctx)
 
@@ -183,7 +185,7 @@ class ControlProcessor:
             if not first.state.complete:
                 break
             del self._pending[first.message.op_id]
-            if first.message.blocking:
+            if first.holds:
                 for source in first.state.arrived:
                     self._let_go(source)
             attaching = _Attaching(ctx, first.message)

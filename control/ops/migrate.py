@@ -14,10 +14,14 @@ from each old owner to each new owner of a moving bin; Chi's Algorithm 1):
 
 Blocking (``all_at_once``, ``batched``, ``fluid``): the new owner's inputs are
 held from the message's arrival until the bins are installed, like any
-blocking op. Non-blocking (``non_disruptive``, Spacker's protocol): nothing is
-held; the new owner buffers only the records of the bins it is waiting for
-and replays them, in arrival order, the moment their state is installed;
-records of every other bin never wait.
+blocking op. ``all_at_once`` aligns every instance of G' (Chi's Algorithm 1);
+a step of ``batched`` or ``fluid`` (Megaphone) holds only the inputs of the
+old and new owners of its bins, so a small step never stalls the rest of the
+job (downstream operators, and the instances it does not concern).
+Non-blocking (``non_disruptive``, Spacker's protocol): nothing is held; the
+new owner buffers only the records of the bins it is waiting for and replays
+them, in arrival order, the moment their state is installed; records of every
+other bin never wait.
 
 A step may also change the operator's instance set (scale-out, scale-in): the
 runtime registers channel changes under the op's id before injecting it, and
@@ -63,6 +67,8 @@ class MigrateBins(ControlOp):
         key: the operator's key column (for buffering at new owners).
         replicas: (bin -> version) of replicas the new owners' hosts hold, from ``ReplicateBins``.
         timeout_s: the op's timeout.
+        everywhere: a blocking op holds the inputs of every instance (True), or
+            only those of the old and new owners of its bins (False).
 
     Its result: {"bins": bins moved, "bytes": bytes moved, "reloaded": bins reloaded from replicas}.
     """
@@ -71,8 +77,10 @@ class MigrateBins(ControlOp):
 
     def __init__(self, operator: str, table: list[int] | None, moves: Mapping[int, tuple[int, int]],
                  blocking: bool = True, key: str | None = None,
-                 replicas: Mapping[int, int] | None = None, timeout_s: float | None = 120.0):
+                 replicas: Mapping[int, int] | None = None, timeout_s: float | None = 120.0,
+                 everywhere: bool = True):
         super().__init__()
+        self.everywhere = everywhere
         self.operator = operator
         self.table = list(table) if table is not None else None
         self.moves = {int(b): (int(o), int(n)) for b, (o, n) in moves.items()}
@@ -107,6 +115,10 @@ class MigrateBins(ControlOp):
         return {(self.operator, old) for old, _ in self._pairs()}
 
     class Instance(InstanceHandler):
+        def __init__(self, op: "MigrateBins", config: Any):
+            super().__init__(op, config)
+            self.holds_inputs = op.everywhere or bool(config)  # configs name the owners concerned
+
         def on_begin(self, ctx: Any) -> None:
             op: MigrateBins = self.op  # type: ignore[assignment]
             if not op.blocking and self.config and self.config["receive"]:
@@ -132,6 +144,7 @@ class MigrateBins(ControlOp):
                 return
             state = ctx.state
             sent = nbytes = reloaded = 0
+            started = time.perf_counter()
             for target, bins in self.config["send"].items():
                 current = [b for b in bins if op.replicas.get(b) == state.version(b)]
                 payload = state.extract_bins(bins)
@@ -141,12 +154,14 @@ class MigrateBins(ControlOp):
                 sent += len(bins)
                 reloaded += len(current)
                 nbytes += bins_payload_size(payload)
-            ctx.ack({"bins": sent, "bytes": nbytes, "reloaded": reloaded})
+            ctx.ack({"bins": sent, "bytes": nbytes, "reloaded": reloaded,
+                     "extract_s": time.perf_counter() - started})
 
     def on_complete(self, ctx: Any) -> dict[str, int]:
         acks = [a for a in self.acks.values() if a]
         return {"bins": sum(a["bins"] for a in acks), "bytes": sum(a["bytes"] for a in acks),
-                "reloaded": sum(a["reloaded"] for a in acks)}
+                "reloaded": sum(a["reloaded"] for a in acks),
+                "extract_s": max((a.get("extract_s", 0.0) for a in acks), default=0.0)}
 
 
 class ReplicateBins(ControlOp):

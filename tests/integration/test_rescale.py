@@ -153,7 +153,7 @@ STRATEGIES = [
 def test_every_strategy_scales_2_3_1_2_exactly(tmp_path):
     """One running job, both keyed operators, every strategy in turn: 2 -> 3 -> 1 -> 2 each."""
     counted, ordered, stop = sources_until_stopped(tmp_path)
-    job = build("rescale-strategies", counted, ordered).submit()
+    job = build("rescale-strategies", counted, ordered).submit(spare_hosts=1)  # scale-outs take the spare
     try:
         wait_records(job, "src", 20_000)
         for strategy, knobs in STRATEGIES:
@@ -163,6 +163,7 @@ def test_every_strategy_scales_2_3_1_2_exactly(tmp_path):
                     assert progress["state"] == "DONE" and progress["parallelism"] == p, (strategy, progress)
                     assert progress["bins_moved"] == progress["bins"] > 0, (strategy, progress)
                     assert [s.index for s in job.statistics().of(op) if not s.finished] == list(range(p))
+            job.refill_spare_hosts(0)  # the next strategy's first scale-out takes a spare again
         open(stop, "w").close()  # the input ends after the rescales
         job.wait(timeout=180)
     finally:

@@ -274,3 +274,23 @@ def test_input_ended_releases_several_in_order():
     done = proc.input_ended(1, ctx)
     assert [c.message.op_id for c in done] == [ma.op_id, mb.op_id]
     assert [t for t, e, _ in log if e == "complete"] == ["A", "B"]
+
+
+class HoldsNothingHere(Logged):
+    """A blocking op whose handler leaves this instance's inputs free."""
+
+    class Instance(Logged.Instance):
+        holds_inputs = False
+
+
+def test_a_blocking_op_may_leave_an_instances_inputs_free():
+    log: list = []
+    op = HoldsNothingHere(log, "free", blocking=True)
+    proc = ControlProcessor(ME, [0, 1], is_source=False)
+    ctx = FakeContext()
+    m = message(op, 0)
+    assert proc.arrive(m, 0, ctx) == []
+    assert proc.blocked() == frozenset(), "its inputs are not held"
+    done = proc.arrive(m, 1, ctx)
+    assert [c.message.op_id for c in done] == [m.op_id], "it still completes on the last expected input"
+    assert proc.blocked() == frozenset()
