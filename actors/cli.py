@@ -65,7 +65,7 @@ def demo(args: argparse.Namespace) -> int:
          .agg(count=(None, "count"), total=("value", "sum"), parallelism=args.parallelism, name="count")
          .sink(collect(), name="out"))
     start = time.perf_counter()
-    job = flow.submit()
+    job = flow.submit(spare_hosts=1)  # the live rescale takes a host started with the job
     print(f"  deployed in {time.perf_counter() - start:.1f} s; running")
     t0 = time.perf_counter()
     checkpointed = None

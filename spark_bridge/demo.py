@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
                 .collect(name="out")
             )
             t0 = time.perf_counter()
-            job = flow.submit()
+            job = flow.submit(spare_hosts=1)  # the live rescale takes a host started with the job
             checkpointed = rescale = None
             while True:
                 try:
@@ -87,9 +87,9 @@ def run(args: argparse.Namespace) -> int:
                 except TimeoutError:
                     done = job.statistics().records_out("words")
                     print(f"\r  {done:>12,} words into the dataflow", end="", flush=True)
-                    if rescale is None:  # live, as Spark starts pushing: no word lost or counted twice
+                    if rescale is None and done > 0:  # live, while Spark pushes: no word lost or counted twice
                         rescale = job.rescale("count", args.parallelism + 1, strategy="non_disruptive")
-                    if checkpointed is None and rescale.done() and done > 0:
+                    if checkpointed is None and rescale is not None and rescale.done():
                         checkpointed = job.checkpoint(timeout=120)  # in-band, aligned, while Spark pushes
             elapsed = time.perf_counter() - t0
             stats = src.statistics()
