@@ -140,9 +140,10 @@ class HostCore:
                 self._owner[och.channel] = inst
         self._dst_host = {c.channel_id: placement[c.dst] for c in plan.channels}
         self._src_host = {c.channel_id: placement[c.src] for c in plan.channels}
-        self._dirty: set[int] = {c for c in self._outputs}
+        self._dirty: dict[int, None] = dict.fromkeys(self._outputs)  # output channels to drain
         # Scheduling: instances that may be runnable, in turn; paced sources wait on a timer heap.
-        self._candidates: dict[OperatorInstance, None] = dict.fromkeys(self.instances)
+        self._candidates: collections.OrderedDict[OperatorInstance, None] = collections.OrderedDict.fromkeys(
+            self.instances)  # ordered: see ``OperatorInstance._ready_inputs``
         self._timers: list[tuple[float, int, OperatorInstance]] = []
         self._timer_seq = itertools.count()
         self.ended_peers: dict[InstanceId, frozenset] = {}  # finished instance -> ops it sent on extra edges
@@ -247,7 +248,7 @@ class HostCore:
                 continue
             for name, sent in items:
                 inst.sender_ended(name, sent)
-            self._dirty.update(ch.channel for ch in inst.output_channels())
+            self._dirty.update((ch.channel, None) for ch in inst.output_channels())
             self._candidates[inst] = None
             if inst.extra_sends or inst.returns:
                 self._route_control(inst)
@@ -289,7 +290,7 @@ class HostCore:
         """Credit returned by receivers on other hosts."""
         for g in grants:
             self._outputs[g.channel].grant(g.batches, g.nbytes)
-            self._dirty.add(g.channel)
+            self._dirty[g.channel] = None
 
     # -- the loop ---------------------------------------------------------------
 
@@ -304,8 +305,7 @@ class HostCore:
         while self._timers and self._timers[0][0] <= now:
             self._candidates[heapq.heappop(self._timers)[2]] = None
         while self._candidates:
-            inst = next(iter(self._candidates))
-            del self._candidates[inst]
+            inst = self._candidates.popitem(last=False)[0]
             if not inst.runnable(now):
                 wake = inst.wake_time()
                 if wake is not None and wake > now:
@@ -319,9 +319,9 @@ class HostCore:
             self._candidates[inst] = None  # it may have more: back of the line
             grants = inst.step()
             self._return_credit(grants)
-            self._dirty.update(ch.channel for ch in inst.output_channels())
+            self._dirty.update((ch.channel, None) for ch in inst.output_channels())
             if inst.closed_outputs:
-                self._dirty.update(ch.channel for ch in inst.closed_outputs)
+                self._dirty.update((ch.channel, None) for ch in inst.closed_outputs)
                 inst.closed_outputs.clear()
             newly_finished = inst.finished and id(inst) not in self._reported
             if newly_finished:
@@ -343,7 +343,7 @@ class HostCore:
             src = self._src_host[g.channel]
             if src == self.host_id:
                 self._outputs[g.channel].grant(g.batches, g.nbytes)
-                self._dirty.add(g.channel)
+                self._dirty[g.channel] = None
             else:
                 self.outbox.grants[src].append(g)
 
@@ -351,7 +351,7 @@ class HostCore:
         """Move sendable envelopes of dirty output channels to their receivers or the outbox."""
         now = time.monotonic()
         while self._dirty:
-            channel = self._dirty.pop()
+            channel = self._dirty.popitem()[0]
             envs = self._outputs[channel].drain()
             self._owner[channel].note_outputs(now)
             if not envs:
