@@ -145,6 +145,7 @@ class HostCore:
         self._candidates: collections.OrderedDict[OperatorInstance, None] = collections.OrderedDict.fromkeys(
             self.instances)  # ordered: see ``OperatorInstance._ready_inputs``
         self._timers: list[tuple[float, int, OperatorInstance]] = []
+        self._timer_due: dict[OperatorInstance, float] = {}  # each instance's one live timer (others are stale)
         self._timer_seq = itertools.count()
         self.ended_peers: dict[InstanceId, frozenset] = {}  # finished instance -> ops it sent on extra edges
         for inst in self.instances:
@@ -303,18 +304,21 @@ class HostCore:
         now = time.monotonic() if now is None else now
         self._flush()
         while self._timers and self._timers[0][0] <= now:
-            self._candidates[heapq.heappop(self._timers)[2]] = None
+            due, _, inst = heapq.heappop(self._timers)
+            if self._timer_due.get(inst) == due:
+                del self._timer_due[inst]
+                self._candidates[inst] = None
         while self._candidates:
             inst = self._candidates.popitem(last=False)[0]
             if not inst.runnable(now):
                 wake = inst.wake_time()
                 if wake is not None and wake > now:
                     # Re-check a paused source at least every RECHECK_S: what it waits for may change.
-                    heapq.heappush(self._timers, (min(wake, now + RECHECK_S), next(self._timer_seq), inst))
+                    self._set_timer(inst, min(wake, now + RECHECK_S))
                 elif inst.is_source and not inst.finished and not inst._outputs_blocked():
                     # It became due between our two questions (a reader waiting on another process):
                     # look again at the next step rather than never.
-                    heapq.heappush(self._timers, (now, next(self._timer_seq), inst))
+                    self._set_timer(inst, now)
                 continue
             self._candidates[inst] = None  # it may have more: back of the line
             grants = inst.step()
@@ -337,6 +341,15 @@ class HostCore:
             self._flush()
             return True
         return False
+
+    def _set_timer(self, inst: OperatorInstance, due: float) -> None:
+        """Look at ``inst`` again at ``due``, unless it has a timer due no later: one live timer per
+        instance, however often it is found waiting (each op makes every source a candidate once)."""
+        current = self._timer_due.get(inst)
+        if current is not None and current <= due:
+            return
+        self._timer_due[inst] = due  # an entry due later, if any, is now stale
+        heapq.heappush(self._timers, (due, next(self._timer_seq), inst))
 
     def _return_credit(self, grants: list[Grant]) -> None:
         for g in grants:
