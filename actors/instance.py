@@ -148,6 +148,7 @@ class OperatorInstance:
         self._held_mask: np.ndarray | None = None  # bins whose records wait for their state (migration)
         self._held_key: str | None = None
         self._held: list[tuple[pa.RecordBatch, np.ndarray, int]] = []
+        self.took_control = False  # the last step took a control message (no data, no operator code)
         self._call(self.logic.open, info)
 
     # -- scheduling ---------------------------------------------------------------
@@ -211,6 +212,7 @@ class OperatorInstance:
             OperatorFailure: the operator's code raised.
         """
         started = time.perf_counter()
+        self.took_control = True
         try:
             if self.extra_inbox:
                 message = self.extra_inbox.popleft()
@@ -220,16 +222,16 @@ class OperatorInstance:
                 if self.inbox.ready():  # type: ignore[union-attr]
                     self._on_control(self.inbox.take().message, CONTROLLER)  # type: ignore[union-attr]
                 else:
+                    self.took_control = False
                     self._step_source()
                 return []
             env = self._take_input()
             grant = self.inputs[self._current].grant_for(env)
             self._dispatch(env, self.inputs[self._current])
-            if grant is not None:
-                return [grant]
-            if isinstance(env.message, ControlMessage):
+            self.took_control = isinstance(env.message, ControlMessage)
+            if self.took_control:
                 self._take_control_heads()
-            return []
+            return [grant] if grant is not None else []
         finally:
             self.busy_s += time.perf_counter() - started
 

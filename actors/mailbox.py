@@ -153,6 +153,7 @@ class HostCore:
         self.outbox = Outbox()
         self.finished_events: list[OperatorInstance] = []
         self._reported: set[int] = set()
+        self.took_control = False  # the last step only took control messages (see ``run_step``)
 
     # -- topology changes (rescale) -------------------------------------------------
 
@@ -298,6 +299,8 @@ class HostCore:
     def run_step(self, now: float | None = None) -> bool:
         """Let one runnable instance process one message; False if none could.
 
+        Afterwards ``took_control`` says whether that step took only control messages.
+
         Raises:
             OperatorFailure: an operator's code raised.
         """
@@ -322,6 +325,7 @@ class HostCore:
                 continue
             self._candidates[inst] = None  # it may have more: back of the line
             grants = inst.step()
+            self.took_control = inst.took_control
             self._return_credit(grants)
             self._dirty.update((ch.channel, None) for ch in inst.output_channels())
             if inst.closed_outputs:
