@@ -157,7 +157,11 @@ class OperatorInstance:
         return [ch for chs in self.outputs for ch in chs]
 
     def _outputs_blocked(self) -> bool:
-        return any(ch.blocked for chs in self.outputs for ch in chs)
+        for chs in self.outputs:  # a plain loop: asked several times a step
+            for ch in chs:
+                if ch.pending:
+                    return True
+        return False
 
     def has_work(self, now: float) -> bool:
         if self.finished:
