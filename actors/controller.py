@@ -140,6 +140,8 @@ class JobController(_ControllerOps):
         self._periodic: asyncio.Task | None = None
         self._checkpoint_op: str | None = None
         self._seq = 0
+        self._injections: dict[tuple[int, str], tuple[Any, list]] = {}  # (host, method) -> (handle, items)
+        self._injection_due = False
         self._init_ops("controller", view)
 
     async def start(self, hosts: list[Any] | dict[int, Any], incarnation: int = 0) -> None:
@@ -253,6 +255,7 @@ class JobController(_ControllerOps):
                      seconds: float) -> None:
         """The supervisor re-created the hosts from ``checkpoint_id``: run again."""
         self.incarnation = incarnation
+        self._send_injections()  # what is still queued goes to the old hosts, not the new ones
         self._seq = 0  # new hosts: control inboxes start again at 0
         self._checkpoint_op = None
         self.lifecycle.restarted(checkpoint_id, seconds)
@@ -332,18 +335,34 @@ class JobController(_ControllerOps):
         self._seq += 1
         tree = self.broadcast
         assert tree is not None, "bug: controller started without a broadcast tree"
-        relays: dict[int, list] = {}
         direct: dict[int, list] = {}
         for node in tree.top:
             if isinstance(node, Relay):
-                relays.setdefault(tree.host[node], []).append((message, node))
+                self._queue_injection(tree.host[node], "relay", (message, node))
             else:
                 direct.setdefault(self.placement[node], []).append(node)
-        for host, items in relays.items():
-            self.hosts[host].relay.remote(items)
-        for host, sources in direct.items():  # one call per host, however many sources it holds
-            self.hosts[host].inject.remote([(message, sources)])
+        for host, sources in direct.items():  # one item per host, however many sources it holds
+            self._queue_injection(host, "inject", (message, sources))
         return message.seq
+
+    def _queue_injection(self, host: int, method: str, item: tuple) -> None:
+        """Send ``item`` to ``host`` with the other injections of this turn of the event loop:
+        ops started together (several due at once) reach each host in one call, in sequence."""
+        handle = self.hosts[host]
+        key = (host, method)
+        queued = self._injections.get(key)
+        if queued is None or queued[0] is not handle:
+            queued = self._injections[key] = (handle, [])
+        queued[1].append(item)
+        if not self._injection_due:
+            self._injection_due = True
+            asyncio.get_running_loop().call_soon(self._send_injections)
+
+    def _send_injections(self) -> None:
+        self._injection_due = False
+        injections, self._injections = self._injections, {}
+        for (_, method), (handle, items) in injections.items():
+            getattr(handle, method).remote(items)
 
     async def set_hosts(self, hosts: dict[int, Any]) -> None:
         """A rescale added or retired hosts: watch (and inject into) these."""

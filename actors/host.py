@@ -32,6 +32,11 @@ STEP_BUDGET = 64
 STEP_BUDGET_S = 0.002
 """The loop takes up to this many steps (or this long) before it sends and yields to deliveries."""
 
+CONTROL_STEP_BUDGET = 4096
+"""Steps that only take control messages do not count against the budget above, up to this many a
+round: an op injected at hundreds of sources of one host is forwarded in one round, so its messages
+to each peer leave in one call."""
+
 
 @ray.remote
 class OperatorHost:
@@ -195,10 +200,15 @@ class OperatorHost:
         """Steps until nothing is runnable or the budget is spent, so sends to a peer share one call."""
         deadline = time.perf_counter() + STEP_BUDGET_S
         progressed = False
-        for _ in range(STEP_BUDGET):
+        steps = control_steps = 0
+        while steps < STEP_BUDGET and control_steps < CONTROL_STEP_BUDGET:
             if not core.run_step():
                 break
             progressed = True
+            if core.took_control:
+                control_steps += 1
+                continue
+            steps += 1
             if time.perf_counter() > deadline:
                 break
         return progressed

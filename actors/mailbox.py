@@ -140,10 +140,12 @@ class HostCore:
                 self._owner[och.channel] = inst
         self._dst_host = {c.channel_id: placement[c.dst] for c in plan.channels}
         self._src_host = {c.channel_id: placement[c.src] for c in plan.channels}
-        self._dirty: set[int] = {c for c in self._outputs}
+        self._dirty: dict[int, None] = dict.fromkeys(self._outputs)  # output channels to drain
         # Scheduling: instances that may be runnable, in turn; paced sources wait on a timer heap.
-        self._candidates: dict[OperatorInstance, None] = dict.fromkeys(self.instances)
+        self._candidates: collections.OrderedDict[OperatorInstance, None] = collections.OrderedDict.fromkeys(
+            self.instances)  # ordered: see ``OperatorInstance._ready_inputs``
         self._timers: list[tuple[float, int, OperatorInstance]] = []
+        self._timer_due: dict[OperatorInstance, float] = {}  # each instance's one live timer (others are stale)
         self._timer_seq = itertools.count()
         self.ended_peers: dict[InstanceId, frozenset] = {}  # finished instance -> ops it sent on extra edges
         for inst in self.instances:
@@ -151,6 +153,7 @@ class HostCore:
         self.outbox = Outbox()
         self.finished_events: list[OperatorInstance] = []
         self._reported: set[int] = set()
+        self.took_control = False  # the last step only took control messages (see ``run_step``)
 
     # -- topology changes (rescale) -------------------------------------------------
 
@@ -247,7 +250,7 @@ class HostCore:
                 continue
             for name, sent in items:
                 inst.sender_ended(name, sent)
-            self._dirty.update(ch.channel for ch in inst.output_channels())
+            self._dirty.update((ch.channel, None) for ch in inst.output_channels())
             self._candidates[inst] = None
             if inst.extra_sends or inst.returns:
                 self._route_control(inst)
@@ -289,12 +292,14 @@ class HostCore:
         """Credit returned by receivers on other hosts."""
         for g in grants:
             self._outputs[g.channel].grant(g.batches, g.nbytes)
-            self._dirty.add(g.channel)
+            self._dirty[g.channel] = None
 
     # -- the loop ---------------------------------------------------------------
 
     def run_step(self, now: float | None = None) -> bool:
         """Let one runnable instance process one message; False if none could.
+
+        Afterwards ``took_control`` says whether that step took only control messages.
 
         Raises:
             OperatorFailure: an operator's code raised.
@@ -302,26 +307,29 @@ class HostCore:
         now = time.monotonic() if now is None else now
         self._flush()
         while self._timers and self._timers[0][0] <= now:
-            self._candidates[heapq.heappop(self._timers)[2]] = None
+            due, _, inst = heapq.heappop(self._timers)
+            if self._timer_due.get(inst) == due:
+                del self._timer_due[inst]
+                self._candidates[inst] = None
         while self._candidates:
-            inst = next(iter(self._candidates))
-            del self._candidates[inst]
+            inst = self._candidates.popitem(last=False)[0]
             if not inst.runnable(now):
                 wake = inst.wake_time()
                 if wake is not None and wake > now:
                     # Re-check a paused source at least every RECHECK_S: what it waits for may change.
-                    heapq.heappush(self._timers, (min(wake, now + RECHECK_S), next(self._timer_seq), inst))
+                    self._set_timer(inst, min(wake, now + RECHECK_S))
                 elif inst.is_source and not inst.finished and not inst._outputs_blocked():
                     # It became due between our two questions (a reader waiting on another process):
                     # look again at the next step rather than never.
-                    heapq.heappush(self._timers, (now, next(self._timer_seq), inst))
+                    self._set_timer(inst, now)
                 continue
             self._candidates[inst] = None  # it may have more: back of the line
             grants = inst.step()
+            self.took_control = inst.took_control
             self._return_credit(grants)
-            self._dirty.update(ch.channel for ch in inst.output_channels())
+            self._dirty.update((ch.channel, None) for ch in inst.output_channels())
             if inst.closed_outputs:
-                self._dirty.update(ch.channel for ch in inst.closed_outputs)
+                self._dirty.update((ch.channel, None) for ch in inst.closed_outputs)
                 inst.closed_outputs.clear()
             newly_finished = inst.finished and id(inst) not in self._reported
             if newly_finished:
@@ -338,12 +346,21 @@ class HostCore:
             return True
         return False
 
+    def _set_timer(self, inst: OperatorInstance, due: float) -> None:
+        """Look at ``inst`` again at ``due``, unless it has a timer due no later: one live timer per
+        instance, however often it is found waiting (each op makes every source a candidate once)."""
+        current = self._timer_due.get(inst)
+        if current is not None and current <= due:
+            return
+        self._timer_due[inst] = due  # an entry due later, if any, is now stale
+        heapq.heappush(self._timers, (due, next(self._timer_seq), inst))
+
     def _return_credit(self, grants: list[Grant]) -> None:
         for g in grants:
             src = self._src_host[g.channel]
             if src == self.host_id:
                 self._outputs[g.channel].grant(g.batches, g.nbytes)
-                self._dirty.add(g.channel)
+                self._dirty[g.channel] = None
             else:
                 self.outbox.grants[src].append(g)
 
@@ -351,7 +368,7 @@ class HostCore:
         """Move sendable envelopes of dirty output channels to their receivers or the outbox."""
         now = time.monotonic()
         while self._dirty:
-            channel = self._dirty.pop()
+            channel = self._dirty.popitem()[0]
             envs = self._outputs[channel].drain()
             self._owner[channel].note_outputs(now)
             if not envs:

@@ -26,10 +26,13 @@ Targets: at 100 ops/s a throughput ratio >= 0.9 non-blocking and >= 0.8
 blocking. Expected on a 2-core machine: capacity 130,000-170,000 records/s;
 at 0-10 ops/s a ratio of ~1.0, record latency p50 ~20 ms, p99 ~50-120 ms,
 op completion 20-60 ms (ops travel in-band behind the data). At 100 ops/s
-the current runtime falls short: a NoOp costs ~15 ms of CPU across the
-job's processes (about ten Ray actor calls), so 100 ops/s need more than
-the cores the data leaves free; the ratio drops to ~0.35-0.5 and latency
-and completion grow to ~1 s as queues fill.
+the current runtime falls short: a NoOp costs several ms of CPU across the
+job's processes, most of it Ray's per-call work for the ~10 actor calls an op
+makes (the job controller alone spends ~3.5 ms per op on receiving
+``run_op``, injecting at two hosts and taking the sink's return; the driver
+~1 ms), so 100 ops/s need more than the cores the data leaves free; on a
+shared 2-core machine the ratio drops to ~0.6-0.85 and latency and
+completion grow to hundreds of ms as queues fill.
 
 Run: ``python -m benchmarks.control_overhead [--quick] [--window S] [--load F]``.
 """

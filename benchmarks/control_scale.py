@@ -13,15 +13,18 @@ non-blocking ops alternate. Each N runs with broadcast trees
 flat (``control_fanout=None``: the controller injects at every source itself).
 
 Target: tree completion at 2048 sources <= 3x that at 8. Expected on a
-2-core machine: 20-30 ms at 8 sources, tree and flat alike; then roughly
-linear growth, ~1.5-2 ms per source (hundreds of ms at 512, seconds at 2048),
-flat ~1.5x tree at 2048. The per-source cost is the hosts' (each source's
-hop is a host step and its own Ray call), not the broadcast: see the
-report that came with this benchmark.
+2-core machine: 20-30 ms at 8 sources, tree and flat alike; 100-170 ms at
+2048 (4-6x; it was ~150-350 ms, 8-13x, before instances skipped the handlers
+of ops that handle nothing there, a fan-in instance took the control messages
+at its inputs' heads in one step and a host forwarded one op from all its
+sources in one loop round). What remains per source is the hosts' work: one
+step per source, one message per source and downstream instance (pickled
+between hosts), and the re-checks of 2048 idle paced sources (every 50 ms
+each, ~7 % of a core per host).
 
 ``--quick`` (about a minute) runs 8, 64 and 512 sources and says in the JSON
-that it skipped 2048 (one 2048-source op takes seconds there, and each
-configuration must also start and stop 2048 instances).
+that it skipped 2048 (each 2048-source configuration must start and stop
+2048 instances, which takes longer than its ops).
 
 Run: ``python -m benchmarks.control_scale [--quick] [--sizes 8,64,...] [--fanout K]``.
 """

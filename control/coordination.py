@@ -144,6 +144,8 @@ def check_extra_edges(op_id: str, edges: Iterable[Any], view: Any) -> tuple:
         if edge in extra:
             raise ValueError(f"control op {op_id}: extra edge {edge[0]} -> {edge[1]} is listed twice")
         extra.append(edge)
+    if not extra:
+        return ()  # G itself is acyclic: nothing to walk
     graph: dict[tuple, list[tuple]] = {i: list(map(tuple, view.downstream_of(i))) for i in known}
     for a, b in extra:
         graph[a].append(b)

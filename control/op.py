@@ -34,13 +34,14 @@ touches no state: there it is tracked like a non-blocking op.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Iterable, Mapping, Protocol, runtime_checkable
 
 from operators.logic import InstanceInfo
 
 from .message import CONTROLLER, InstanceId
 
-__all__ = ["ControlOp", "InstanceHandler", "InstanceContext", "ControllerContext", "CONTROLLER"]
+__all__ = ["ControlOp", "InstanceHandler", "InstanceContext", "ControllerContext", "CONTROLLER", "handles_nothing"]
 
 
 @runtime_checkable
@@ -204,3 +205,16 @@ class ControlOp:
         merged = dict(a)
         merged.update(b)
         return merged
+
+
+_HANDLERS = ("__init__", "on_begin", "on_next", "on_complete", "on_dispose")
+
+
+@functools.lru_cache(maxsize=256)
+def handles_nothing(handler_class: type) -> bool:
+    """Whether every instance-side handler of ``handler_class`` is ``InstanceHandler``'s no-op.
+
+    Instances skip such an op's handlers (and its configuration) altogether:
+    they only align or track it and forward it with no payload.
+    """
+    return all(getattr(handler_class, name, None) is getattr(InstanceHandler, name) for name in _HANDLERS)

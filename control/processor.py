@@ -24,6 +24,7 @@ from typing import Any, Hashable, Iterable
 
 from .alignment import AlignmentState, WaitingForFirst
 from .message import CONTROLLER, ControlMessage, InstanceId, instance_id
+from .op import handles_nothing
 from .tracker import Tracking
 
 __all__ = ["ControlProcessor", "Completion", "extra_input"]
@@ -82,7 +83,7 @@ class _Attaching:
 @dataclasses.dataclass(slots=True)
 class _Pending:
     message: ControlMessage
-    handler: Any
+    handler: Any  # None: the op handles nothing here (``handles_nothing``)
     state: AlignmentState
     holds: bool  # a blocking op that holds this instance's inputs
 
@@ -120,11 +121,12 @@ class ControlProcessor:
 
     def expected(self, message: ControlMessage) -> frozenset:
         """The inputs ``message`` must arrive on at this instance."""
-        exp: set[Hashable] = {ch for ch in self.inputs if ch not in self.ended}
+        exp: set[Hashable] = {ch for ch in self.inputs if ch not in self.ended} if self.ended else set(self.inputs)
         if self.is_source:
             exp.add(CONTROLLER)
-        exp.update(extra_input(src) for src, dst in message.extra_edges
-                   if tuple(dst) == self.instance and self._may_send(instance_id(src), message.op_id))
+        if message.extra_edges:
+            exp.update(extra_input(src) for src, dst in message.extra_edges
+                       if tuple(dst) == self.instance and self._may_send(instance_id(src), message.op_id))
         return frozenset(exp)
 
     def arrive(self, message: ControlMessage, source: Hashable, ctx: Any) -> list[Completion]:
@@ -132,13 +134,23 @@ class ControlProcessor:
         pending = self._pending.get(message.op_id)
         if pending is None:
             self.inputs.extend(self._joins.pop(message.op_id, ()))
-            handler = message.op.Instance(message.op, message.configs.get(self.instance))
-            holds = message.blocking and handler.holds_inputs
+            op = message.op
+            handler = None if handles_nothing(op.Instance) else op.Instance(op, message.configs.get(self.instance))
+            expected = self.expected(message)
+            if not self._pending and len(expected) == 1 and source in expected:
+                # Its only input, and no earlier op waits here: it completes now (nothing to block).
+                if handler is not None:
+                    handler.on_begin(ctx)
+                    handler.on_next(ctx, message.payload, message.sender)
+                return [self._complete(message, handler, ctx)]
+            holds = message.blocking and (handler.holds_inputs if handler is not None else op.Instance.holds_inputs)
             kind = WaitingForFirst if holds else Tracking
-            pending = _Pending(message, handler, kind(self.expected(message)), holds)
+            pending = _Pending(message, handler, kind(expected), holds)
             self._pending[message.op_id] = pending
-            handler.on_begin(ctx)
-        pending.handler.on_next(ctx, message.payload, message.sender)
+            if handler is not None:
+                handler.on_begin(ctx)
+        if pending.handler is not None:
+            pending.handler.on_next(ctx, message.payload, message.sender)
         if source not in pending.state.expected and (
                 source in self.ended or (isinstance(message.sender, tuple)
                                          and not self._may_send(message.sender, message.op_id))):
@@ -146,6 +158,8 @@ class ControlProcessor:
         pending.state = pending.state.arrive(source)
         if pending.holds:
             self._hold(source)
+        if not pending.state.complete:
+            return []  # nothing else changed: no op can be released
         return self._release(ctx)
 
     def _hold(self, source: Hashable) -> None:
@@ -188,14 +202,20 @@ class ControlProcessor:
             if first.holds:
                 for source in first.state.arrived:
                     self._let_go(source)
-            attaching = _Attaching(ctx, first.message)
-            returned = first.handler.on_complete(attaching)
-            if returned is not None and attaching.default is None:
-                attaching.default = returned
-            first.handler.on_dispose(ctx)
-            self.completed += 1
-            done.append(Completion(first.message, attaching.attachments, attaching.default))
+            done.append(self._complete(first.message, first.handler, ctx))
         return done
+
+    def _complete(self, message: ControlMessage, handler: Any, ctx: Any) -> Completion:
+        """Run ``on_complete`` and ``on_dispose`` (none for an op that handles nothing here)."""
+        self.completed += 1
+        if handler is None:
+            return Completion(message, {})
+        attaching = _Attaching(ctx, message)
+        returned = handler.on_complete(attaching)
+        if returned is not None and attaching.default is None:
+            attaching.default = returned
+        handler.on_dispose(ctx)
+        return Completion(message, attaching.attachments, attaching.default)
 
     def blocked(self) -> frozenset:
         """Input channels held back by pending blocking ops.

@@ -152,3 +152,31 @@ def test_instance_handler_error_fails_the_instance_naming_it():
     with pytest.raises(OperatorFailure, match=r"^m\[1\]: KeyError") as info:
         run.run(max_rounds=10_000)
     assert isinstance(info.value.cause, KeyError)
+
+
+def test_an_instance_takes_the_control_messages_at_its_inputs_heads_in_one_step():
+    """64 sources -> one count on one host: a NoOp costs one step per source plus one at the count
+    (not one per input), and still completes only once it arrived on all 64 inputs; the paced
+    sources it woke keep one timer each."""
+    from operators import generate
+
+    flow = Dataflow("fan_in")
+    (flow.source(generate(None, rate=0.01, batch_size=1, num_keys=4, key_type="int", num_splits=64),
+                 parallelism=64, name="src")
+         .key_by("key").count(parallelism=1, emit="updates", name="count").collect(name="out"))
+    run = LocalRun(flow, JobConfig(num_hosts=1, control_fanout=8))
+    sources = [run.instance(("src", i)) for i in range(64)]
+    for _ in range(100_000):  # until every source sent its one record and all is quiet
+        if not run.step_all() and all(s.records_in for s in sources):
+            break
+    host = run.hosts[0]
+    op_run = run.run_control(NoOp(blocking=True))
+    run._deliver_some()
+    steps = 0
+    while host.run_step():
+        steps += 1
+    run._collect()
+    assert op_run.state is OpState.COMPLETE and op_run.result == 1
+    assert steps <= 64 + 2, steps
+    # Each source, made a candidate by the op and found waiting again, still has one timer, not two.
+    assert len(host._timers) <= 64, len(host._timers)

@@ -294,3 +294,48 @@ def test_a_blocking_op_may_leave_an_instances_inputs_free():
     done = proc.arrive(m, 1, ctx)
     assert [c.message.op_id for c in done] == [m.op_id], "it still completes on the last expected input"
     assert proc.blocked() == frozenset()
+
+
+# --------------------------------------------------------------------------- ops that handle nothing here
+
+
+class _Unreadable:
+    """A configuration that fails when unpickled (so a test sees whether it was read)."""
+
+    def __reduce__(self) -> tuple:
+        return (_refuse, ())
+
+
+def _refuse() -> None:
+    raise AssertionError("the configuration was unpickled")
+
+
+def test_handles_nothing_only_for_the_base_handlers():
+    from control.op import handles_nothing
+    from control.ops import NoOp
+
+    assert handles_nothing(NoOp.Instance) and handles_nothing(InstanceHandler)
+    assert not handles_nothing(Logged.Instance)
+
+    class OnlyInit(InstanceHandler):
+        def __init__(self, op: Any, config: Any) -> None:
+            super().__init__(op, config)
+
+    assert not handles_nothing(OnlyInit)
+
+
+@pytest.mark.parametrize("blocking", [True, False])
+def test_an_op_that_handles_nothing_aligns_without_reading_its_config(blocking):
+    from control.ops import NoOp
+
+    proc = ControlProcessor(ME, [1, 2], is_source=False)
+    configs = Configs({("elsewhere", 0): "theirs"}, default=_Unreadable())  # non-empty: ``message`` keeps it
+    m = message(NoOp(blocking=blocking), 0, configs=configs)
+    assert proc.arrive(m, 2, FakeContext()) == []
+    assert proc.blocked() == (frozenset({2}) if blocking else frozenset())
+    (done,) = proc.arrive(m.hop(("up", 1), None), 1, FakeContext())
+    assert done.attachments == {} and done.payload_for(("d", 0)) is None
+    assert proc.blocked() == frozenset() and proc.completed == 1
+    source = ControlProcessor(ME, [], is_source=True)
+    assert len(source.arrive(m, CONTROLLER, FakeContext())) == 1
+    assert source.take_block_changes() == [] and source.pending_ops == []
