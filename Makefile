@@ -17,7 +17,7 @@ demo: $(STAMP)
 	$(VENV)/bin/chiray demo
 
 test: $(STAMP)
-	$(PY) -m pytest -q -n 2 --dist loadfile
+	$(PY) -m pytest -q
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.keyed_count --quick

@@ -40,6 +40,8 @@ RUNS = {
 
 @pytest.mark.parametrize("name", sorted(RUNS))
 def test_benchmark_runs_and_reports(name):
+    if name == "spark_ingest" and os.environ.get("CHIRAY_SPARK_TESTS") != "1":
+        pytest.skip("the Spark bridge runs are opt-in (CHIRAY_SPARK_TESTS=1), like tests/integration/test_spark_bridge.py")
     args, keys = RUNS[name]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_ENABLE_AUTO_CONNECT": "0"}
     done = subprocess.run([sys.executable, "-m", f"benchmarks.{name}", *args], cwd=ROOT, env=env,
