@@ -21,8 +21,8 @@ from spark_bridge import from_spark, from_spark_stream, from_staged
 
 pytestmark = [
     pytest.mark.usefixtures("ray_session"),
-    # Opt-in: a bridged job intermittently stalls (a committed unit that no source instance takes; under
-    # investigation), and these tests take minutes. Run them with CHIRAY_SPARK_TESTS=1.
+    # Opt-in: with Spark's start they take about two minutes, over the suite's budget on a 2-core machine.
+    # Run them with CHIRAY_SPARK_TESTS=1.
     pytest.mark.skipif(os.environ.get("CHIRAY_SPARK_TESTS") != "1",
                        reason="Spark bridge tests are opt-in (CHIRAY_SPARK_TESTS=1); see the module docstring"),
 ]
