@@ -3,6 +3,7 @@
 from .config import JobConfig
 from .errors import ChirayError, JobCancelledError, JobFailedError, OperatorError
 from .job import Job, JobStatistics, JobStatus, submit
+from .pool import release_warm_actors
 
 __all__ = [
     "submit",
@@ -14,4 +15,5 @@ __all__ = [
     "OperatorError",
     "JobFailedError",
     "JobCancelledError",
+    "release_warm_actors",
 ]

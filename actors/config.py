@@ -50,6 +50,12 @@ class JobConfig:
             on a busy node, while the job runs); ``Job.refill_spare_hosts()``
             starts new ones for those taken. Each is an idle process that holds
             ``host_num_cpus``.
+        warm_hosts: bare host actors (and one job controller) this driver keeps
+            started between jobs, so that the next ``submit`` (or a recovery or
+            scale-out) sets them up instead of starting processes (see
+            ``actors/pool.py``). Refilled when this job ends; each idle warm
+            host holds ``host_num_cpus``; ``release_warm_actors()`` stops them.
+            Not used for hosts with ``host_options``.
     """
 
     channel_capacity: int = 8
@@ -68,6 +74,7 @@ class JobConfig:
     restart_on_operator_error: bool = False
     deploy_timeout_s: float = 120.0
     spare_hosts: int = 0
+    warm_hosts: int = 0
 
     def __post_init__(self) -> None:
         if self.channel_capacity < 1:
@@ -89,5 +96,7 @@ class JobConfig:
             raise ValueError(f"JobConfig: max_restarts must be >= 0, got {self.max_restarts}")
         if self.spare_hosts < 0:
             raise ValueError(f"JobConfig: spare_hosts must be >= 0, got {self.spare_hosts}")
+        if self.warm_hosts < 0:
+            raise ValueError(f"JobConfig: warm_hosts must be >= 0, got {self.warm_hosts}")
         if self.host_num_cpus < 0:
             raise ValueError(f"JobConfig: host_num_cpus must be >= 0, got {self.host_num_cpus}")

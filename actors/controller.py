@@ -118,10 +118,21 @@ class JobController(_ControllerOps):
     ``JobLifecycle``; ``stop()`` ends its tasks.
     """
 
-    def __init__(self, job_name: str, sinks: list[tuple[str, int]], config: Any,
-                 view: Any = None, broadcast: Tree | None = None, placement: dict | None = None,
-                 storage: Any = None, sink_objects: dict[str, Any] | None = None,
-                 next_checkpoint_id: int = 1, source_objects: dict[str, Any] | None = None):
+    def __init__(self, *args: Any, **kwargs: Any):
+        if args or kwargs:
+            self._configure(*args, **kwargs)
+
+    async def configure(self, *args: Any, **kwargs: Any) -> None:
+        """A warm controller (started bare, see ``pool.py``) takes its job: the constructor's arguments."""
+        self._configure(*args, **kwargs)
+
+    async def ping(self) -> bool:
+        return True
+
+    def _configure(self, job_name: str, sinks: list[tuple[str, int]], config: Any,
+                   view: Any = None, broadcast: Tree | None = None, placement: dict | None = None,
+                   storage: Any = None, sink_objects: dict[str, Any] | None = None,
+                   next_checkpoint_id: int = 1, source_objects: dict[str, Any] | None = None) -> None:
         self.job_name = job_name
         self.config = config
         self.lifecycle = JobLifecycle(sinks, config.max_restarts)

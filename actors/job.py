@@ -38,10 +38,11 @@ from .instance import InstanceStatistics
 from .mailbox import control_trees
 from .ophandle import OpHandle
 from .placement import place
+from .pool import warm_pool
 from .rescale import RescaleHandle, start_rescale
 from .restore import RestoreInfo
 from .storage import CheckpointError, CheckpointStorage
-from .supervisor import Deployment, Supervisor
+from .supervisor import CONTROLLER_POOL_KEY, Deployment, Supervisor
 
 __all__ = ["submit", "Job", "JobStatus", "JobStatistics", "restore_point"]
 
@@ -170,9 +171,13 @@ def submit(flow: Dataflow, *, config: JobConfig | None = None, restore_from: str
 
     def make_controller() -> Any:
         first = max(storage.checkpoint_ids(), default=0) + 1
-        return JobController.remote(  # type: ignore[attr-defined]
-            flow.name, sink_instances, config, job_view(flow.name, deployment.plan), broadcast,
-            deployment.placement, storage, sinks, first, sources)
+        args = (flow.name, sink_instances, config, job_view(flow.name, deployment.plan), broadcast,
+                deployment.placement, storage, sinks, first, sources)
+        warm = warm_pool().take(CONTROLLER_POOL_KEY, 1) if config.warm_hosts else []
+        if warm:
+            warm[0].configure.remote(*args)  # runs before any later call of this driver on it
+            return warm[0]
+        return JobController.remote(*args)  # type: ignore[attr-defined]
 
     controller = make_controller()
     job = Job(flow.name, plan, controller, [], view)
@@ -342,12 +347,17 @@ class Job:
     def _shutdown(self) -> None:
         if self._supervisor is not None:
             self._supervisor.stop()
-        spares = self._deployment.spares if self._deployment is not None else []
-        for actor in (*self._hosts, *spares, *self._side.values(), self._controller):
+        for actor in (*self._hosts, *self._side.values(), self._controller):
             try:
                 ray.kill(actor, no_restart=True)
             except Exception:
                 pass
+        deployment = self._deployment
+        if deployment is not None:  # unused spares are still bare: they may serve the next job
+            spares, deployment.spares = deployment.spares, []
+            deployment.refill_pool(spares)
+            if deployment.config.warm_hosts:
+                warm_pool().fill(CONTROLLER_POOL_KEY, 1, JobController.remote)  # type: ignore[attr-defined]
 
     # -- control operations ----------------------------------------------------------
 

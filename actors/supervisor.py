@@ -27,6 +27,7 @@ import ray
 from .config import JobConfig
 from .errors import JobFailedError, OperatorError
 from .host import OperatorHost
+from .pool import warm_pool
 from .restore import RestoreInfo
 
 __all__ = ["Deployment", "Supervisor"]
@@ -76,13 +77,29 @@ class Deployment:
         self.host_ids = sorted(host_ids)
         self.num_hosts = len(self.host_ids)
 
-    def new_hosts(self, host_ids: list[int]) -> list[Any]:
-        """Host actors (not yet set up) with these ids."""
+    def _start_host(self, host_id: int) -> Any:
         config = self.config
         opts = {"num_cpus": config.host_num_cpus, "resources": config.host_resources or None,
                 "max_concurrency": 1000, **config.host_options}
-        return [OperatorHost.options(**opts).remote(i, self.name)  # type: ignore[attr-defined]
-                for i in host_ids]
+        return OperatorHost.options(**opts).remote(host_id, self.name)  # type: ignore[attr-defined]
+
+    def new_hosts(self, host_ids: list[int]) -> list[Any]:
+        """Host actors (not yet set up) for these ids: warm ones first (they take their ids at setup)."""
+        key = host_pool_key(self.config)
+        warm = warm_pool().take(key, len(host_ids)) if key is not None else []
+        return warm + [self._start_host(i) for i in host_ids[len(warm):]]
+
+    def refill_pool(self, unused: list[Any]) -> None:
+        """The job ended: keep ``unused`` (bare spares) and start warm hosts up to ``config.warm_hosts``."""
+        key = host_pool_key(self.config)
+        if key is None or self.config.warm_hosts == 0:
+            kill(unused)
+            return
+        pool = warm_pool()
+        keep = max(self.config.warm_hosts - pool.size(key), 0)
+        pool.put(key, unused[:keep])
+        kill(unused[keep:])
+        pool.fill(key, self.config.warm_hosts, lambda: self._start_host(SPARE_HOST_ID))
 
     def start_spares(self) -> None:
         """Start hosts (in the background) until ``config.spare_hosts`` spares are up or coming."""
@@ -107,7 +124,7 @@ class Deployment:
             peers = dict(zip(self.host_ids, hosts))
             try:
                 errors = ray.get([h.setup.remote(self.plan_ref, self.placement, config, peers, controller,
-                                                 restore, incarnation) for h in hosts],
+                                                 restore, incarnation, i) for i, h in peers.items()],
                                  timeout=config.deploy_timeout_s)
             except ray.exceptions.GetTimeoutError:
                 raise JobFailedError(
@@ -123,6 +140,16 @@ class Deployment:
             kill(hosts)
             raise
         return hosts
+
+
+def host_pool_key(config: JobConfig) -> tuple[str, Any] | None:
+    """The warm pool's key for this config's hosts; ``None``: not pooled (custom ``host_options``)."""
+    if config.host_options:
+        return None
+    return "host", (config.host_num_cpus, tuple(sorted(config.host_resources.items())))
+
+
+CONTROLLER_POOL_KEY = ("controller", None)
 
 
 def kill(actors: list[Any]) -> None:

@@ -180,3 +180,40 @@ def test_a_job_ray_has_no_room_for_fails_fast_with_a_clear_error():
     with pytest.raises(JobFailedError, match=r"could not start its 1 hosts .* asks for 64 CPUs"):
         flow.submit(host_num_cpus=64, deploy_timeout_s=2)
     assert time.monotonic() - started < 30
+
+
+def test_warm_hosts_serve_the_next_submit_and_are_released():
+    from actors import release_warm_actors
+    from actors.pool import warm_pool
+    from actors.supervisor import CONTROLLER_POOL_KEY
+
+    def run(name: str, items: list[dict]) -> tuple[dict, list]:
+        flow = Dataflow(name)
+        flow.source(from_items(items, num_splits=2), parallelism=2).key_by("key").count(parallelism=2).collect()
+        job = flow.submit(warm_hosts=2, host_num_cpus=0.25)
+        try:
+            table = job.result()
+        finally:
+            job.cancel()
+        return {r["key"]: r["count"] for r in table.to_pylist()}, [a._actor_id for a in job.actors]
+
+    items = [{"key": f"k{i % 7}", "v": i} for i in range(500)]
+    oracle: dict[str, int] = {}
+    for item in items:
+        oracle[item["key"]] = oracle.get(item["key"], 0) + 1
+    try:
+        first, _ = run("warm-a", items)
+        pool = warm_pool()
+        host_key = ("host", (0.25, ()))
+        assert pool.size(host_key) == 2 and pool.size(CONTROLLER_POOL_KEY) == 1
+        warm_ids = {a._actor_id for a in pool._idle[host_key] + pool._idle[CONTROLLER_POOL_KEY]}
+        ray.kill(pool._idle[host_key][0], no_restart=True)  # a warm host that died is replaced, not used
+        second, used = run("warm-b", items)
+        assert first == oracle and second == oracle
+        assert len(warm_ids & set(used)) == 2, "the next job did not take the live warm host and controller"
+        assert pool.size(host_key) == 2, "the pool was not refilled when the job ended"
+    finally:
+        idle = [a for v in warm_pool()._idle.values() for a in v]
+        assert release_warm_actors() == len(idle)
+    assert wait_for(lambda: actors_dead(idle), 30, "the warm actors to go away")
+    assert warm_pool().size() == 0

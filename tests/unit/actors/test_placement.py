@@ -188,3 +188,9 @@ def test_job_config_num_hosts_reaches_place():
 def test_job_config_bad_pin_fails_before_running():
     with pytest.raises(ValueError, match="unknown operator 'nope'"):
         LocalRun(_flow(), JobConfig(placement={"nope": [0]}))
+
+
+@pytest.mark.parametrize("field", ["spare_hosts", "warm_hosts"])
+def test_idle_host_counts_must_not_be_negative(field):
+    with pytest.raises(ValueError, match=f"JobConfig: {field} must be >= 0, got -1"):
+        JobConfig(**{field: -1})

@@ -1,0 +1,130 @@
+"""pool.py: warm actor processes that this driver keeps for its next submit.
+
+Starting an actor costs a process start and the runtime's imports, about a
+second of CPU each; a job's hosts and controller starting together take
+several seconds on a small node, which is most of a short job's life. With
+``JobConfig.warm_hosts = n`` the driver keeps up to ``n`` bare host actors
+(created with the job's host resources, not set up) and one bare job
+controller. ``submit``, a recovery and a scale-out take them before starting
+new ones; a taken actor is set up with its job like a freshly started one.
+
+The pool is refilled when a job ends (its hosts' resources are free again),
+never while a job deploys, so warm-up work does not compete with a running
+job. Idle warm hosts hold their ``host_num_cpus``; they die with the driver
+(Ray kills the actors a driver owns) or at :func:`release_warm_actors`.
+
+Hosts with custom ``host_options`` (scheduling strategies, placement groups)
+are never pooled: a warm host's placement could not honour them.
+
+The pool is per Ray session: a driver that reconnects to another cluster
+never gets a handle from the old one.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any, Callable
+
+import ray
+
+__all__ = ["WarmPool", "release_warm_actors", "warm_pool"]
+
+log = logging.getLogger(__name__)
+
+PING_TIMEOUT_S = 10.0
+"""How long a taken warm actor may take to answer before it is dropped (a dead node's actors never answer)."""
+
+Key = tuple[str, Any]
+
+
+class WarmPool:
+    """Idle bare actors, by kind and resources, for one Ray session (driver-side, thread-safe)."""
+
+    def __init__(self, session: str) -> None:
+        self.session = session
+        self._idle: dict[Key, list[Any]] = {}
+        self._lock = threading.Lock()
+
+    def take(self, key: Key, n: int) -> list[Any]:
+        """Up to ``n`` live idle actors of ``key`` (fewer, possibly none, when the pool has fewer)."""
+        with self._lock:
+            idle = self._idle.get(key, [])
+            taken, self._idle[key] = idle[:n], idle[n:]
+        return _alive(taken)
+
+    def put(self, key: Key, actors: list[Any]) -> None:
+        with self._lock:
+            self._idle.setdefault(key, []).extend(actors)
+
+    def fill(self, key: Key, n: int, start: Callable[[], Any]) -> int:
+        """Start actors with ``start()`` (in the background) until ``key`` has ``n`` idle; how many started."""
+        with self._lock:
+            missing = n - len(self._idle.get(key, []))
+        started = [start() for _ in range(max(missing, 0))]
+        self.put(key, started)
+        return len(started)
+
+    def size(self, key: Key | None = None) -> int:
+        with self._lock:
+            if key is not None:
+                return len(self._idle.get(key, []))
+            return sum(len(v) for v in self._idle.values())
+
+    def release(self) -> int:
+        """Kill every idle actor; how many."""
+        with self._lock:
+            idle, self._idle = [a for v in self._idle.values() for a in v], {}
+        for actor in idle:
+            try:
+                ray.kill(actor, no_restart=True)
+            except Exception:  # already gone
+                pass
+        return len(idle)
+
+
+def _alive(actors: list[Any]) -> list[Any]:
+    """The actors that answer a ping (those still starting are waited for); the others are killed."""
+    if not actors:
+        return []
+    pings = [a.ping.remote() for a in actors]
+    ray.wait(pings, num_returns=len(pings), timeout=PING_TIMEOUT_S)
+    alive = []
+    for actor, ping in zip(actors, pings):
+        try:
+            ray.get(ping, timeout=0)
+            alive.append(actor)
+        except Exception:
+            log.info("a warm actor did not answer; starting a new one instead")
+            try:
+                ray.kill(actor, no_restart=True)
+            except Exception:
+                pass
+    return alive
+
+
+_pool: WarmPool | None = None
+_pool_lock = threading.Lock()
+
+
+def warm_pool() -> WarmPool:
+    """This driver's pool for the Ray session it is connected to."""
+    global _pool
+    session = ray.get_runtime_context().get_job_id()
+    with _pool_lock:
+        if _pool is None or _pool.session != session:
+            _pool = WarmPool(session)  # a new session: the old handles are meaningless
+        return _pool
+
+
+def release_warm_actors() -> int:
+    """Kill the warm actors this driver keeps (``JobConfig.warm_hosts``); returns how many.
+
+    Example:
+        >>> from actors import release_warm_actors
+        >>> release_warm_actors() >= 0                      # doctest: +SKIP
+        True
+    """
+    if _pool is None or not ray.is_initialized():
+        return 0
+    return warm_pool().release()
