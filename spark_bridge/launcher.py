@@ -1,13 +1,14 @@
 """launcher.py: the driver-side loop that has Spark compute the units the inbox asks for.
 
 One thread long-polls the inbox's ``launch`` (credit permitting, wanted units
-first) and hands each answer to a small pool of job threads; each runs one
-Spark job over exactly those partitions (``SparkContext.runJob`` on the
+first) and hands each unit of the answer to a small pool of job threads. Each
+runs one Spark job over exactly that partition (``SparkContext.runJob`` on the
 pushing RDD, built once so that shuffle output upstream is reused across
-jobs) and reports how it ended, with the attempts Spark returned results
-for: the successful ones, which the inbox then commits. The generation of a launch travels to the
-tasks as a Spark local property, so late attempts of an older launch are
-told apart.
+jobs) and reports how it ended, with the attempt Spark returned a result for:
+the successful one, which the inbox then commits. One job per unit lets the
+dataflow take each partition as soon as its task is done, not when the
+slowest task of a group is. The generation of a launch travels to the tasks
+as a Spark local property, so late attempts of an older launch are told apart.
 
 Lifecycle: ``NEW --start()--> RUNNING --close()--> CLOSED`` (``close`` cancels
 the running Spark jobs; idempotent). Only the driver touches a launcher.
@@ -59,10 +60,10 @@ class JobLauncher:
         rdd: the pushing RDD (``df.mapInArrow(push).rdd``), one task per unit.
         inbox: the inbox actor's handle.
         name: the source's name (the Spark job group).
-        max_jobs: Spark jobs in flight at once.
+        max_jobs: Spark jobs (so partitions) in flight at once.
     """
 
-    def __init__(self, spark: Any, rdd: Any, inbox: Any, name: str, max_jobs: int = 2) -> None:
+    def __init__(self, spark: Any, rdd: Any, inbox: Any, name: str, max_jobs: int = 4) -> None:
         self._sc = spark.sparkContext
         self._rdd = rdd
         self._inbox = inbox
@@ -86,8 +87,9 @@ class JobLauncher:
                 if not self._stop.is_set():
                     log.exception("spark_bridge %s: the inbox went away", self._group)
                 return
-            if units and not self._stop.is_set():
-                self._pool.submit(self._run, generation, units)
+            for unit in units:  # one job per unit: each commits as soon as its one task succeeded
+                if not self._stop.is_set():
+                    self._pool.submit(self._run, generation, [unit])
 
     def _run(self, generation: int, units: Sequence[Unit]) -> None:
         import ray

@@ -244,7 +244,7 @@ def from_spark(
     max_units: int = 4,
     window: int = 4,
     batch_bytes: int = 4 << 20,
-    max_jobs: int = 2,
+    max_jobs: int = 4,
     name: str | None = None,
 ) -> SparkSource | StagedSource:
     """A source over a Spark DataFrame, fed by Spark's executors.
@@ -268,7 +268,8 @@ def from_spark(
         max_units: push mode's credit, in partitions computed ahead.
         window: push mode's pushes in flight per Spark task.
         batch_bytes: Arrow batches are re-chunked to about this size.
-        max_jobs: push mode's Spark jobs in flight.
+        max_jobs: push mode's Spark jobs in flight (one per partition; Spark
+            runs as many of them at once as it has task slots).
         name: the source's name (default: a unique one).
 
     Returns:
