@@ -3,7 +3,7 @@
 from .config import JobConfig
 from .errors import ChirayError, JobCancelledError, JobFailedError, OperatorError
 from .job import Job, JobStatistics, JobStatus, submit
-from .pool import release_warm_actors
+from .pool import release_warm_actors, wait_warm_actors
 
 __all__ = [
     "submit",
@@ -16,4 +16,5 @@ __all__ = [
     "JobFailedError",
     "JobCancelledError",
     "release_warm_actors",
+    "wait_warm_actors",
 ]

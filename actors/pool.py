@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 import ray
 
-__all__ = ["WarmPool", "release_warm_actors", "warm_pool"]
+__all__ = ["WarmPool", "release_warm_actors", "wait_warm_actors", "warm_pool"]
 
 log = logging.getLogger(__name__)
 
@@ -83,12 +83,12 @@ class WarmPool:
         return len(idle)
 
 
-def _alive(actors: list[Any]) -> list[Any]:
-    """The actors that answer a ping (those still starting are waited for); the others are killed."""
+def _alive(actors: list[Any], timeout: float | None = PING_TIMEOUT_S) -> list[Any]:
+    """The actors that answer a ping within ``timeout`` (those still starting are waited for); the others are killed."""
     if not actors:
         return []
     pings = [a.ping.remote() for a in actors]
-    ray.wait(pings, num_returns=len(pings), timeout=PING_TIMEOUT_S)
+    ray.wait(pings, num_returns=len(pings), timeout=timeout)
     alive = []
     for actor, ping in zip(actors, pings):
         try:
@@ -128,3 +128,20 @@ def release_warm_actors() -> int:
     if _pool is None or not ray.is_initialized():
         return 0
     return warm_pool().release()
+
+
+def wait_warm_actors(timeout: float | None = None) -> int:
+    """Wait until every warm actor this driver keeps has started (to measure a submit without process starts).
+
+    Returns:
+        How many are up; one that died is dropped from the pool (the next submit starts a new one).
+    """
+    if _pool is None or not ray.is_initialized():
+        return 0
+    pool = warm_pool()
+    with pool._lock:
+        idle, pool._idle = pool._idle, {}
+    up = {key: _alive(actors, timeout) for key, actors in idle.items()}
+    for key, actors in up.items():
+        pool.put(key, actors)
+    return sum(len(a) for a in up.values())

@@ -32,6 +32,9 @@ import psutil
 
 from benchmarks.common import RssSampler, emit, start_ray
 
+WARM_HOSTS = 4
+"""The job's hosts (source 2 + count 2 by the default rule), kept warm between runs (``JobConfig.warm_hosts``)."""
+
 
 def dataframe(spark: Any, rows: int, partitions: int) -> Any:
     """The preprocessed input: a filter and a projection in Spark."""
@@ -48,25 +51,29 @@ def dataframe(spark: Any, rows: int, partitions: int) -> Any:
     )
 
 
-def driver_pids() -> list[int]:
-    """This process and Spark's JVM (a child of it)."""
+def driver_pids() -> tuple[int, list[int]]:
+    """This process, and Spark's JVM (a child of it; in local mode it also runs the executors)."""
     me = psutil.Process()
-    return [me.pid] + [c.pid for c in me.children(recursive=True) if "java" in c.name()]
+    return me.pid, [c.pid for c in me.children(recursive=True) if "java" in c.name()]
 
 
-def run_bridge(spark: Any, rows: int, partitions: int) -> tuple[float, float, int]:
-    """(rows/s, peak driver RSS in MB, rows in) of one bridged keyed count; checked against Spark SQL."""
+def run_bridge(spark: Any, rows: int, partitions: int) -> dict[str, Any]:
+    """One bridged keyed count (checked against Spark SQL): rows/s, submit time and peak driver RSS."""
+    from actors import wait_warm_actors
     from operators import Dataflow
     from spark_bridge import from_spark
 
     df = dataframe(spark, rows, partitions)
-    with RssSampler(driver_pids()) as rss, from_spark(df, max_units=4) as src:
+    wait_warm_actors(120)  # the previous run's end started them; Spark's executors are warm too
+    me, jvm = driver_pids()
+    with RssSampler([me]) as py_rss, RssSampler(jvm) as jvm_rss, from_spark(df, max_units=4, keep_warm=True) as src:
         flow = Dataflow(f"spark-ingest-{rows}")
         flow.source(src, parallelism=2, name="src").key_by("key").count(parallelism=2, name="count").collect(
             name="out"
         )
         t0 = time.perf_counter()
-        job = flow.submit()
+        job = flow.submit(warm_hosts=WARM_HOSTS)
+        submitted = time.perf_counter() - t0
         try:
             job.wait(timeout=1800)
         finally:
@@ -84,7 +91,14 @@ def run_bridge(spark: Any, rows: int, partitions: int) -> tuple[float, float, in
             f"spark_ingest: the dataflow's counts differ from Spark SQL's ({len(got)} vs "
             f"{len(expected)} keys)"
         )
-    return delivered / elapsed, rss.peak_mb, delivered
+    return {
+        "rows_per_s": delivered / elapsed,
+        "submit_s": round(submitted, 3),
+        "rows": delivered,
+        "rss_mb": round(py_rss.peak_mb + jvm_rss.peak_mb, 1),
+        "python_rss_mb": py_rss.peak_mb,
+        "jvm_rss_mb": jvm_rss.peak_mb,
+    }
 
 
 def main() -> None:
@@ -98,7 +112,8 @@ def main() -> None:
         args.rows, args.small_rows = 1_000_000, 200_000
     os.environ.setdefault("RAY_ENABLE_AUTO_CONNECT", "0")
     start_ray(num_cpus=4)
-    from spark_bridge import spark_session
+    from actors import release_warm_actors
+    from spark_bridge import release_warm_inboxes, spark_session
 
     spark = spark_session(2, app_name="spark_ingest", conf={"spark.sql.shuffle.partitions": "4"})
     spark.sparkContext.setLogLevel("ERROR")
@@ -106,11 +121,13 @@ def main() -> None:
         print("spark_ingest: warming up Spark and the bridge", flush=True)
         run_bridge(spark, 100_000, 2)
     print(f"spark_ingest: bridge, {args.small_rows:,} rows", flush=True)
-    _, rss_small, _ = run_bridge(spark, args.small_rows, args.partitions)
-    print(f"  peak driver RSS {rss_small} MB", flush=True)
+    small = run_bridge(spark, args.small_rows, args.partitions)
+    print(f"  peak driver RSS {small['rss_mb']} MB", flush=True)
     print(f"spark_ingest: bridge, {args.rows:,} rows", flush=True)
-    bridge, rss_large, delivered = run_bridge(spark, args.rows, args.partitions)
-    print(f"  {bridge / 1e6:.2f} M rows/s, peak driver RSS {rss_large} MB", flush=True)
+    large = run_bridge(spark, args.rows, args.partitions)
+    bridge, delivered = large["rows_per_s"], large["rows"]
+    print(f"  {bridge / 1e6:.2f} M rows/s (submit {large['submit_s']} s), peak driver RSS {large['rss_mb']} MB",
+          flush=True)
     print(f"spark_ingest: toArrow() of the same {args.rows:,}-row DataFrame", flush=True)
     df = dataframe(spark, args.rows, args.partitions)
     t0 = time.perf_counter()
@@ -122,13 +139,20 @@ def main() -> None:
     del table
     print(f"  {to_arrow / 1e6:.2f} M rows/s", flush=True)
     spark.stop()
+    release_warm_actors()
+    release_warm_inboxes()
     emit(
         {
             "bridge_rows_per_s": round(bridge),
             "to_arrow_rows_per_s": round(to_arrow),
             "ratio": round(bridge / to_arrow, 3),
-            "driver_rss_mb_1m": rss_small,
-            "driver_rss_mb_5m": rss_large,
+            "driver_rss_mb_1m": small["rss_mb"],
+            "driver_rss_mb_5m": large["rss_mb"],
+            "driver_python_rss_mb_1m": small["python_rss_mb"],
+            "driver_python_rss_mb_5m": large["python_rss_mb"],
+            "driver_jvm_rss_mb_1m": small["jvm_rss_mb"],
+            "driver_jvm_rss_mb_5m": large["jvm_rss_mb"],
+            "submit_s_5m": large["submit_s"],
             "rows": args.rows,
             "small_rows": args.small_rows,
             "quick": args.quick,

@@ -8,7 +8,7 @@ pyspark is imported lazily.
 
 from .env import spark_session
 from .schema import UnsupportedSparkType, to_arrow_schema
-from .source import SparkSource, from_spark
+from .source import SparkSource, from_spark, release_warm_inboxes
 from .staged import StagedSource, from_staged
 from .streaming import SparkStreamSource, from_spark_stream
 from .units import BufferStatistics, SparkUnitFailed
@@ -23,6 +23,7 @@ __all__ = [
     "from_spark",
     "from_spark_stream",
     "from_staged",
+    "release_warm_inboxes",
     "spark_session",
     "to_arrow_schema",
 ]

@@ -35,7 +35,7 @@ from .schema import to_arrow_schema
 from .staged import StagedSource
 from .units import BufferStatistics
 
-__all__ = ["POLL_S", "SparkSource", "from_spark"]
+__all__ = ["POLL_S", "SparkSource", "from_spark", "release_warm_inboxes"]
 
 POLL_S = 0.005  # how often an idle source instance checks whether its unit has arrived
 
@@ -134,9 +134,10 @@ class _UnitReader(SplitReader):
 class _Driver:
     """The driver-only half of a :class:`SparkSource`: the DataFrame, the inbox, the launcher."""
 
-    def __init__(self, df: Any, rdd: Any, max_units: int, max_jobs: int) -> None:
+    def __init__(self, df: Any, rdd: Any, max_units: int, max_jobs: int, warm_inbox: Any, keep_warm: bool) -> None:
         self.df, self.rdd = df, rdd
         self.max_units, self.max_jobs = max_units, max_jobs
+        self.warm_inbox, self.keep_warm = warm_inbox, keep_warm
         self.inbox: Any = None
         self.launcher: Any = None
 
@@ -150,7 +151,15 @@ class SparkSource(Source):
     """
 
     def __init__(
-        self, df: Any, schema: pa.Schema, target: PushTarget, name: str, max_units: int, max_jobs: int
+        self,
+        df: Any,
+        schema: pa.Schema,
+        target: PushTarget,
+        name: str,
+        max_units: int,
+        max_jobs: int,
+        warm_inbox: Any = None,
+        keep_warm: bool = False,
     ) -> None:
         self._schema = schema
         self._name = name
@@ -158,7 +167,7 @@ class SparkSource(Source):
         self._namespace = target.namespace
         rdd = df.mapInArrow(functools.partial(push_partition, target), SUMMARY_SCHEMA).rdd
         self._num_partitions = int(rdd.getNumPartitions())
-        self._driver: _Driver | None = _Driver(df, rdd, max_units, max_jobs)
+        self._driver: _Driver | None = _Driver(df, rdd, max_units, max_jobs, warm_inbox, keep_warm)
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -189,9 +198,13 @@ class SparkSource(Source):
         if driver.inbox is not None:
             return
         units = [(0, p) for p in range(self._num_partitions)]
-        driver.inbox = SparkInbox.options(  # type: ignore[attr-defined]
-            name=self._inbox, namespace=self._namespace
-        ).remote(units, driver.max_units)
+        if driver.warm_inbox is not None:
+            driver.inbox, driver.warm_inbox = driver.warm_inbox, None
+            driver.inbox.configure.remote(units, driver.max_units)
+        else:
+            driver.inbox = SparkInbox.options(  # type: ignore[attr-defined]
+                name=self._inbox, namespace=self._namespace
+            ).remote(units, driver.max_units)
         driver.launcher = JobLauncher(
             driver.df.sparkSession, driver.rdd, driver.inbox, self._name, driver.max_jobs
         )
@@ -223,8 +236,13 @@ class SparkSource(Source):
             return
         if driver.launcher is not None:
             driver.launcher.close()
-        if driver.inbox is not None:
-            ray.kill(driver.inbox, no_restart=True)
+        for inbox in (driver.inbox, driver.warm_inbox):
+            if inbox is not None:
+                ray.kill(inbox, no_restart=True)
+        if driver.keep_warm:
+            from .inbox import start_warm_inbox
+
+            start_warm_inbox()
 
     def __enter__(self) -> SparkSource:
         return self
@@ -246,6 +264,7 @@ def from_spark(
     batch_bytes: int = 4 << 20,
     max_jobs: int = 4,
     name: str | None = None,
+    keep_warm: bool = False,
 ) -> SparkSource | StagedSource:
     """A source over a Spark DataFrame, fed by Spark's executors.
 
@@ -271,6 +290,10 @@ def from_spark(
         max_jobs: push mode's Spark jobs in flight (one per partition; Spark
             runs as many of them at once as it has task slots).
         name: the source's name (default: a unique one).
+        keep_warm: push mode: ``close()`` starts a bare inbox actor for the
+            next ``from_spark`` of this driver (any ``from_spark`` takes a
+            warm one if there is one), so that it does not wait for a process
+            to start; ``spark_bridge.release_warm_inboxes()`` stops it.
 
     Returns:
         A :class:`SparkSource` (push) or a staged source; close it after the job.
@@ -290,6 +313,8 @@ def from_spark(
         raise TypeError(f"from_spark: expected a pyspark.sql.DataFrame, got {type(df).__name__}")
     if df.isStreaming:
         raise TypeError("from_spark: this DataFrame is a streaming one; use from_spark_stream")
+    if not isinstance(keep_warm, bool):
+        raise TypeError(f"from_spark: keep_warm must be a bool, got {keep_warm!r}")
     for arg, value in (
         ("max_units", max_units),
         ("window", window),
@@ -306,7 +331,16 @@ def from_spark(
         if path is None:
             raise ValueError("from_spark: staged=True needs path= (a directory or a pyarrow.fs URI)")
         return stage(df, schema, path, name=name, batch_bytes=batch_bytes)
-    from .inbox import NAMESPACE
+    from .inbox import NAMESPACE, take_warm_inbox
 
-    target = PushTarget(gcs_address(), NAMESPACE, name, schema, window, batch_bytes, worker_env())
-    return SparkSource(df, schema, target, name, max_units, max_jobs)
+    warm = take_warm_inbox()
+    inbox_name, warm_inbox = warm if warm is not None else (name, None)
+    target = PushTarget(gcs_address(), NAMESPACE, inbox_name, schema, window, batch_bytes, worker_env())
+    return SparkSource(df, schema, target, name, max_units, max_jobs, warm_inbox, keep_warm)
+
+
+def release_warm_inboxes() -> int:
+    """Stop the warm inbox actor this driver keeps (``from_spark(keep_warm=True)``); returns how many."""
+    from .inbox import kill_warm_inboxes
+
+    return kill_warm_inboxes()

@@ -183,7 +183,7 @@ def test_a_job_ray_has_no_room_for_fails_fast_with_a_clear_error():
 
 
 def test_warm_hosts_serve_the_next_submit_and_are_released():
-    from actors import release_warm_actors
+    from actors import release_warm_actors, wait_warm_actors
     from actors.pool import warm_pool
     from actors.supervisor import CONTROLLER_POOL_KEY
 
@@ -203,6 +203,7 @@ def test_warm_hosts_serve_the_next_submit_and_are_released():
         oracle[item["key"]] = oracle.get(item["key"], 0) + 1
     try:
         first, _ = run("warm-a", items)
+        assert wait_warm_actors(60) == 3
         pool = warm_pool()
         host_key = ("host", (0.25, ()))
         assert pool.size(host_key) == 2 and pool.size(CONTROLLER_POOL_KEY) == 1

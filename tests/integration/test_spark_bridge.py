@@ -60,17 +60,35 @@ def dataflow_counts(job) -> dict[str, int]:
     return {r["key"]: r["count"] for r in job.result("out").to_pylist()}
 
 
-def test_keyed_count_equals_spark_sql(spark):
+def test_keyed_count_equals_spark_sql_and_a_warm_inbox_serves_the_next_source(spark):
+    from spark_bridge import release_warm_inboxes
+    from spark_bridge.inbox import _warm
+
     df = events(spark)
-    with from_spark(df, max_units=2) as src:
-        job = keyed_count("spark-sql", src, parallelism=2).submit()
-        try:
-            job.wait(timeout=180)
-        finally:
-            job.cancel()
-        stats = src.statistics()
-    assert dataflow_counts(job) == spark_counts(df)
-    assert stats.committed_units == 6 and stats.discarded_attempts == 0, stats
+    try:
+        with from_spark(df, max_units=2, keep_warm=True) as src:
+            job = keyed_count("spark-sql", src, parallelism=2).submit()
+            try:
+                job.wait(timeout=180)
+            finally:
+                job.cancel()
+            stats = src.statistics()
+        assert dataflow_counts(job) == spark_counts(df)
+        assert stats.committed_units == 6 and stats.discarded_attempts == 0, stats
+        assert len(_warm) == 1, "close() with keep_warm=True left no warm inbox"
+        warm_name = _warm[0][1]
+        again = events(spark, rows=20_000, partitions=3)
+        with from_spark(again) as src:  # takes the warm inbox; does not keep one itself
+            assert src._inbox == warm_name and not _warm
+            job = keyed_count("spark-sql-warm", src).submit()
+            try:
+                job.wait(timeout=180)
+            finally:
+                job.cancel()
+        assert dataflow_counts(job) == spark_counts(again)
+    finally:
+        release_warm_inboxes()
+    assert not _warm
 
 
 def _fail_first_attempt(batches):
