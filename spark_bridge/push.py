@@ -1,7 +1,11 @@
 """push.py: what runs inside a Spark task: push one partition's Arrow batches to the inbox, then report it.
 
-The task connects to Ray once per Spark Python worker (workers are reused),
-re-chunks Spark's Arrow batches to about ``batch_bytes``, casts them to the
+A task's input is either Spark's own Arrow record-batch messages (the
+default: ``push_ipc_partition`` over ``Dataset.toArrowBatchRdd``, the JVM's
+executor-side conversion that ``toArrow()`` uses too) or a ``mapInArrow``
+batch iterator (``push_partition``: Spark Connect, the streaming bridge, or
+a Spark without that JVM method). The task connects to Ray once per Spark
+Python worker (workers are reused), re-chunks the batches to about ``batch_bytes``, casts them to the
 bridge's schema, and keeps at most ``window`` pushes in flight: a task that
 has no credit waits in ``ray.wait``, which stops it reading its input and so
 stops the JVM side computing it. After its last push returned it yields a
@@ -31,6 +35,7 @@ __all__ = [
     "PushTarget",
     "decode",
     "encode",
+    "push_ipc_partition",
     "push_partition",
     "rechunk",
 ]
@@ -133,18 +138,13 @@ def _merged(
         yield pending[0] if len(pending) == 1 else pa.concat_batches(pending)
 
 
-def push_partition(target: PushTarget, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """``mapInArrow`` body: push this task's partition as one unit; yield a one-row summary.
-
-    ``attempt`` in the summary is Spark's task attempt id (unique in the
-    application); ``complete`` is false when the task stopped early because
-    another attempt's data was already committed.
-    """
+def _push(target: PushTarget, batches: Iterator[pa.RecordBatch]) -> dict[str, Any]:
+    """Push this task's partition as one unit; its summary (see :func:`push_partition`)."""
     import ray
     from pyspark import TaskContext
 
     ctx = TaskContext.get()
-    assert ctx is not None, "bug in spark_bridge: push_partition outside a Spark task"
+    assert ctx is not None, "bug in spark_bridge: a push outside a Spark task"
     inbox = _inbox(target)
     epoch = (
         target.epoch if target.epoch is not None else int(str(ctx.getLocalProperty("streaming.sql.batchId")))
@@ -164,23 +164,55 @@ def push_partition(target: PushTarget, batches: Iterator[pa.RecordBatch]) -> Ite
         seq += 1
         rows += batch.num_rows
     accepted = all(ray.get(in_flight)) and accepted
-    yield pa.RecordBatch.from_pydict(
-        {
-            "epoch": [unit[0]],
-            "partition": [unit[1]],
-            "attempt": [attempt],
-            "rows": [rows],
-            "batches": [seq],
-            "complete": [accepted],
-        },
-        schema=pa.schema(
-            [
-                ("epoch", pa.int64()),
-                ("partition", pa.int32()),
-                ("attempt", pa.int64()),
-                ("rows", pa.int64()),
-                ("batches", pa.int32()),
-                ("complete", pa.bool_()),
-            ]
-        ),
-    )
+    return {
+        "epoch": unit[0],
+        "partition": unit[1],
+        "attempt": attempt,
+        "rows": rows,
+        "batches": seq,
+        "complete": accepted,
+    }
+
+
+_SUMMARY_ARROW = pa.schema(
+    [
+        ("epoch", pa.int64()),
+        ("partition", pa.int32()),
+        ("attempt", pa.int64()),
+        ("rows", pa.int64()),
+        ("batches", pa.int32()),
+        ("complete", pa.bool_()),
+    ]
+)
+
+
+def push_partition(target: PushTarget, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """``mapInArrow`` body: push this task's partition as one unit; yield a one-row summary.
+
+    ``attempt`` in the summary is Spark's task attempt id (unique in the
+    application); ``complete`` is false when the task stopped early because
+    another attempt's data was already committed.
+    """
+    summary = _push(target, batches)
+    yield pa.RecordBatch.from_pylist([summary], schema=_SUMMARY_ARROW)
+
+
+def push_ipc_partition(
+    target: PushTarget, spark_schema: pa.Schema, messages: Iterator[bytes]
+) -> Iterator[dict[str, Any]]:
+    """RDD body over Spark's own Arrow record-batch messages: push them as one unit; yield its summary.
+
+    ``messages`` are the encapsulated IPC record-batch messages (no schema)
+    that Spark's executors make from the partition's rows; ``spark_schema``
+    is the Arrow schema Spark wrote them with. Each batch is validated
+    before use, so a schema that does not match the bytes fails the task
+    instead of reading garbage.
+    """
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        for message in messages:
+            batch = pa.ipc.read_record_batch(pa.py_buffer(message), spark_schema)
+            batch.validate()
+            yield batch
+
+    yield _push(target, batches())

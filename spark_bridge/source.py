@@ -30,7 +30,7 @@ import pyarrow as pa
 from operators import Source, SourceSplit, SplitReader
 
 from .env import gcs_address, require_pyspark, worker_env
-from .push import SUMMARY_SCHEMA, PushTarget, decode, push_partition
+from .push import SUMMARY_SCHEMA, PushTarget, decode, push_ipc_partition, push_partition
 from .schema import to_arrow_schema
 from .staged import StagedSource
 from .units import BufferStatistics
@@ -142,6 +142,38 @@ class _Driver:
         self.launcher: Any = None
 
 
+def _spark_arrow_rdd(df: Any, target: PushTarget) -> Any:
+    """The pushing RDD over Spark's own executor-side Arrow conversion, or ``None`` where there is none.
+
+    ``Dataset.toArrowBatchRdd`` (a JVM method PySpark does not wrap; ``toArrow()``
+    uses the same conversion) turns each partition's rows into Arrow
+    record-batch messages on the executors; a Python RDD over it hands them to
+    ``push_ipc_partition`` as bytes. Measured here on 5M rows, 2 cores: about
+    half the CPU of ``mapInArrow``, whose Python-UDF runner costs the JVM more
+    than the conversion itself. The messages carry no schema: it is derived
+    from the Spark schema with the session's time zone and large-type setting,
+    as the JVM does, read when the RDD is built (and each batch is validated
+    against it). Spark Connect DataFrames (no JVM handle) and Sparks without the
+    method get ``None``, and the caller falls back to ``mapInArrow``.
+    """
+    try:
+        from pyspark.rdd import RDD
+        from pyspark.serializers import NoOpSerializer
+        from pyspark.sql.pandas.types import to_arrow_schema as spark_arrow_schema
+
+        jrdd = df._jdf.toArrowBatchRdd().toJavaRDD()
+        time_zone, large = df.sparkSession._jconf.getConfs(
+            ["spark.sql.session.timeZone", "spark.sql.execution.arrow.useLargeVarTypes"]
+        )
+        spark_schema = spark_arrow_schema(
+            df.schema, timezone=str(time_zone), prefers_large_types=str(large) == "true"
+        )
+    except Exception:  # no JVM handle (Spark Connect) or no such method: mapInArrow it is
+        return None
+    messages = RDD(jrdd, df.sparkSession.sparkContext, NoOpSerializer())
+    return messages.mapPartitions(functools.partial(push_ipc_partition, target, spark_schema))
+
+
 class SparkSource(Source):
     """A batch DataFrame pushed into the dataflow by Spark's executors (see :func:`from_spark`).
 
@@ -165,7 +197,9 @@ class SparkSource(Source):
         self._name = name
         self._inbox = target.inbox
         self._namespace = target.namespace
-        rdd = df.mapInArrow(functools.partial(push_partition, target), SUMMARY_SCHEMA).rdd
+        rdd = _spark_arrow_rdd(df, target)
+        if rdd is None:
+            rdd = df.mapInArrow(functools.partial(push_partition, target), SUMMARY_SCHEMA).rdd
         self._num_partitions = int(rdd.getNumPartitions())
         self._driver: _Driver | None = _Driver(df, rdd, max_units, max_jobs, warm_inbox, keep_warm)
 
