@@ -138,6 +138,7 @@ class _Driver:
         self.df, self.rdd = df, rdd
         self.max_units, self.max_jobs = max_units, max_jobs
         self.warm_inbox, self.keep_warm = warm_inbox, keep_warm
+        self.target: PushTarget | None = None
         self.inbox: Any = None
         self.launcher: Any = None
 
@@ -202,6 +203,7 @@ class SparkSource(Source):
             rdd = df.mapInArrow(functools.partial(push_partition, target), SUMMARY_SCHEMA).rdd
         self._num_partitions = int(rdd.getNumPartitions())
         self._driver: _Driver | None = _Driver(df, rdd, max_units, max_jobs, warm_inbox, keep_warm)
+        self._driver.target = target
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)

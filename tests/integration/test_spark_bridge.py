@@ -91,6 +91,23 @@ def test_keyed_count_equals_spark_sql_and_a_warm_inbox_serves_the_next_source(sp
     assert not _warm
 
 
+def test_the_mapinarrow_fallback_equals_spark_sql(spark, monkeypatch):
+    """Where Spark has no executor-side Arrow RDD (Spark Connect), tasks push from ``mapInArrow``."""
+    import spark_bridge.source as source
+
+    df = events(spark, rows=30_000, partitions=3)
+    with from_spark(df) as src:  # the default path: Spark's own Arrow batches
+        assert source._spark_arrow_rdd(df, src._driver.target) is not None
+    monkeypatch.setattr(source, "_spark_arrow_rdd", lambda df, target: None)
+    with from_spark(df) as src:
+        job = keyed_count("spark-fallback", src).submit()
+        try:
+            job.wait(timeout=180)
+        finally:
+            job.cancel()
+    assert dataflow_counts(job) == spark_counts(df)
+
+
 def _fail_first_attempt(batches):
     """User preprocessing that fails partition 2's first attempt after it emitted half its rows."""
     from pyspark import TaskContext
