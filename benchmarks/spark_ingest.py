@@ -33,6 +33,10 @@ hosts 1.3-2 (decode, route and count 4.6M string keys), Spark's Python
 workers 0.8-1, the inbox 0.4-0.6, the driver 0.4-0.7. Both compete for the
 same two cores, so the ratio is bounded by the CPU ratio (about 0.3-0.4
 here); on a machine with cores to spare for the dataflow the bound is Spark.
+The dataflow's own part, in one process without Ray, is 0.6 CPU s (half of
+it hashing the string keys); the rest of the hosts' share is Ray's calls
+and serialisation between processes.
+
 Run: ``python -m benchmarks.spark_ingest [--quick] [--rows N] [--small-rows N]``.
 ``--quick`` (under a minute): 1,000,000 and 200,000 rows (the JSON's
 ``rows`` / ``small_rows`` say which sizes the two RSS figures are for).
