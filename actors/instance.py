@@ -124,6 +124,7 @@ class OperatorInstance:
         self.kind = kind
         self.is_source = isinstance(logic, SourceLogic)
         self.finished = False
+        self.exhausted = False  # a source read its last batch (it finishes once no change is pending)
         self._index_of = {ch.channel: i for i, ch in enumerate(self.inputs)}
         # Inputs with a message to take and not blocked, in turn. Ordered (not a dict): taking from
         # the front of a dict again and again leaves holes that each look-up of its first key walks.
@@ -185,6 +186,8 @@ class OperatorInstance:
             self._ready_inputs.pop(i, None)
 
     def _source_due(self, now: float) -> bool:
+        if self.exhausted:
+            return False  # it waits for the op of a pending change (its inbox wakes it)
         ready = self.logic.ready_at()  # type: ignore[union-attr]
         return ready is None or ready <= now
 
@@ -280,7 +283,7 @@ class OperatorInstance:
             channel.ended = True
             self._complete_ops(self._call(self.control.input_ended, channel.channel, self.ctx))
             if all(ch.ended for ch in self.inputs):
-                self._finish()
+                self._maybe_finish()
             else:
                 self._advance(self.watermarks.on_end(self._index_of[channel.channel]))
         else:
@@ -368,6 +371,8 @@ class OperatorInstance:
             if i is not None:
                 self.inputs[i].blocked = blocked
                 self.refresh_input(source)  # type: ignore[arg-type]
+        if completions and (self.exhausted or (self.inputs and all(ch.ended for ch in self.inputs))):
+            self._maybe_finish()  # its input had ended; it waited for these ops
 
     def _forward(self, c: Completion) -> None:
         """Send a completed op on: every output channel, its extra edges, or back to the controller.
@@ -411,7 +416,8 @@ class OperatorInstance:
     def _step_source(self) -> None:
         batch = self._call(self.logic.poll)  # type: ignore[union-attr]
         if batch is None:
-            self._finish()
+            self.exhausted = True
+            self._maybe_finish()
             return
         self.records_in += batch.num_rows
         self.batches_in += 1
@@ -426,6 +432,20 @@ class OperatorInstance:
             self._emit(self._call(self.logic.on_watermark, mark.timestamp))  # type: ignore[union-attr]
         for ch in self.output_channels():
             ch.enqueue(mark)
+
+    def _maybe_finish(self) -> None:
+        """Finish, unless an op that is under way here still needs this instance.
+
+        Its input has ended (every channel's ``End``; a source: its last batch).
+        A topology change prepared here waits for its op (a source that ended
+        first would leave its new channels without an ``End``); an op waiting
+        for bin state on an extra edge, or records held for that state, would
+        be lost by finishing now (the ``End`` of the data channels may overtake
+        the old owner's message). The op's arrival finishes it then.
+        """
+        if self.finished or self.pending_changes or self._held or self.control.pending_ops:
+            return
+        self._finish()
 
     def _finish(self) -> None:
         if not self.is_source:

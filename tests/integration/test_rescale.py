@@ -171,6 +171,44 @@ def test_every_strategy_scales_2_3_1_2_exactly(tmp_path):
     check_exact(job, counted, ordered)
 
 
+def sleepy(batch):
+    """A slow operator beside the old owner on its host: that host reaches the op late."""
+    time.sleep(0.05)
+    return batch
+
+
+def test_an_input_end_that_overtakes_the_bin_state_waits_for_it(tmp_path):
+    """Non-disruptive scale-out whose input ends right after the op passed the source: the new owner
+    (on a fresh host) gets the op and every ``End`` long before the old owner (on a host kept busy)
+    ships the bins' state. Finishing without that state would drop those keys' counts."""
+    stop = str(tmp_path / "stop")
+    counted = UntilStopped(generate(None, rate=20_000, batch_size=500, num_keys=400, num_splits=1, seed=6),
+                           stop, "counted")
+    busy = UntilStopped(generate(None, rate=100, batch_size=5, num_splits=1, seed=7), stop, "busy")
+    flow = Dataflow("rescale-end-overtakes")
+    flow.source(counted, parallelism=1, name="src").key_by("key", num_bins=BINS).count(
+        parallelism=1, name="count").collect(name="counts")
+    flow.source(busy, parallelism=1, name="busy_src").map(sleepy, name="sleepy").collect(name="slow")
+    job = flow.submit(spare_hosts=1, placement={"count": [0], "sleepy": [0]})
+    try:
+        wait_records(job, "src", 5_000)
+        handle = job.rescale("count", 2, strategy="non_disruptive", chunk_bins=BINS)
+        deadline = time.monotonic() + 60
+        while handle.progress()["first_step_ns"] is None:  # injected: the input ends right behind the op
+            assert time.monotonic() < deadline and not handle.done(), handle.progress()
+            time.sleep(0.001)
+        open(stop, "w").close()
+        job.wait(timeout=120)
+        assert handle.result(60)["state"] == "DONE"
+    finally:
+        job.cancel()
+    expected = collections.Counter()
+    for batch in read_all(counted):
+        expected.update(batch.column("key").to_pylist())
+    got = {r["key"]: r["count"] for r in job.result("counts").to_pylist()}
+    assert got == dict(expected), f"{len(set(expected) - set(got))} keys lost"
+
+
 def test_random_migrations_keep_the_invariant(tmp_path):
     """Seeded random bin tables, strategies and moments: every key's state stays whole and in order."""
     import random
