@@ -87,10 +87,13 @@ def run(args: argparse.Namespace) -> int:
                 except TimeoutError:
                     done = job.statistics().records_out("words")
                     print(f"\r  {done:>12,} words into the dataflow", end="", flush=True)
-                    if rescale is None and done > 0:  # live, while Spark pushes: no word lost or counted twice
-                        rescale = job.rescale("count", args.parallelism + 1, strategy="non_disruptive")
+                    if rescale is None:  # live, while Spark pushes: no word lost or counted twice
+                        rescale = job.rescale("count", args.parallelism + 1, strategy="non_disruptive", chunks=3)
                     if checkpointed is None and rescale is not None and rescale.done():
-                        checkpointed = job.checkpoint(timeout=120)  # in-band, aligned, while Spark pushes
+                        try:
+                            checkpointed = job.checkpoint(timeout=120)  # in-band, aligned, while Spark pushes
+                        except Exception as exc:  # the input ended first (a short run): nothing lost
+                            checkpointed = exc
             elapsed = time.perf_counter() - t0
             stats = src.statistics()
         got = {r["word"]: r["count"] for r in job.result("out").to_pylist()}
@@ -114,7 +117,9 @@ def run(args: argparse.Namespace) -> int:
                   f"moved in {moved['elapsed_s']:.2f} s")
         except Exception as exc:  # e.g. the input ended first; the result is still checked below
             print(f"  rescale did not complete: {exc}")
-    if checkpointed is not None:
+    if isinstance(checkpointed, Exception):
+        print(f"  checkpoint did not complete: {checkpointed}")
+    elif checkpointed is not None:
         print(f"  checkpoint {checkpointed} taken mid-run, after the rescale")
     top = sorted(got.items(), key=lambda kv: (-kv[1], kv[0]))[:5]
     print("  top words:\n" + "\n".join(f"    {w:>12}  {n:>8,}" for w, n in top))
