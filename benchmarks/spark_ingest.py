@@ -20,7 +20,8 @@ the rows do pass through it): it must stay flat as the rows grow, because no
 row passes through the driver. ``submit_s_5m``: how long ``submit()`` took
 (Spark already computes meanwhile).
 
-Like Spark's executors for ``toArrow()``, the dataflow's processes are warm:
+The job runs on ``NUM_HOSTS`` = 2 host actors, one per core. Like Spark's
+executors for ``toArrow()``, the dataflow's processes are warm:
 each run keeps its hosts, controller and inbox started for the next
 (``JobConfig.warm_hosts``, ``from_spark(keep_warm=True)``), and a run starts
 once they are up. A cold submit costs a process start per host (seconds on a
@@ -53,8 +54,10 @@ import psutil
 
 from benchmarks.common import RssSampler, emit, start_ray
 
-WARM_HOSTS = 4
-"""The job's hosts (source 2 + count 2 by the default rule), kept warm between runs (``JobConfig.warm_hosts``)."""
+NUM_HOSTS = 2
+"""Host actors: one per core here, each with a source and a count instance, so half of the routed batches
+stay on their host (the default rule would start 4, every batch crossing processes). Kept warm between
+runs (``JobConfig.warm_hosts``)."""
 
 
 def dataframe(spark: Any, rows: int, partitions: int) -> Any:
@@ -93,7 +96,7 @@ def run_bridge(spark: Any, rows: int, partitions: int) -> dict[str, Any]:
             name="out"
         )
         t0 = time.perf_counter()
-        job = flow.submit(warm_hosts=WARM_HOSTS)
+        job = flow.submit(num_hosts=NUM_HOSTS, warm_hosts=NUM_HOSTS)
         submitted = time.perf_counter() - t0
         try:
             job.wait(timeout=1800)
