@@ -27,7 +27,7 @@ from operators.logic import InstanceInfo
 from .channel import InputChannel, OutputChannel
 from .config import JobConfig
 from .instance import InstanceStatistics, OperatorFailure, OperatorInstance
-from .messages import Envelope, Grant
+from .messages import Envelope, Grant, Parcel
 from .relay import RelayOutput, RelayTable
 from .restore import RestoreInfo
 from .router import make_router
@@ -55,6 +55,18 @@ class Outbox:
     def __bool__(self) -> bool:
         return (bool(self.envelopes) or bool(self.grants) or bool(self.extra) or bool(self.control)
                 or bool(self.acks) or bool(self.ended))
+
+    def parcels(self) -> dict[int, Parcel]:
+        """What goes to each other host, one parcel a host (returns and acks go to controllers)."""
+        out: dict[int, Parcel] = collections.defaultdict(Parcel)
+        control = self.control
+        for field, table in (("envelopes", self.envelopes), ("grants", self.grants), ("extra", self.extra),
+                             ("ended", self.ended), ("relays", control.relays),
+                             ("injections", control.injections), ("collects", control.collects)):
+            for host, items in table.items():
+                if items:
+                    getattr(out[host], field).extend(items)
+        return out
 
 
 def control_trees(plan: PhysicalPlan, placement: dict[tuple[str, int], int],
@@ -209,6 +221,23 @@ class HostCore:
             entry[1].offer(env)
             entry[0].refresh_input(env.channel)
             self._candidates[entry[0]] = None
+
+    def receive(self, parcel: Parcel) -> None:
+        """Everything another host (or a controller) sent in one call."""
+        if parcel.grants:
+            self.grant(parcel.grants)
+        if parcel.envelopes:
+            self.deliver(parcel.envelopes)
+        if parcel.extra:
+            self.deliver_extra(parcel.extra)
+        if parcel.ended:  # after the extra-edge messages its sender sent before it ended
+            self.peer_ended(parcel.ended)
+        if parcel.relays:
+            self.relay(parcel.relays)
+        if parcel.injections:
+            self.inject(parcel.injections)
+        if parcel.collects:
+            self.collect(parcel.collects)
 
     def inject(self, items: Iterable[tuple[ControlMessage, list[InstanceId]]]) -> None:
         """Control messages from a controller (or a relay) for sources on this host."""

@@ -12,7 +12,7 @@ from typing import Any
 
 import pyarrow as pa
 
-__all__ = ["Data", "End", "Envelope", "Grant", "Watermark"]
+__all__ = ["Data", "End", "Envelope", "Grant", "Parcel", "Watermark"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -77,3 +77,44 @@ class Grant:
 
     def __reduce__(self) -> tuple:
         return (Grant, (self.channel, self.batches, self.nbytes))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Parcel:
+    """Everything one host sends another in one call (Ray's per-call cost dwarfs a message's).
+
+    Attributes:
+        envelopes: channel envelopes (``Envelope``), any order.
+        grants: credit returned to senders on the receiving host (``Grant``).
+        extra: (receiver, control message) along ops' extra edges.
+        ended: (instance, ops it sent on extra edges) for instances that finished.
+        relays: (control message, broadcast relay hosted there).
+        injections: (control message, source instances there).
+        collects: (sink return, aggregation relay hosted there).
+    """
+
+    envelopes: list = dataclasses.field(default_factory=list)
+    grants: list = dataclasses.field(default_factory=list)
+    extra: list = dataclasses.field(default_factory=list)
+    ended: list = dataclasses.field(default_factory=list)
+    relays: list = dataclasses.field(default_factory=list)
+    injections: list = dataclasses.field(default_factory=list)
+    collects: list = dataclasses.field(default_factory=list)
+
+    def __reduce__(self) -> tuple:
+        return (Parcel, (self.envelopes, self.grants, self.extra, self.ended, self.relays, self.injections,
+                         self.collects))
+
+    def __bool__(self) -> bool:
+        return bool(self.envelopes or self.grants or self.extra or self.ended or self.relays or self.injections
+                    or self.collects)
+
+    def add(self, other: Parcel) -> None:
+        """Append ``other``'s contents (a parcel still waiting to go takes what follows it)."""
+        self.envelopes.extend(other.envelopes)
+        self.grants.extend(other.grants)
+        self.extra.extend(other.extra)
+        self.ended.extend(other.ended)
+        self.relays.extend(other.relays)
+        self.injections.extend(other.injections)
+        self.collects.extend(other.collects)
