@@ -97,11 +97,14 @@ class LocalRun:
             batch, self._in_flight = self._in_flight[:k], self._in_flight[k:]
         for dst, parcel in batch:
             if self.rng is not None:
-                for items in (parcel.envelopes, parcel.grants, parcel.extra, parcel.ended, parcel.relays,
-                              parcel.injections, parcel.collects):
+                for items in (parcel.envelopes, parcel.runs, parcel.grants, parcel.extra, parcel.ended,
+                              parcel.relays, parcel.injections, parcel.collects):
                     self.rng.shuffle(items)
-                if self.rng.random() < 0.2:  # a re-run Ray call: some envelopes twice
+                if self.rng.random() < 0.2:  # a re-run Ray call: some envelopes and control runs twice
                     parcel.envelopes.extend(parcel.envelopes[: self.rng.randint(0, len(parcel.envelopes))])
+                    parcel.runs.extend(dataclasses.replace(r, channels=list(r.channels), seqs=list(r.seqs),
+                                                           senders=list(r.senders))
+                                       for r in parcel.runs[: self.rng.randint(0, len(parcel.runs))])
             self.hosts[dst].receive(parcel)
         return True
 
