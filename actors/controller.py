@@ -145,6 +145,7 @@ class JobController(_ControllerOps):
         self._seq = 0
         self._injections: dict[int, tuple[Any, Parcel]] = {}  # host -> (handle, injections waiting)
         self._injecting: dict[int, Any] = {}  # host -> the injection call in flight
+        self._injected_at = float("-inf")  # event-loop time of the last injection call
         self._injection_due = False
         self._init_ops("controller", view)
 
@@ -351,21 +352,36 @@ class JobController(_ControllerOps):
         return message.seq
 
     def _queue_injection(self, host: int, method: str, item: tuple) -> None:
-        """Send ``item`` to ``host`` in one call with the other injections due there: those of this
-        turn of the event loop, and those queued while the last call to that host was in flight (at
-        most one is: a Ray call costs more than many ops, so under load ops share calls)."""
+        """Send ``item`` to ``host`` in one call with the other injections due there.
+
+        Ops started together share calls: those of one turn of the event loop, those queued while
+        the last call to that host was in flight (at most one is), and those started within
+        ``control_batch_s`` of the last injection. Ops injected together reach every source in one
+        call and travel the dataflow together (one message per channel hop, one return), which is
+        what a high rate of ops costs most; an op after a quiet spell goes at once.
+        """
         handle = self.hosts[host]
         queued = self._injections.get(host)
         if queued is None or queued[0] is not handle:
             queued = self._injections[host] = (handle, Parcel())
         getattr(queued[1], "relays" if method == "relay" else "injections").append(item)
-        if not self._injection_due:
-            self._injection_due = True
-            asyncio.get_running_loop().call_soon(self._send_injections)
+        self._schedule_injections()
+
+    def _schedule_injections(self) -> None:
+        if self._injection_due:
+            return
+        self._injection_due = True
+        loop = asyncio.get_running_loop()
+        wait = self._injected_at + self.config.control_batch_s - loop.time()
+        if wait > 0:
+            loop.call_later(wait, self._send_injections)
+        else:
+            loop.call_soon(self._send_injections)
 
     def _send_injections(self) -> None:
         """Send the queued injections of every host that has no call in flight."""
         self._injection_due = False
+        sent = False
         for host in list(self._injections):
             handle, parcel = self._injections[host]
             if self._injecting.get(host) is not None:
@@ -374,13 +390,15 @@ class JobController(_ControllerOps):
             ref = handle.receive.remote(parcel)
             self._injecting[host] = ref
             when_returned(ref, functools.partial(self._injected, host, ref))
+            sent = True
+        if sent:
+            self._injected_at = asyncio.get_running_loop().time()
 
     def _injected(self, host: int, ref: Any, future: Any) -> None:
         if self._injecting.get(host) is ref:
             del self._injecting[host]
-        if host in self._injections and not self._injection_due:
-            self._injection_due = True
-            asyncio.get_running_loop().call_soon(self._send_injections)
+        if host in self._injections:
+            self._schedule_injections()
 
     async def set_hosts(self, hosts: dict[int, Any]) -> None:
         """A rescale added or retired hosts: watch (and inject into) these."""
