@@ -33,10 +33,10 @@ class JobConfig:
             (``{"sink": [1]}``); unpinned instances follow the default rule.
         control_fanout: fan-out of the control broadcast / aggregation trees
             (None: the controller talks to every source and sink directly).
-        control_batch_s: ops started within this long of the last injection wait
-            and are injected together, so that under a high rate of ops they share
-            every call and channel hop (an op after a quiet spell goes at once;
-            0: every op at once).
+        control_batch_s: while earlier ops are still running, ops started within
+            this long of the last injection wait and are injected together, so that
+            under a high rate of ops they share every call and channel hop (an op
+            that finds no other running goes at once; 0: every op at once).
         checkpoint_dir: where checkpoints (and the staged output of collect
             sinks) go: a local directory or a ``pyarrow.fs`` URI (shared storage
             on a cluster). Default: a fresh directory under the system's temp

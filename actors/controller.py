@@ -355,10 +355,11 @@ class JobController(_ControllerOps):
         """Send ``item`` to ``host`` in one call with the other injections due there.
 
         Ops started together share calls: those of one turn of the event loop, those queued while
-        the last call to that host was in flight (at most one is), and those started within
-        ``control_batch_s`` of the last injection. Ops injected together reach every source in one
-        call and travel the dataflow together (one message per channel hop, one return), which is
-        what a high rate of ops costs most; an op after a quiet spell goes at once.
+        the last call to that host was in flight (at most one is), and, while earlier ops are still
+        in flight, those started within ``control_batch_s`` of the last injection. Ops injected
+        together reach every source in one call and travel the dataflow together (one message per
+        channel hop, one return), which is what a high rate of ops costs most; an op that finds no
+        other running (one after another, or after a quiet spell) goes at once.
         """
         handle = self.hosts[host]
         queued = self._injections.get(host)
@@ -373,10 +374,14 @@ class JobController(_ControllerOps):
         self._injection_due = True
         loop = asyncio.get_running_loop()
         wait = self._injected_at + self.config.control_batch_s - loop.time()
-        if wait > 0:
+        if wait > 0 and self._ops_in_flight() > 1:
             loop.call_later(wait, self._send_injections)
         else:
             loop.call_soon(self._send_injections)
+
+    def _ops_in_flight(self) -> int:
+        """Ops of this controller still running (an op started on its own waits for no other)."""
+        return sum(1 for run in self.ops.running.values() if run.state is OpState.RUNNING)
 
     def _send_injections(self) -> None:
         """Send the queued injections of every host that has no call in flight."""
