@@ -109,6 +109,19 @@ class OutputChannel:
             raise WouldBlock(f"channel {self.channel}: no credit")
         return self._wrap(message)
 
+    def sequence_nowait(self) -> int:
+        """The sequence number of a message that needs no credit (control) sent now, unwrapped: the
+        caller carries it (a ``ControlRun`` entry).
+
+        Raises:
+            WouldBlock: older messages are still waiting (enqueue it behind them instead).
+        """
+        if self.pending:
+            raise WouldBlock(f"channel {self.channel}: messages wait for credit")
+        seq = self.next_seq
+        self.next_seq += 1
+        return seq
+
     def enqueue(self, message: Any) -> None:
         """Queue ``message``; :meth:`drain` releases it when credit allows."""
         self.pending.append(message)
@@ -180,6 +193,21 @@ class InputChannel:
             self._reorder[env.seq] = env
             return True
         self.queue.append(env)
+        self.next_seq += 1
+        while self.next_seq in self._reorder:
+            self.queue.append(self._reorder.pop(self.next_seq))
+            self.next_seq += 1
+        return True
+
+    def take_in_place(self, seq: int) -> bool:
+        """Take message ``seq`` as it arrives, without queueing it, if it is the one the receiver
+        would take next: in sequence, nothing queued, not blocked. False: offer it as usual.
+
+        For control messages counted where they arrive (``ControlRun``); what waited for it in the
+        reorder buffer moves to the queue.
+        """
+        if seq != self.next_seq or self.queue or self.blocked:
+            return False
         self.next_seq += 1
         while self.next_seq in self._reorder:
             self.queue.append(self._reorder.pop(self.next_seq))

@@ -33,6 +33,10 @@ class JobConfig:
             (``{"sink": [1]}``); unpinned instances follow the default rule.
         control_fanout: fan-out of the control broadcast / aggregation trees
             (None: the controller talks to every source and sink directly).
+        control_batch_s: while earlier ops are still running, ops started within
+            this long of the last injection wait and are injected together, so that
+            under a high rate of ops they share every call and channel hop (an op
+            that finds no other running goes at once; 0: every op at once).
         checkpoint_dir: where checkpoints (and the staged output of collect
             sinks) go: a local directory or a ``pyarrow.fs`` URI (shared storage
             on a cluster). Default: a fresh directory under the system's temp
@@ -67,6 +71,7 @@ class JobConfig:
     poll_interval_s: float = 1.0
     placement: dict[str, list[int]] = dataclasses.field(default_factory=dict)
     control_fanout: int | None = 8
+    control_batch_s: float = 0.02
     checkpoint_dir: str | None = None
     checkpoint_interval_s: float | None = None
     checkpoints_to_keep: int = 3
@@ -87,6 +92,8 @@ class JobConfig:
             raise ValueError(f"JobConfig: num_hosts must be >= 1 or None, got {self.num_hosts}")
         if self.control_fanout is not None and self.control_fanout < 2:
             raise ValueError(f"JobConfig: control_fanout must be >= 2 or None, got {self.control_fanout}")
+        if self.control_batch_s < 0:
+            raise ValueError(f"JobConfig: control_batch_s must be >= 0, got {self.control_batch_s}")
         if self.checkpoint_interval_s is not None and self.checkpoint_interval_s <= 0:
             raise ValueError(
                 f"JobConfig: checkpoint_interval_s must be positive or None, got {self.checkpoint_interval_s}")

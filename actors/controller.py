@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 from typing import Any
 
 import ray
@@ -23,6 +24,8 @@ from control.oprun import OpFailedError, OpState
 from control.trees import Relay, Tree
 
 from .errors import JobFailedError
+from .messages import Parcel
+from .transport import when_returned
 
 __all__ = ["JobController", "SideController"]
 
@@ -151,7 +154,9 @@ class JobController(_ControllerOps):
         self._periodic: asyncio.Task | None = None
         self._checkpoint_op: str | None = None
         self._seq = 0
-        self._injections: dict[tuple[int, str], tuple[Any, list]] = {}  # (host, method) -> (handle, items)
+        self._injections: dict[int, tuple[Any, Parcel]] = {}  # host -> (handle, injections waiting)
+        self._injecting: dict[int, Any] = {}  # host -> the injection call in flight
+        self._injected_at = float("-inf")  # event-loop time of the last injection call
         self._injection_due = False
         self._init_ops("controller", view)
 
@@ -266,7 +271,8 @@ class JobController(_ControllerOps):
                      seconds: float) -> None:
         """The supervisor re-created the hosts from ``checkpoint_id``: run again."""
         self.incarnation = incarnation
-        self._send_injections()  # what is still queued goes to the old hosts, not the new ones
+        self._injections.clear()  # queued for the old hosts (whose ops failed), not for the new ones
+        self._injecting.clear()
         self._seq = 0  # new hosts: control inboxes start again at 0
         self._checkpoint_op = None
         self.lifecycle.restarted(checkpoint_id, seconds)
@@ -357,23 +363,58 @@ class JobController(_ControllerOps):
         return message.seq
 
     def _queue_injection(self, host: int, method: str, item: tuple) -> None:
-        """Send ``item`` to ``host`` with the other injections of this turn of the event loop:
-        ops started together (several due at once) reach each host in one call, in sequence."""
+        """Send ``item`` to ``host`` in one call with the other injections due there.
+
+        Ops started together share calls: those of one turn of the event loop, those queued while
+        the last call to that host was in flight (at most one is), and, while earlier ops are still
+        in flight, those started within ``control_batch_s`` of the last injection. Ops injected
+        together reach every source in one call and travel the dataflow together (one message per
+        channel hop, one return), which is what a high rate of ops costs most; an op that finds no
+        other running (one after another, or after a quiet spell) goes at once.
+        """
         handle = self.hosts[host]
-        key = (host, method)
-        queued = self._injections.get(key)
+        queued = self._injections.get(host)
         if queued is None or queued[0] is not handle:
-            queued = self._injections[key] = (handle, [])
-        queued[1].append(item)
-        if not self._injection_due:
-            self._injection_due = True
-            asyncio.get_running_loop().call_soon(self._send_injections)
+            queued = self._injections[host] = (handle, Parcel())
+        getattr(queued[1], "relays" if method == "relay" else "injections").append(item)
+        self._schedule_injections()
+
+    def _schedule_injections(self) -> None:
+        if self._injection_due:
+            return
+        self._injection_due = True
+        loop = asyncio.get_running_loop()
+        wait = self._injected_at + self.config.control_batch_s - loop.time()
+        if wait > 0 and self._ops_in_flight() > 1:
+            loop.call_later(wait, self._send_injections)
+        else:
+            loop.call_soon(self._send_injections)
+
+    def _ops_in_flight(self) -> int:
+        """Ops of this controller still running (an op started on its own waits for no other)."""
+        return sum(1 for run in self.ops.running.values() if run.state is OpState.RUNNING)
 
     def _send_injections(self) -> None:
+        """Send the queued injections of every host that has no call in flight."""
         self._injection_due = False
-        injections, self._injections = self._injections, {}
-        for (_, method), (handle, items) in injections.items():
-            getattr(handle, method).remote(items)
+        sent = False
+        for host in list(self._injections):
+            handle, parcel = self._injections[host]
+            if self._injecting.get(host) is not None:
+                continue
+            del self._injections[host]
+            ref = handle.receive.remote(parcel)
+            self._injecting[host] = ref
+            when_returned(ref, functools.partial(self._injected, host, ref))
+            sent = True
+        if sent:
+            self._injected_at = asyncio.get_running_loop().time()
+
+    def _injected(self, host: int, ref: Any, future: Any) -> None:
+        if self._injecting.get(host) is ref:
+            del self._injecting[host]
+        if host in self._injections:
+            self._schedule_injections()
 
     async def set_hosts(self, hosts: dict[int, Any]) -> None:
         """A rescale added or retired hosts: watch (and inject into) these."""

@@ -1,9 +1,9 @@
 """harness.py: runs every ``HostCore`` of a job in one process, without Ray, for deterministic tests.
 
 Cross-host envelopes, grants and control traffic are delivered by the
-harness, optionally shuffled and duplicated (as Ray may do), so channel
-ordering, credits, the mailbox loop and the control plane are exercised
-exactly as in the actors. A built-in controller runs control ops.
+harness in parcels, as the transport sends them, optionally shuffled and
+duplicated (as Ray may do), so channel ordering, credits, the mailbox loop
+and the control plane are exercised exactly as in the actors. A built-in controller runs control ops.
 
 Example:
     >>> from operators import Dataflow, from_items
@@ -25,6 +25,7 @@ from operators.graph import OperatorKind, physical_plan
 
 from .config import JobConfig
 from .mailbox import HostCore, Outbox, control_trees
+from .messages import Parcel
 from .placement import place
 
 __all__ = ["LocalRun"]
@@ -46,7 +47,7 @@ class LocalRun:
         n, self.placement = place(self.plan, self.config.num_hosts, self.config.placement)
         self.hosts = [HostCore(i, self.plan, self.placement, self.config) for i in range(n)]
         self.rng = random.Random(seed) if seed is not None else None
-        self._in_flight: list[tuple[int, str, list]] = []
+        self._in_flight: list[tuple[int, Parcel]] = []
         self.broadcast, _ = control_trees(self.plan, self.placement, self.config.control_fanout)
         self.ops = OpCoordinator("controller", job_view(flow.name, self.plan))
         self._seq = 0
@@ -60,9 +61,9 @@ class LocalRun:
         self._seq += 1
         for node in self.broadcast.top:
             if isinstance(node, Relay):
-                self._in_flight.append((self.broadcast.host[node], "relay", [(message, node)]))
+                self._in_flight.append((self.broadcast.host[node], Parcel(relays=[(message, node)])))
             else:
-                self._in_flight.append((self.placement[node], "inject", [(message, [node])]))
+                self._in_flight.append((self.placement[node], Parcel(injections=[(message, [node])])))
         return self.ops.runs[message.op_id]
 
     # -- delivery --------------------------------------------------------------------
@@ -70,20 +71,7 @@ class LocalRun:
     def _collect(self) -> None:
         for host in self.hosts:
             out: Outbox = host.take_outbox()
-            for dst, envs in out.envelopes.items():
-                self._in_flight.append((dst, "deliver", list(envs)))
-            for dst, grants in out.grants.items():
-                self._in_flight.append((dst, "grant", list(grants)))
-            for dst, items in out.extra.items():
-                self._in_flight.append((dst, "deliver_extra", list(items)))
-            for dst, names in out.ended.items():
-                self._in_flight.append((dst, "peer_ended", list(names)))
-            tables: tuple[tuple[str, dict[int, list[Any]]], ...] = (
-                ("relay", out.control.relays), ("inject", out.control.injections),  # type: ignore[arg-type]
-                ("collect", out.control.collects))
-            for kind, table in tables:
-                for dst, items in table.items():
-                    self._in_flight.append((dst, kind, list(items)))
+            self._in_flight.extend(out.parcels().items())
             for ret in out.control.returns:
                 self.ops.on_return(ret)
             for _origin, op_id, instance, payload, background in out.acks:
@@ -107,12 +95,17 @@ class LocalRun:
             self.rng.shuffle(self._in_flight)
             k = self.rng.randint(1, len(self._in_flight))
             batch, self._in_flight = self._in_flight[:k], self._in_flight[k:]
-        for dst, kind, items in batch:
+        for dst, parcel in batch:
             if self.rng is not None:
-                self.rng.shuffle(items)
-            if kind == "deliver" and self.rng is not None and self.rng.random() < 0.2:
-                items = items + items[: self.rng.randint(0, len(items))]  # a re-run Ray call
-            getattr(self.hosts[dst], kind)(items)
+                for items in (parcel.envelopes, parcel.runs, parcel.grants, parcel.extra, parcel.ended,
+                              parcel.relays, parcel.injections, parcel.collects):
+                    self.rng.shuffle(items)
+                if self.rng.random() < 0.2:  # a re-run Ray call: some envelopes and control runs twice
+                    parcel.envelopes.extend(parcel.envelopes[: self.rng.randint(0, len(parcel.envelopes))])
+                    parcel.runs.extend(dataclasses.replace(r, channels=list(r.channels), seqs=list(r.seqs),
+                                                           senders=list(r.senders))
+                                       for r in parcel.runs[: self.rng.randint(0, len(parcel.runs))])
+            self.hosts[dst].receive(parcel)
         return True
 
     def step_all(self) -> bool:

@@ -1,10 +1,10 @@
 """host.py: the ``OperatorHost`` Ray actor, a thin async shell around ``mailbox.HostCore``.
 
 One asyncio event loop and one thread of operator code per host (Chi's
-single-threaded operator): ``deliver()`` and ``grant()`` only enqueue and wake
-the run loop; the run loop lets one runnable instance process one message,
-sends what it produced, and yields to the event loop between messages so
-deliveries keep flowing.
+single-threaded operator): ``receive()`` only enqueues and wakes the run
+loop; the run loop lets one runnable instance process one message, sends what
+it produced (``transport.py``), and yields to the event loop between messages
+so deliveries keep flowing.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from .config import JobConfig
 from .errors import OperatorError, portable
 from .instance import OperatorFailure
 from .mailbox import HostCore
+from .messages import Parcel
 from .transport import Transport
 
 __all__ = ["OperatorHost"]
@@ -85,39 +86,10 @@ class OperatorHost:
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run())
 
-    async def deliver(self, envelopes: list) -> None:
-        assert self.core is not None, "bug: deliver() before setup()"
-        self.core.deliver(envelopes)
-        self._wake.set()
-
-    async def grant(self, grants: list) -> None:
-        assert self.core is not None, "bug: grant() before setup()"
-        self.core.grant(grants)
-        self._wake.set()
-
-    async def inject(self, items: list) -> None:
-        """Control messages from a controller for sources on this host."""
-        self.core.inject(items)  # type: ignore[union-attr]
-        self._wake.set()
-
-    async def relay(self, items: list) -> None:
-        """Control messages for broadcast relays on this host."""
-        self.core.relay(items)  # type: ignore[union-attr]
-        self._wake.set()
-
-    async def collect(self, items: list) -> None:
-        """Sink returns for aggregation relays on this host."""
-        self.core.collect(items)  # type: ignore[union-attr]
-        self._wake.set()
-
-    async def deliver_extra(self, items: list) -> None:
-        """Control messages along an op's extra edges."""
-        self.core.deliver_extra(items)  # type: ignore[union-attr]
-        self._wake.set()
-
-    async def peer_ended(self, names: list) -> None:
-        """Instances on other hosts finished (extra-edge senders that will send nothing more)."""
-        self.core.peer_ended(names)  # type: ignore[union-attr]
+    async def receive(self, parcel: Parcel) -> None:
+        """What another host or a controller sent: envelopes, credit, control traffic (``Parcel``)."""
+        assert self.core is not None, "bug: receive() before setup()"
+        self.core.receive(parcel)
         self._wake.set()
 
     async def prepare_change(self, op_id: str, plan: Any, placement: dict, peers: dict) -> None:
@@ -135,7 +107,7 @@ class OperatorHost:
 
     async def is_done(self) -> bool:
         """Every instance here finished and its output left (a retired host may go)."""
-        return self.core is not None and self.core.done
+        return self.core is not None and self.core.done and self.transport.idle
 
     async def add_controller(self, name: str, handle: Any) -> None:
         """A side controller: sinks return its ops to it."""
@@ -160,6 +132,7 @@ class OperatorHost:
         self._stopped = True
         self._wake.set()
         if self.core is not None:
+            self.transport.close()
             self.core.close()
 
     def _peer_failed(self, host: int, exc: BaseException) -> None:
@@ -189,7 +162,6 @@ class OperatorHost:
                 self.transport.send(outbox)
                 for ack in outbox.acks:
                     self._send_ack(*ack)
-            await self.transport.check()
             if progressed:
                 await asyncio.sleep(0)
                 continue

@@ -11,7 +11,8 @@ extra edges, or back to the controller from a sink. An instance is
 *runnable* when none of its output channels holds messages waiting for
 credit and it has input it may take: a message on an unblocked input
 channel, an injected control message (sources), an extra-edge control
-message, or (a source) its next batch is due.
+message, a control run (one op arriving on many of its channels at once,
+counted in one step), or (a source) its next batch is due.
 
 Lifecycle: ``RUNNING -> FINISHED`` (all inputs ended, final output and
 ``End`` queued on every output) ``-> CLOSED``. Only the owning host touches it.
@@ -34,7 +35,7 @@ from operators.logic import InstanceInfo, OperatorLogic, SideOutput
 
 from .channel import InputChannel, OutputChannel
 from .context import InstanceControlContext
-from .messages import Data, End, Envelope, Grant, Watermark
+from .messages import ControlRun, Data, End, Envelope, Grant, Watermark
 from .router import Router
 from .watermarks import MIN_WATERMARK, InputWatermarks
 
@@ -133,7 +134,11 @@ class OperatorInstance:
         self.control = ControlProcessor(self.name, [ch.channel for ch in self.inputs], self.is_source)
         self.inbox = InputChannel(CONTROL_INBOX, -1) if self.is_source else None
         self.extra_inbox: collections.deque[ControlMessage] = collections.deque()
+        self.control_runs: collections.deque[ControlRun] = collections.deque()  # taken before the inputs
         self.extra_sends: list[tuple[InstanceId, ControlMessage]] = []
+        # Control messages sent on output channels (channel, seq, message as received, payload): the host
+        # sends them as runs, this instance the sender.
+        self.control_out: list[tuple[int, int, ControlMessage, Any]] = []
         self.returns: list[ControlReturn] = []
         self.acks: list[tuple[str, str, Any, bool]] = []  # (op id, origin, payload or work, background)
         downstream = [t for ts in self.targets for t in ts]
@@ -167,7 +172,7 @@ class OperatorInstance:
     def has_work(self, now: float) -> bool:
         if self.finished:
             return False
-        if self.extra_inbox:
+        if self.extra_inbox or self.control_runs:
             return True
         if self.is_source:
             return self.inbox.ready() or self._source_due(now)  # type: ignore[union-attr]
@@ -191,18 +196,27 @@ class OperatorInstance:
         ready = self.logic.ready_at()  # type: ignore[union-attr]
         return ready is None or ready <= now
 
+    def control_ready(self) -> bool:
+        """A source with a control message to take next (injected, or along an extra edge)."""
+        return not self.finished and (bool(self.extra_inbox) or self.inbox.ready())  # type: ignore[union-attr]
+
     def runnable(self, now: float) -> bool:
         """Work to do and credit on every output."""
         return self.has_work(now) and not self._outputs_blocked()
 
-    def note_outputs(self, now: float) -> None:
-        """Account back-pressured time: called whenever output channels may have changed state."""
+    def note_outputs(self, now: float) -> bool:
+        """Account back-pressured time: called whenever output channels may have changed state.
+
+        Returns True when the outputs were held back for credit until now and are free again.
+        """
         blocked = self._outputs_blocked()
         if blocked and self._bp_since is None:
             self._bp_since = now
         elif not blocked and self._bp_since is not None:
             self.backpressured_s += now - self._bp_since
             self._bp_since = None
+            return True
+        return False
 
     def wake_time(self) -> float | None:
         """For a paced source: when its next batch is due."""
@@ -224,6 +238,9 @@ class OperatorInstance:
             if self.extra_inbox:
                 message = self.extra_inbox.popleft()
                 self._on_control(message, extra_input(message.sender))  # type: ignore[arg-type]
+                return []
+            if self.control_runs:
+                self._take_run(self.control_runs.popleft())
                 return []
             if self.is_source:
                 if self.inbox.ready():  # type: ignore[union-attr]
@@ -257,6 +274,43 @@ class OperatorInstance:
             if not isinstance(channel.queue[0].message, ControlMessage):
                 return
             self._dispatch(self._take_input(), channel)
+
+    def offer_run(self, run: ControlRun) -> None:
+        """Queue control run ``run``; it joins the run queued last if that carries the same message
+        (but for the senders), so copies that reach this instance over several steps of its
+        senders are still counted in one step."""
+        if self.control_runs:
+            last = self.control_runs[-1]
+            if last.message.op_id == run.message.op_id and last.message.payload is run.message.payload:
+                last.channels.extend(run.channels)
+                last.seqs.extend(run.seqs)
+                last.senders.extend(run.senders)
+                return
+        self.control_runs.append(run)
+
+    def _take_run(self, run: ControlRun) -> None:
+        """Count ``run``'s message on each of its channels where it is next in line (nothing queued
+        before it, not blocked), in one step; queue it on the others, to be taken in turn."""
+        message = run.message
+        arrived: list[int] = []
+        senders: list[Any] = []
+        for channel, seq, sender in zip(run.channels, run.seqs, run.senders):
+            i = self._index_of.get(channel)
+            if i is None:
+                raise RuntimeError(f"bug: {self.info} has no input channel {channel} for control message "
+                                   f"{message.op_id}; inputs {[ch.channel for ch in self.inputs]}")
+            ich = self.inputs[i]
+            if ich.take_in_place(seq):
+                arrived.append(channel)
+                senders.append(sender)
+                if ich.queue:  # what waited behind it in the reorder buffer
+                    self.refresh_input(channel)
+            else:
+                copy = message if message.sender == sender else message.hop(sender, message.payload)
+                if ich.offer(Envelope(channel, seq, copy)):
+                    self.refresh_input(channel)
+        if arrived:
+            self._complete_ops(self._call(self.control.arrive_many, message, arrived, senders, self.ctx))
 
     def _take_input(self) -> Envelope:
         if not self._ready_inputs:
@@ -377,13 +431,18 @@ class OperatorInstance:
     def _forward(self, c: Completion) -> None:
         """Send a completed op on: every output channel, its extra edges, or back to the controller.
 
-        Targets that get the same payload share one (immutable) message.
+        On a channel with nothing waiting for credit it goes at once, as a ``control_out`` entry
+        that the host gathers into runs; behind waiting data it is queued (targets with the same
+        payload share one immutable message).
         """
         message = c.message
         hops: dict[int, ControlMessage] = {}
         for chans, targets in zip(self.outputs, self.targets):
             for ch, target in zip(chans, targets):
                 payload = c.payload_for(target)
+                if not ch.pending:
+                    self.control_out.append((ch.channel, ch.sequence_nowait(), message, payload))
+                    continue
                 hop = hops.get(id(payload))
                 if hop is None:
                     hop = hops[id(payload)] = message.hop(self.name, payload)

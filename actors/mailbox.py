@@ -27,7 +27,7 @@ from operators.logic import InstanceInfo
 from .channel import InputChannel, OutputChannel
 from .config import JobConfig
 from .instance import InstanceStatistics, OperatorFailure, OperatorInstance
-from .messages import Envelope, Grant
+from .messages import ControlRun, Envelope, Grant, Parcel
 from .relay import RelayOutput, RelayTable
 from .restore import RestoreInfo
 from .router import make_router
@@ -44,6 +44,7 @@ class Outbox:
     """What a host must send to other hosts after some steps."""
 
     envelopes: dict[int, list[Envelope]] = dataclasses.field(default_factory=lambda: collections.defaultdict(list))
+    runs: dict[int, RunGatherer] = dataclasses.field(default_factory=dict)
     grants: dict[int, list[Grant]] = dataclasses.field(default_factory=lambda: collections.defaultdict(list))
     extra: dict[int, list[tuple[InstanceId, ControlMessage]]] = dataclasses.field(
         default_factory=lambda: collections.defaultdict(list))
@@ -53,8 +54,62 @@ class Outbox:
         default_factory=lambda: collections.defaultdict(list))
 
     def __bool__(self) -> bool:
-        return (bool(self.envelopes) or bool(self.grants) or bool(self.extra) or bool(self.control)
-                or bool(self.acks) or bool(self.ended))
+        return (bool(self.envelopes) or bool(self.runs) or bool(self.grants) or bool(self.extra)
+                or bool(self.control) or bool(self.acks) or bool(self.ended))
+
+    def parcels(self) -> dict[int, Parcel]:
+        """What goes to each other host, one parcel a host (returns and acks go to controllers)."""
+        out: dict[int, Parcel] = collections.defaultdict(Parcel)
+        control = self.control
+        for field, table in (("envelopes", self.envelopes), ("grants", self.grants), ("extra", self.extra),
+                             ("ended", self.ended), ("relays", control.relays),
+                             ("injections", control.injections), ("collects", control.collects)):
+            for host, items in table.items():
+                if items:
+                    getattr(out[host], field).extend(items)
+        for host, gatherer in self.runs.items():
+            out[host].runs.extend(gatherer.take())
+        return out
+
+
+class RunGatherer:
+    """Control envelopes gathered into one ``ControlRun`` per (receiving instance, op, payload).
+
+    A host forwarding one op from many of its instances to the same instance
+    elsewhere so sends one message (one pickle, counted in one step there)
+    instead of one per channel.
+    """
+
+    __slots__ = ("_runs",)
+
+    def __init__(self) -> None:
+        self._runs: dict[tuple, ControlRun] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._runs)
+
+    def add(self, target: InstanceId, message: ControlMessage, payload: Any, channel: int, seq: int,
+            sender: InstanceId) -> None:
+        """``sender`` sends ``message`` (as it reached ``sender``) with ``payload`` on ``channel`` at ``seq``."""
+        key = (target, message.op_id, id(payload))  # the payload lives as long as the run
+        run = self._runs.get(key)
+        if run is None:
+            if message.sender != sender or message.payload is not payload:
+                message = message.hop(sender, payload)
+            run = self._runs[key] = ControlRun(target, message, [], [], [])
+        run.channels.append(channel)
+        run.seqs.append(seq)
+        run.senders.append(sender)
+
+    def add_envelope(self, target: InstanceId, env: Envelope) -> None:
+        """A control message that waited for credit behind data (its hop names its sender)."""
+        message = env.message
+        self.add(target, message, message.payload, env.channel, env.seq, message.sender)
+
+    def take(self) -> list[ControlRun]:
+        runs = list(self._runs.values())
+        self._runs.clear()
+        return runs
 
 
 def control_trees(plan: PhysicalPlan, placement: dict[tuple[str, int], int],
@@ -139,6 +194,8 @@ class HostCore:
                 self._outputs[och.channel] = och
                 self._owner[och.channel] = inst
         self._dst_host = {c.channel_id: placement[c.dst] for c in plan.channels}
+        self._dst = {c.channel_id: c.dst for c in plan.channels}
+        self._local_runs = RunGatherer()  # control messages between instances here, within one flush
         self._src_host = {c.channel_id: placement[c.src] for c in plan.channels}
         self._dirty: dict[int, None] = dict.fromkeys(self._outputs)  # output channels to drain
         # Scheduling: instances that may be runnable, in turn; paced sources wait on a timer heap.
@@ -147,6 +204,7 @@ class HostCore:
         self._timers: list[tuple[float, int, OperatorInstance]] = []
         self._timer_due: dict[OperatorInstance, float] = {}  # each instance's one live timer (others are stale)
         self._timer_seq = itertools.count()
+        self._injected: dict[OperatorInstance, None] = {}  # sources given a control message (``_take_injected``)
         self.ended_peers: dict[InstanceId, frozenset] = {}  # finished instance -> ops it sent on extra edges
         for inst in self.instances:
             inst.control.ended_senders = self.ended_peers
@@ -169,6 +227,7 @@ class HostCore:
         self.placement.update(placement)
         for c in plan.channels:
             self._dst_host[c.channel_id] = placement[c.dst]
+            self._dst[c.channel_id] = c.dst
             self._src_host[c.channel_id] = placement[c.src]
         for inst in list(self.instances):
             change = plan_instance_change(inst, plan, self.config.channel_capacity,
@@ -210,6 +269,35 @@ class HostCore:
             entry[0].refresh_input(env.channel)
             self._candidates[entry[0]] = None
 
+    def receive(self, parcel: Parcel) -> None:
+        """Everything another host (or a controller) sent in one call."""
+        if parcel.grants:
+            self.grant(parcel.grants)
+        if parcel.envelopes:
+            self.deliver(parcel.envelopes)
+        if parcel.runs:
+            self.deliver_runs(parcel.runs)
+        if parcel.extra:
+            self.deliver_extra(parcel.extra)
+        if parcel.ended:  # after the extra-edge messages its sender sent before it ended
+            self.peer_ended(parcel.ended)
+        if parcel.relays:
+            self.relay(parcel.relays)
+        if parcel.injections:
+            self.inject(parcel.injections)
+        if parcel.collects:
+            self.collect(parcel.collects)
+
+    def deliver_runs(self, runs: Iterable[ControlRun]) -> None:
+        """Accept control runs from other hosts (any order, possibly duplicated)."""
+        for run in runs:
+            inst = self.by_name.get(instance_id(run.target))
+            if inst is None:
+                raise RuntimeError(f"bug: host {self.host_id} received a control run for {run.target} "
+                                   "it does not host")
+            inst.offer_run(run)
+            self._candidates[inst] = None
+
     def inject(self, items: Iterable[tuple[ControlMessage, list[InstanceId]]]) -> None:
         """Control messages from a controller (or a relay) for sources on this host."""
         for message, targets in items:
@@ -219,7 +307,7 @@ class HostCore:
     def _inject_local(self, message: ControlMessage, name: InstanceId) -> None:
         inst = self.by_name[name]
         inst.inject(message)
-        self._candidates[inst] = None
+        self._injected[inst] = None
 
     def relay(self, items: Iterable[tuple[ControlMessage, Relay]]) -> None:
         """Broadcast relays hosted here forward control messages to their children."""
@@ -252,6 +340,8 @@ class HostCore:
                 inst.sender_ended(name, sent)
             self._dirty.update((ch.channel, None) for ch in inst.output_channels())
             self._candidates[inst] = None
+            if inst.control_out:
+                self._gather_control(inst)
             if inst.extra_sends or inst.returns:
                 self._route_control(inst)
         self._flush()
@@ -306,6 +396,8 @@ class HostCore:
         """
         now = time.monotonic() if now is None else now
         self._flush()
+        if self._injected and self._take_injected():
+            return True
         while self._timers and self._timers[0][0] <= now:
             due, _, inst = heapq.heappop(self._timers)
             if self._timer_due.get(inst) == due:
@@ -324,27 +416,52 @@ class HostCore:
                     self._set_timer(inst, now)
                 continue
             self._candidates[inst] = None  # it may have more: back of the line
-            grants = inst.step()
+            self._after_step(inst, inst.step())
             self.took_control = inst.took_control
-            self._return_credit(grants)
-            self._dirty.update((ch.channel, None) for ch in inst.output_channels())
-            if inst.closed_outputs:
-                self._dirty.update((ch.channel, None) for ch in inst.closed_outputs)
-                inst.closed_outputs.clear()
-            newly_finished = inst.finished and id(inst) not in self._reported
-            if newly_finished:
-                self._reported.add(id(inst))
-                self.finished_events.append(inst)
-                self._announce_end(inst)
-            if inst.extra_sends or inst.returns or (newly_finished and not inst.outputs):
-                self._route_control(inst)
-            if inst.acks:
-                self.outbox.acks.extend((origin, op_id, inst.name, payload, background)
-                                        for op_id, origin, payload, background in inst.acks)
-                inst.acks.clear()
             self._flush()
             return True
         return False
+
+    def _take_injected(self) -> bool:
+        """Let every source with a control message injected take it (and what follows it in its
+        inbox), in one step: the same as a step of each, without a trip through the scheduler for
+        hundreds of sources that each only forward the op. False if none could."""
+        injected, self._injected = self._injected, {}
+        took = False
+        for inst in injected:
+            while inst.control_ready():
+                if inst._outputs_blocked():  # it takes the op once credit frees its outputs
+                    self._candidates[inst] = None
+                    break
+                self._after_step(inst, inst.step())
+                took = True
+        if took:
+            self.took_control = True
+            self._flush()
+        return took
+
+    def _after_step(self, inst: OperatorInstance, grants: list[Grant]) -> None:
+        """What an instance's step produced: credit to return, outputs to flush, control to route."""
+        self._return_credit(grants)
+        if inst.control_out:
+            self._gather_control(inst)
+        for chs in inst.outputs:
+            for ch in chs:
+                self._dirty[ch.channel] = None
+        if inst.closed_outputs:
+            self._dirty.update((ch.channel, None) for ch in inst.closed_outputs)
+            inst.closed_outputs.clear()
+        newly_finished = inst.finished and id(inst) not in self._reported
+        if newly_finished:
+            self._reported.add(id(inst))
+            self.finished_events.append(inst)
+            self._announce_end(inst)
+        if inst.extra_sends or inst.returns or (newly_finished and not inst.outputs):
+            self._route_control(inst)
+        if inst.acks:
+            self.outbox.acks.extend((origin, op_id, inst.name, payload, background)
+                                    for op_id, origin, payload, background in inst.acks)
+            inst.acks.clear()
 
     def _set_timer(self, inst: OperatorInstance, due: float) -> None:
         """Look at ``inst`` again at ``due``, unless it has a timer due no later: one live timer per
@@ -354,6 +471,20 @@ class HostCore:
             return
         self._timer_due[inst] = due  # an entry due later, if any, is now stale
         heapq.heappush(self._timers, (due, next(self._timer_seq), inst))
+
+    def _gather_control(self, inst: OperatorInstance) -> None:
+        """Control messages ``inst`` sent at once: into runs for instances here (handed over at the
+        end of the next flush) or elsewhere (in the outbox)."""
+        for channel, seq, message, payload in inst.control_out:
+            dst = self._dst_host[channel]
+            if dst == self.host_id:
+                runs = self._local_runs
+            else:
+                runs = self.outbox.runs.get(dst)  # type: ignore[assignment]
+                if runs is None:
+                    runs = self.outbox.runs[dst] = RunGatherer()
+            runs.add(self._dst[channel], message, payload, channel, seq, inst.name)
+        inst.control_out.clear()
 
     def _return_credit(self, grants: list[Grant]) -> None:
         for g in grants:
@@ -365,24 +496,44 @@ class HostCore:
                 self.outbox.grants[src].append(g)
 
     def _flush(self) -> None:
-        """Move sendable envelopes of dirty output channels to their receivers or the outbox."""
+        """Move sendable envelopes of dirty output channels to their receivers or the outbox.
+
+        Control messages go in runs (``RunGatherer``): one per receiving instance and op.
+        """
         now = time.monotonic()
+        local_runs = self._local_runs
         while self._dirty:
             channel = self._dirty.popitem()[0]
             envs = self._outputs[channel].drain()
-            self._owner[channel].note_outputs(now)
+            owner = self._owner[channel]
+            if owner.note_outputs(now):  # credit let its held-back output go: it may run again
+                self._candidates[owner] = None
             if not envs:
                 continue
-            self._candidates[self._owner[channel]] = None
             dst = self._dst_host[channel]
             if dst == self.host_id:
                 inst, ich = self._inputs[channel]
                 for env in envs:
-                    ich.offer(env)
+                    if type(env.message) is ControlMessage:
+                        local_runs.add_envelope(inst.name, env)
+                    else:
+                        ich.offer(env)
                 inst.refresh_input(channel)
                 self._candidates[inst] = None
             else:
-                self.outbox.envelopes[dst].extend(envs)
+                for env in envs:
+                    if type(env.message) is ControlMessage:
+                        runs = self.outbox.runs.get(dst)
+                        if runs is None:
+                            runs = self.outbox.runs[dst] = RunGatherer()
+                        runs.add_envelope(self._dst[channel], env)
+                    else:
+                        self.outbox.envelopes[dst].append(env)
+        if local_runs:
+            for run in local_runs.take():
+                inst = self.by_name[run.target]
+                inst.offer_run(run)
+                self._candidates[inst] = None
 
     def take_outbox(self) -> Outbox:
         """What to send to other hosts now; the core forgets it."""

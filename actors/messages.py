@@ -12,7 +12,7 @@ from typing import Any
 
 import pyarrow as pa
 
-__all__ = ["Data", "End", "Envelope", "Grant", "Watermark"]
+__all__ = ["ControlRun", "Data", "End", "Envelope", "Grant", "Parcel", "Watermark"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -68,6 +68,32 @@ class Envelope:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class ControlRun:
+    """One control message crossing many channels into one instance, as one object.
+
+    The same as an ``Envelope`` per channel: ``message`` (as its first sender
+    sent it) travels on channel ``channels[i]`` at sequence ``seqs[i]``, sent by
+    ``senders[i]``; the copies differ only in their sender. An op forwarded by
+    hundreds of sources to one instance so costs one message, not hundreds,
+    and the receiver counts the copies in one step.
+
+    Attributes:
+        target: the receiving instance.
+        message: the control message (a ``ControlMessage``).
+        channels / seqs / senders: one entry per channel, in the same order.
+    """
+
+    target: tuple[str, int]
+    message: Any
+    channels: list[int]
+    seqs: list[int]
+    senders: list[Any]
+
+    def __reduce__(self) -> tuple:
+        return (ControlRun, (self.target, self.message, self.channels, self.seqs, self.senders))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Grant:
     """Credit returned by a receiver to the sender of ``channel``."""
 
@@ -77,3 +103,47 @@ class Grant:
 
     def __reduce__(self) -> tuple:
         return (Grant, (self.channel, self.batches, self.nbytes))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Parcel:
+    """Everything one host sends another in one call (Ray's per-call cost dwarfs a message's).
+
+    Attributes:
+        envelopes: channel envelopes (``Envelope``), any order.
+        runs: control messages on many channels into one instance each (``ControlRun``).
+        grants: credit returned to senders on the receiving host (``Grant``).
+        extra: (receiver, control message) along ops' extra edges.
+        ended: (instance, ops it sent on extra edges) for instances that finished.
+        relays: (control message, broadcast relay hosted there).
+        injections: (control message, source instances there).
+        collects: (sink return, aggregation relay hosted there).
+    """
+
+    envelopes: list = dataclasses.field(default_factory=list)
+    runs: list = dataclasses.field(default_factory=list)
+    grants: list = dataclasses.field(default_factory=list)
+    extra: list = dataclasses.field(default_factory=list)
+    ended: list = dataclasses.field(default_factory=list)
+    relays: list = dataclasses.field(default_factory=list)
+    injections: list = dataclasses.field(default_factory=list)
+    collects: list = dataclasses.field(default_factory=list)
+
+    def __reduce__(self) -> tuple:
+        return (Parcel, (self.envelopes, self.runs, self.grants, self.extra, self.ended, self.relays,
+                         self.injections, self.collects))
+
+    def __bool__(self) -> bool:
+        return bool(self.envelopes or self.runs or self.grants or self.extra or self.ended or self.relays or self.injections
+                    or self.collects)
+
+    def add(self, other: Parcel) -> None:
+        """Append ``other``'s contents (a parcel still waiting to go takes what follows it)."""
+        self.envelopes.extend(other.envelopes)
+        self.runs.extend(other.runs)
+        self.grants.extend(other.grants)
+        self.extra.extend(other.extra)
+        self.ended.extend(other.ended)
+        self.relays.extend(other.relays)
+        self.injections.extend(other.injections)
+        self.collects.extend(other.collects)

@@ -1,30 +1,48 @@
-"""transport.py: the one place that sends data between hosts with ``.remote()``.
+"""transport.py: the one place that sends between hosts with ``.remote()``: one call per peer at a time.
 
-Every envelope list bound for one host goes in one ``deliver`` call; credit
-grants in one ``grant`` call. Calls are not awaited on the hot path: the host
-loop calls :meth:`Transport.check` now and then, which finds failed calls (a
-dead host) with one non-blocking ``ray.wait`` over the calls in flight and
-reports them through ``on_error``.
+Everything a host has for one peer (envelopes, credit grants, control
+traffic) goes in one ``receive`` call carrying a :class:`~.messages.Parcel`;
+the sink returns for one controller go in one ``op_returned`` call. A Ray
+call costs far more CPU than the messages it carries (about a millisecond
+across the two processes on a small machine), so at most one call to each
+peer is in flight: what is produced for a peer while its call is on the way
+waits, and leaves in one call as soon as that call returns. An idle peer gets
+its parcel at once; a busy one gets fewer, fuller calls (Nagle's rule), which
+is what keeps many small control messages from crowding out the data.
+Nothing depends on the order of calls (channels reorder by sequence number;
+control inboxes by global injection order), so holding a parcel back only
+delays it.
+
+A call that fails (a dead host) is reported through ``on_error`` when it
+returns. Only the owning host's event loop touches a transport.
 """
 
 from __future__ import annotations
 
-import time
+import asyncio
+import functools
 from typing import Any, Callable
 
-import ray
-
 from .mailbox import Outbox
+from .messages import Parcel
 
-__all__ = ["Transport"]
+__all__ = ["Transport", "when_returned"]
+
+
+def when_returned(ref: Any, callback: Callable[[asyncio.Future], None]) -> None:
+    """Call ``callback(future)`` on this event loop once the Ray call ``ref`` has returned or failed."""
+    asyncio.wrap_future(ref.future()).add_done_callback(callback)
 
 
 class Transport:
-    """Sends a host's outbox to its peers.
+    """Sends a host's outbox to its peers and controllers, one call in flight per receiver.
 
     Args:
-        peers: host id -> host actor handle.
+        peers: host id -> host actor handle (shared: a rescale adds hosts to it).
         on_error: called with (host id, exception) when a call to that host fails.
+        controllers: controller name -> actor handle, for sink returns.
+
+    Lifecycle: ``OPEN -> CLOSED`` (``close()``, idempotent: nothing more is sent).
     """
 
     def __init__(self, peers: dict[int, Any], on_error: Callable[[int, BaseException], None],
@@ -32,70 +50,83 @@ class Transport:
         self.peers = peers
         self.on_error = on_error
         self.controllers = controllers if controllers is not None else {}
-        self._in_flight: list[tuple[int, Any]] = []
-        self._last_check = time.monotonic()
+        self._waiting: dict[int, Parcel] = {}  # parcels held back while a call to that host is in flight
+        self._returns: dict[str, list] = {}  # the same for controllers
+        self._in_flight: dict[Any, Any] = {}  # host id or ("controller", name) -> the call's ref
         self.calls = 0
         self.forgotten: set[int] = set()
+        self.closed = False
+
+    @property
+    def idle(self) -> bool:
+        """Nothing waits to be sent."""
+        return not self._waiting and not self._returns
 
     def forget(self, host_ids: list[int]) -> None:
         """Retired hosts: nothing is sent to them any more (only credit and notices could be)."""
         self.forgotten.update(host_ids)
         for host in host_ids:
             self.peers.pop(host, None)
-        self._in_flight = [(h, ref) for h, ref in self._in_flight if h not in self.forgotten]
+            self._waiting.pop(host, None)
+            self._in_flight.pop(host, None)
 
     def send(self, outbox: Outbox) -> None:
-        for host, envelopes in self._live(outbox.envelopes):
-            self._track(host, self.peers[host].deliver.remote(envelopes))
-        for host, grants in self._live(outbox.grants):
-            self._track(host, self.peers[host].grant.remote(grants))
-        for host, extra in self._live(outbox.extra):
-            self._track(host, self.peers[host].deliver_extra.remote(extra))
-        for host, names in self._live(outbox.ended):
-            self._track(host, self.peers[host].peer_ended.remote(names))
-        control = outbox.control
-        for host, relays in self._live(control.relays):
-            self._track(host, self.peers[host].relay.remote(relays))
-        for host, injections in self._live(control.injections):
-            self._track(host, self.peers[host].inject.remote(injections))
-        for host, collects in self._live(control.collects):
-            self._track(host, self.peers[host].collect.remote(collects))
-        by_origin: dict[str, list] = {}
-        for ret in control.returns:
-            by_origin.setdefault(ret.origin, []).append(ret)
-        for origin, rets in by_origin.items():
-            handle = self.controllers.get(origin)
-            if handle is not None:  # a controller that is gone has no op to return to
-                handle.op_returned.remote(rets)
-
-    def _live(self, table: dict[int, Any]) -> list[tuple[int, Any]]:
-        return [(h, items) for h, items in table.items() if h not in self.forgotten]
-
-    def _track(self, host: int, ref: Any) -> None:
-        self.calls += 1
-        self._in_flight.append((host, ref))
-
-    async def check(self, every_s: float = 0.1) -> None:
-        """Report failed calls among those that finished (at most once per ``every_s``)."""
-        now = time.monotonic()
-        if not self._in_flight or now - self._last_check < every_s:
+        """Send ``outbox`` now, or with the next call to each receiver still busy with the last one."""
+        if self.closed:
             return
-        self._last_check = now
-        refs = [ref for _, ref in self._in_flight]
-        done, _ = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)
-        if not done:
-            return
-        finished = set(done)
-        still = []
-        for host, ref in self._in_flight:
-            if ref not in finished:
-                still.append((host, ref))
+        for host, parcel in outbox.parcels().items():
+            if host in self.forgotten:
                 continue
-            try:
-                await ref  # finished already: no wait
-            except Exception as exc:  # a dead or failing peer: the controller decides
-                self.on_error(host, exc)
-        self._in_flight = still
+            waiting = self._waiting.get(host)
+            if waiting is None:
+                self._waiting[host] = parcel
+            else:
+                waiting.add(parcel)
+        for ret in outbox.control.returns:
+            self._returns.setdefault(ret.origin, []).append(ret)
+        for host in list(self._waiting):
+            if host not in self._in_flight:
+                self._post(host)
+        for origin in list(self._returns):
+            if ("controller", origin) not in self._in_flight:
+                self._post_returns(origin)
+
+    def _post(self, host: int) -> None:
+        parcel = self._waiting.pop(host)
+        self._track(host, self.peers[host].receive.remote(parcel))
+
+    def _post_returns(self, origin: str) -> None:
+        returns = self._returns.pop(origin)
+        handle = self.controllers.get(origin)
+        if handle is not None:  # a controller that is gone has no op to return to
+            self._track(("controller", origin), handle.op_returned.remote(returns))
+
+    def _track(self, key: Any, ref: Any) -> None:
+        self.calls += 1
+        self._in_flight[key] = ref
+        when_returned(ref, functools.partial(self._returned, key, ref))
+
+    def _returned(self, key: Any, ref: Any, future: Any) -> None:
+        """A call came back: report its failure, send what waited for it."""
+        if self._in_flight.get(key) is not ref:
+            return  # forgotten meanwhile
+        del self._in_flight[key]
+        if self.closed:
+            return
+        error = None if future.cancelled() else future.exception()
+        if isinstance(key, tuple):
+            if key[1] in self._returns:
+                self._post_returns(key[1])
+            return
+        if error is not None:  # a dead or failing peer: the controller decides
+            self.on_error(key, error)
+            return
+        if key in self._waiting and key not in self.forgotten:
+            self._post(key)
 
     def close(self) -> None:
+        """Send nothing more (the host stopped). Idempotent."""
+        self.closed = True
+        self._waiting.clear()
+        self._returns.clear()
         self._in_flight.clear()

@@ -23,16 +23,20 @@ end). Before each window the job works off the previous window's backlog,
 so that no window is credited with another's catching up.
 
 Targets: at 100 ops/s a throughput ratio >= 0.9 non-blocking and >= 0.8
-blocking. Expected on a 2-core machine: capacity 130,000-170,000 records/s;
-at 0-10 ops/s a ratio of ~1.0, record latency p50 ~20 ms, p99 ~50-120 ms,
-op completion 20-60 ms (ops travel in-band behind the data). At 100 ops/s
-the current runtime falls short: a NoOp costs several ms of CPU across the
-job's processes, most of it Ray's per-call work for the ~10 actor calls an op
-makes (the job controller alone spends ~3.5 ms per op on receiving
-``run_op``, injecting at two hosts and taking the sink's return; the driver
-~1 ms), so 100 ops/s need more than the cores the data leaves free; on a
-shared 2-core machine the ratio drops to ~0.6-0.85 and latency and
-completion grow to hundreds of ms as queues fill.
+blocking. Expected on a 2-core machine: capacity 300,000-430,000 records/s
+(it was 130,000-200,000 before hosts sent one parcel per peer with one call
+in flight: Ray's per-call work, about a millisecond of CPU across the two
+processes, was most of the data plane's cost too); at 0-10 ops/s a ratio of
+~1.0, record latency p50 ~30-60 ms, op completion 80-150 ms. At 100 ops/s a
+NoOp still costs a few ms of CPU: the driver's ``run_control`` call and the
+controller's receiving it (~1 ms and ~1.5 ms per op, once per op), then
+whatever calls the op needs that it cannot share. Ops started while others
+are in flight are injected together (``JobConfig.control_batch_s``) and
+travel together, one control run per channel hop and one return, and a
+host's calls carry everything queued while the last was in flight. Measured
+on a shared 2-core machine (load 7): non-blocking ratio ~0.96, blocking
+~0.77, completion p50 ~240-280 ms (was 0.60-0.74 and 0.79-0.82; a busy
+machine moves these by 0.1 or more, see ``loadavg_1m_at_start``).
 
 Run: ``python -m benchmarks.control_overhead [--quick] [--window S] [--load F]``.
 """

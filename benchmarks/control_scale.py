@@ -13,14 +13,17 @@ non-blocking ops alternate. Each N runs with broadcast trees
 flat (``control_fanout=None``: the controller injects at every source itself).
 
 Target: tree completion at 2048 sources <= 3x that at 8. Expected on a
-2-core machine: 20-30 ms at 8 sources, tree and flat alike; 100-170 ms at
-2048 (4-6x; it was ~150-350 ms, 8-13x, before instances skipped the handlers
-of ops that handle nothing there, a fan-in instance took the control messages
-at its inputs' heads in one step and a host forwarded one op from all its
-sources in one loop round). What remains per source is the hosts' work: one
-step per source, one message per source and downstream instance (pickled
-between hosts), and the re-checks of 2048 idle paced sources (every 50 ms
-each, ~7 % of a core per host).
+2-core machine: 15-25 ms at 8 sources, tree and flat alike; 50-75 ms at 2048
+(about 3x; it was 100-170 ms, 4-6x, before control runs). A host now sends
+one op from all its sources to each downstream instance as one message (a
+``ControlRun``: one pickle, one Ray call, counted in one step there), its
+sources take an injected op in one sweep and send it unwrapped on every
+channel with nothing waiting for credit. Measured per op at 2048 sources:
+13-23 ms of CPU per host, down from 29-56 ms. What remains per source is
+small but not nothing: its injection, one control-processor step and one
+run entry on each output (~10-15 us); and the re-checks of 2048 idle paced
+sources (every 50 ms each, ~6 % of a core per host). On a shared machine
+the figures move a lot with the load (``loadavg_1m_at_start``).
 
 ``--quick`` (about a minute) runs 8, 64 and 512 sources and says in the JSON
 that it skipped 2048 (each 2048-source configuration must start and stop

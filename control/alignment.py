@@ -19,7 +19,8 @@ linear, not quadratic, time. Only the owning instance touches a state.
 
 from __future__ import annotations
 
-from typing import Hashable, Iterable
+import collections
+from typing import Collection, Hashable, Iterable
 
 __all__ = ["AlignmentState", "WaitingForFirst", "Collecting", "Aligned"]
 
@@ -68,6 +69,25 @@ class AlignmentState:
             raise RuntimeError(f"bug in alignment: control message arrived on unexpected input {source!r}")
         self.arrived.add(source)
         self.missing -= 1
+        return self._next()
+
+    def arrive_all(self, sources: Collection[Hashable]) -> "AlignmentState":
+        """The message arrived on each of ``sources`` at once: the same as ``arrive`` on each in turn,
+        in one set operation (an instance with thousands of inputs counts a batch of them in one step).
+
+        Raises:
+            RuntimeError: it arrived twice on one input, or on an unexpected one (a bug).
+        """
+        new = set(sources)
+        if len(new) != len(sources) or not self.arrived.isdisjoint(new):
+            twice = (new & self.arrived) | {s for s, n in collections.Counter(sources).items() if n > 1}
+            raise RuntimeError("bug in alignment: control message arrived twice on "
+                               f"{', '.join(sorted(map(repr, twice))[:5])}")
+        if not new <= self.expected:
+            raise RuntimeError("bug in alignment: control message arrived on unexpected input "
+                               f"{', '.join(sorted(map(repr, new - self.expected))[:5])}")
+        self.arrived |= new
+        self.missing -= len(new)
         return self._next()
 
     def input_ended(self, source: Hashable) -> "AlignmentState":

@@ -20,7 +20,7 @@ instance touches a processor.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Hashable, Iterable
+from typing import Any, Hashable, Iterable, Sequence
 
 from .alignment import AlignmentState, WaitingForFirst
 from .message import CONTROLLER, ControlMessage, InstanceId, instance_id
@@ -161,6 +161,30 @@ class ControlProcessor:
         if not pending.state.complete:
             return []  # nothing else changed: no op can be released
         return self._release(ctx)
+
+    def arrive_many(self, message: ControlMessage, sources: Sequence[Hashable], senders: Sequence[Any],
+                    ctx: Any) -> list[Completion]:
+        """``message`` arrived on each of ``sources`` in turn, sent on ``sources[i]`` by ``senders[i]``
+        (the copies differ only in their sender): the same as :meth:`arrive` on each, but counted in
+        one step where the op handles nothing here (one set operation, however many inputs)."""
+        copies = (message if message.sender == sender else message.hop(sender, message.payload)
+                  for sender in senders)
+        if not sources:
+            return []
+        done = self.arrive(next(copies), sources[0], ctx)
+        pending = self._pending.get(message.op_id)
+        rest = sources[1:]
+        if not rest:
+            return done
+        if pending is None or pending.handler is not None:
+            for source, copy in zip(rest, copies):
+                done += self.arrive(copy, source, ctx)
+            return done
+        pending.state = pending.state.arrive_all(rest)
+        if pending.holds:
+            for source in rest:
+                self._hold(source)
+        return (done + self._release(ctx)) if pending.state.complete else done
 
     def _hold(self, source: Hashable) -> None:
         count = self._blocking.get(source, 0)

@@ -8,7 +8,7 @@ import pyarrow as pa
 import pytest
 
 from actors.channel import ChannelError, InputChannel, OutputChannel, WouldBlock
-from actors.messages import Data, End
+from actors.messages import Data, End, Envelope
 
 
 def _batch(i: int, rows: int = 3) -> pa.RecordBatch:
@@ -119,3 +119,31 @@ def test_blocked_input_holds_messages_back():
 def test_capacity_must_be_positive():
     with pytest.raises(ValueError, match="capacity"):
         OutputChannel(1, 0, 10)
+
+
+def test_a_control_message_sent_unwrapped_takes_the_next_sequence_number_or_waits_behind_data():
+    out = OutputChannel(3, capacity_batches=1, capacity_bytes=1 << 20)
+    out.send_nowait(Data(_batch(0)))
+    assert out.sequence_nowait() == 1  # no credit needed, nothing waiting: at once
+    out.enqueue(Data(_batch(1)))  # no credit: it waits
+    assert out.drain() == []
+    with pytest.raises(WouldBlock):
+        out.sequence_nowait()  # it may not overtake the waiting batch
+    out.grant(1, 0)
+    assert [e.seq for e in out.drain()] == [2] and out.sequence_nowait() == 3
+
+
+def test_take_in_place_only_for_the_next_message_with_nothing_queued_or_blocked():
+    inp = InputChannel(3, input_index=0)
+    assert not inp.take_in_place(1)  # a gap: seq 0 is still on its way
+    inp.offer(Envelope(3, 2, "after"))  # waits for 0 and 1 in the reorder buffer
+    inp.offer(Envelope(3, 0, "first"))
+    assert not inp.take_in_place(1)  # "first" is queued before it
+    assert inp.take().message == "first"
+    inp.blocked = True
+    assert not inp.take_in_place(1)
+    inp.blocked = False
+    assert inp.take_in_place(1)  # taken where it arrived; what waited behind it is now queued
+    assert [e.message for e in inp.queue] == ["after"] and inp.next_seq == 3
+    assert not inp.take_in_place(1)  # already taken: a duplicate is offered (and dropped) instead
+    assert not inp.offer(Envelope(3, 1, "again")) and inp.duplicates == 1

@@ -339,3 +339,65 @@ def test_an_op_that_handles_nothing_aligns_without_reading_its_config(blocking):
     source = ControlProcessor(ME, [], is_source=True)
     assert len(source.arrive(m, CONTROLLER, FakeContext())) == 1
     assert source.take_block_changes() == [] and source.pending_ops == []
+
+
+# --------------------------------------------------------------------------- many arrivals in one step
+
+
+def _trace(proc: ControlProcessor, completions: list[Completion], log: list) -> tuple:
+    """What an observer sees of a processor: completions, blocked inputs, pending ops, handler events."""
+    return ([(c.message.op_id, c.attachments, c.default) for c in completions], sorted(proc.blocked()),
+            proc.pending_ops, proc.completed, [(e, d) for _, e, d in log], proc.take_block_changes())
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_arrive_many_is_arrive_on_each_in_turn(seed):
+    """Counting a batch of copies in one step leaves the processor exactly as one arrival each:
+    completions, blocked inputs, pending ops and (for an op with handlers) every on_next, in order."""
+    import random
+
+    from control.ops import NoOp
+
+    rng = random.Random(seed)
+    inputs = list(range(rng.randint(2, 40)))
+    log_a: list = []
+    log_b: list = []
+    handled = rng.random() < 0.5
+    blocking = rng.random() < 0.5
+    op_a = Logged(log_a, "x", blocking=blocking) if handled else NoOp(blocking=blocking)
+    op_b = Logged(log_b, "x", blocking=blocking) if handled else NoOp(blocking=blocking)
+    earlier = rng.random() < 0.5  # an earlier blocking op still waits here: completions are held back
+    first = ControlMessage("first", "NoOp", True, 0, "controller", NoOp(blocking=True), Configs())
+    one, many = ControlProcessor(ME, inputs, False), ControlProcessor(ME, inputs, False)
+    if earlier:
+        for proc in (one, many):
+            proc.arrive(first.hop(("up", 0), None), inputs[0], FakeContext())
+    order = inputs[:]
+    rng.shuffle(order)
+    cuts = sorted(rng.sample(range(1, len(order)), k=min(3, len(order) - 1)))
+    ma, mb = (ControlMessage("x", op.kind, blocking, 1, "controller", op, Configs()) for op in (op_a, op_b))
+    done_one: list = []
+    done_many: list = []
+    for part in (order[a:b] for a, b in zip([0, *cuts], [*cuts, len(order)])):
+        senders = [("up", i) for i in part]
+        for source, sender in zip(part, senders):
+            done_one += one.arrive(ma.hop(sender, None), source, FakeContext())
+        done_many += many.arrive_many(mb.hop(senders[0], None), part, senders, FakeContext())
+        assert _trace(one, done_one, log_a) == _trace(many, done_many, log_b)
+    if earlier:  # the earlier op's last input releases both, in sequence order
+        for proc, done in ((one, done_one), (many, done_many)):
+            for source in inputs[1:]:
+                done += proc.arrive(first.hop(("up", source), None), source, FakeContext())
+        assert _trace(one, done_one, log_a) == _trace(many, done_many, log_b)
+    assert len(done_many) == 1 + earlier and many.pending_ops == [] and many.blocked() == frozenset()
+
+
+def test_arrive_many_twice_on_an_input_is_a_bug():
+    from control.ops import NoOp
+
+    proc = ControlProcessor(ME, [1, 2, 3], False)
+    m = message(NoOp(blocking=True), 0)
+    with pytest.raises(RuntimeError, match="arrived twice on 2"):
+        proc.arrive_many(m, [1, 2, 2], [("u", 1), ("u", 2), ("u", 2)], FakeContext())
+    with pytest.raises(RuntimeError, match="unexpected input 9"):
+        ControlProcessor(ME, [1, 2, 3], False).arrive_many(m, [1, 9], [("u", 1), ("u", 9)], FakeContext())
