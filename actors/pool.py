@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 import ray
 
-__all__ = ["WarmPool", "release_warm_actors", "wait_warm_actors", "warm_pool"]
+__all__ = ["WarmPool", "kill", "release_warm_actors", "wait_warm_actors", "warm_pool"]
 
 log = logging.getLogger(__name__)
 
@@ -71,15 +71,20 @@ class WarmPool:
                 return len(self._idle.get(key, []))
             return sum(len(v) for v in self._idle.values())
 
+    def check(self, timeout: float | None) -> int:
+        """Wait until every idle actor has started; drop the dead ones; how many are up."""
+        with self._lock:
+            idle, self._idle = self._idle, {}
+        up = {key: _alive(actors, timeout) for key, actors in idle.items()}
+        for key, actors in up.items():
+            self.put(key, actors)
+        return sum(len(a) for a in up.values())
+
     def release(self) -> int:
         """Kill every idle actor; how many."""
         with self._lock:
             idle, self._idle = [a for v in self._idle.values() for a in v], {}
-        for actor in idle:
-            try:
-                ray.kill(actor, no_restart=True)
-            except Exception:  # already gone
-                pass
+        kill(idle)
         return len(idle)
 
 
@@ -96,11 +101,17 @@ def _alive(actors: list[Any], timeout: float | None = PING_TIMEOUT_S) -> list[An
             alive.append(actor)
         except Exception:
             log.info("a warm actor did not answer; starting a new one instead")
-            try:
-                ray.kill(actor, no_restart=True)
-            except Exception:
-                pass
+            kill([actor])
     return alive
+
+
+def kill(actors: list[Any]) -> None:
+    """Kill these actors; those already gone are skipped."""
+    for actor in actors:
+        try:
+            ray.kill(actor, no_restart=True)
+        except Exception:  # already gone
+            pass
 
 
 _pool: WarmPool | None = None
@@ -138,10 +149,4 @@ def wait_warm_actors(timeout: float | None = None) -> int:
     """
     if _pool is None or not ray.is_initialized():
         return 0
-    pool = warm_pool()
-    with pool._lock:
-        idle, pool._idle = pool._idle, {}
-    up = {key: _alive(actors, timeout) for key, actors in idle.items()}
-    for key, actors in up.items():
-        pool.put(key, actors)
-    return sum(len(a) for a in up.values())
+    return warm_pool().check(timeout)

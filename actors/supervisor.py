@@ -27,7 +27,7 @@ import ray
 from .config import JobConfig
 from .errors import JobFailedError, OperatorError
 from .host import OperatorHost
-from .pool import warm_pool
+from .pool import kill, warm_pool
 from .restore import RestoreInfo
 
 __all__ = ["Deployment", "Supervisor"]
@@ -150,14 +150,6 @@ def host_pool_key(config: JobConfig) -> tuple[str, Any] | None:
 
 
 CONTROLLER_POOL_KEY = ("controller", None)
-
-
-def kill(actors: list[Any]) -> None:
-    for actor in actors:
-        try:
-            ray.kill(actor, no_restart=True)
-        except Exception:
-            pass
 
 
 class Supervisor(threading.Thread):

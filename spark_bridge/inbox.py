@@ -161,10 +161,7 @@ def take_warm_inbox() -> tuple[str, Any] | None:
             ray.get(handle.ping.remote(), timeout=WARM_PING_S)
             return name, handle
         except Exception:  # died or never came up: start a fresh one instead
-            try:
-                ray.kill(handle, no_restart=True)
-            except Exception:
-                pass
+            _kill(handle)
     return None
 
 
@@ -174,8 +171,12 @@ def kill_warm_inboxes() -> int:
         warm = list(_warm)
         _warm.clear()
     for _, _, handle in warm:
-        try:
-            ray.kill(handle, no_restart=True)
-        except Exception:
-            pass
+        _kill(handle)
     return len(warm)
+
+
+def _kill(handle: Any) -> None:
+    try:
+        ray.kill(handle, no_restart=True)
+    except Exception:  # already gone
+        pass

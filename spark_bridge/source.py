@@ -134,11 +134,19 @@ class _UnitReader(SplitReader):
 class _Driver:
     """The driver-only half of a :class:`SparkSource`: the DataFrame, the inbox, the launcher."""
 
-    def __init__(self, df: Any, rdd: Any, max_units: int, max_jobs: int, warm_inbox: Any, keep_warm: bool) -> None:
-        self.df, self.rdd = df, rdd
+    def __init__(
+        self,
+        df: Any,
+        rdd: Any,
+        target: PushTarget,
+        max_units: int,
+        max_jobs: int,
+        warm_inbox: Any,
+        keep_warm: bool,
+    ) -> None:
+        self.df, self.rdd, self.target = df, rdd, target
         self.max_units, self.max_jobs = max_units, max_jobs
         self.warm_inbox, self.keep_warm = warm_inbox, keep_warm
-        self.target: PushTarget | None = None
         self.inbox: Any = None
         self.launcher: Any = None
 
@@ -202,8 +210,7 @@ class SparkSource(Source):
         if rdd is None:
             rdd = df.mapInArrow(functools.partial(push_partition, target), SUMMARY_SCHEMA).rdd
         self._num_partitions = int(rdd.getNumPartitions())
-        self._driver: _Driver | None = _Driver(df, rdd, max_units, max_jobs, warm_inbox, keep_warm)
-        self._driver.target = target
+        self._driver: _Driver | None = _Driver(df, rdd, target, max_units, max_jobs, warm_inbox, keep_warm)
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)

@@ -56,6 +56,16 @@ def keyed_count(name: str, src, parallelism: int = 2) -> Dataflow:
     return flow
 
 
+def run_to_end(flow: Dataflow, timeout: float = 180):
+    """Submit ``flow`` and wait for its end; its actors are stopped either way."""
+    job = flow.submit()
+    try:
+        job.wait(timeout=timeout)
+    finally:
+        job.cancel()
+    return job
+
+
 def dataflow_counts(job) -> dict[str, int]:
     return {r["key"]: r["count"] for r in job.result("out").to_pylist()}
 
@@ -67,11 +77,7 @@ def test_keyed_count_equals_spark_sql_and_a_warm_inbox_serves_the_next_source(sp
     df = events(spark)
     try:
         with from_spark(df, max_units=2, keep_warm=True) as src:
-            job = keyed_count("spark-sql", src, parallelism=2).submit()
-            try:
-                job.wait(timeout=180)
-            finally:
-                job.cancel()
+            job = run_to_end(keyed_count("spark-sql", src, parallelism=2))
             stats = src.statistics()
         assert dataflow_counts(job) == spark_counts(df)
         assert stats.committed_units == 6 and stats.discarded_attempts == 0, stats
@@ -80,11 +86,7 @@ def test_keyed_count_equals_spark_sql_and_a_warm_inbox_serves_the_next_source(sp
         again = events(spark, rows=20_000, partitions=3)
         with from_spark(again) as src:  # takes the warm inbox; does not keep one itself
             assert src._inbox == warm_name and not _warm
-            job = keyed_count("spark-sql-warm", src).submit()
-            try:
-                job.wait(timeout=180)
-            finally:
-                job.cancel()
+            job = run_to_end(keyed_count("spark-sql-warm", src))
         assert dataflow_counts(job) == spark_counts(again)
     finally:
         release_warm_inboxes()
@@ -100,11 +102,7 @@ def test_the_mapinarrow_fallback_equals_spark_sql(spark, monkeypatch):
         assert source._spark_arrow_rdd(df, src._driver.target) is not None
     monkeypatch.setattr(source, "_spark_arrow_rdd", lambda df, target: None)
     with from_spark(df) as src:
-        job = keyed_count("spark-fallback", src).submit()
-        try:
-            job.wait(timeout=180)
-        finally:
-            job.cancel()
+        job = run_to_end(keyed_count("spark-fallback", src))
     assert dataflow_counts(job) == spark_counts(df)
 
 
@@ -131,11 +129,7 @@ def test_task_retried_mid_push_causes_no_duplicates(spark):
     )  # so the attempt pushes before failing
     try:
         with from_spark(df, batch_bytes=16 << 10, max_units=4) as src:
-            job = keyed_count("spark-retry", src).submit()
-            try:
-                job.wait(timeout=180)
-            finally:
-                job.cancel()
+            job = run_to_end(keyed_count("spark-retry", src))
             stats = src.statistics()
     finally:
         spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "65536")
@@ -165,11 +159,7 @@ def test_slow_dataflow_holds_spark_back_within_the_bound(spark):
         flow.source(src, parallelism=parallelism, name="src").map(_slowly, name="slow").key_by("key").count(
             name="count"
         ).collect(name="out")
-        job = flow.submit()
-        try:
-            job.wait(timeout=180)
-        finally:
-            job.cancel()
+        job = run_to_end(flow)
         stats = src.statistics()
     bound = max_units + parallelism  # units Spark may run ahead, plus the one each source instance waits for
     assert stats.peak_buffered_units <= bound, stats
