@@ -36,7 +36,9 @@ class JobConfig:
         control_batch_s: while earlier ops are still running, ops started within
             this long of the last injection wait and are injected together, so that
             under a high rate of ops they share every call and channel hop (an op
-            that finds no other running goes at once; 0: every op at once).
+            that finds no other running goes at once; 0: every op at once). A
+            driver's ``run_control`` calls that come meanwhile also reach the
+            controller in one call.
         checkpoint_dir: where checkpoints (and the staged output of collect
             sinks) go: a local directory or a ``pyarrow.fs`` URI (shared storage
             on a cluster). Default: a fresh directory under the system's temp
@@ -71,7 +73,7 @@ class JobConfig:
     poll_interval_s: float = 1.0
     placement: dict[str, list[int]] = dataclasses.field(default_factory=dict)
     control_fanout: int | None = 8
-    control_batch_s: float = 0.02
+    control_batch_s: float = 0.05
     checkpoint_dir: str | None = None
     checkpoint_interval_s: float | None = None
     checkpoints_to_keep: int = 3

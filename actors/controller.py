@@ -49,6 +49,10 @@ class _ControllerOps:
                 self._start_errors[op_id].__cause__ = exc
             raise
 
+    async def op_not_sent(self, op_id: str, reason: str) -> None:
+        """The driver could not send op ``op_id`` (e.g. it does not pickle): ``op_result`` reports it."""
+        self._start_errors.setdefault(op_id, OpFailedError(f"control op {op_id} could not start: {reason}"))
+
     def _ops_changed(self) -> None:
         for op_id in self.ops.take_finished():
             event = self._op_events.pop(op_id, None)
@@ -158,6 +162,7 @@ class JobController(_ControllerOps):
         self._injecting: dict[int, Any] = {}  # host -> the injection call in flight
         self._injected_at = float("-inf")  # event-loop time of the last injection call
         self._injection_due = False
+        self._injected_waiters: list[asyncio.Future] = []  # callers of _until_injected
         self._init_ops("controller", view)
 
     async def start(self, hosts: list[Any] | dict[int, Any], incarnation: int = 0) -> None:
@@ -273,6 +278,7 @@ class JobController(_ControllerOps):
         self.incarnation = incarnation
         self._injections.clear()  # queued for the old hosts (whose ops failed), not for the new ones
         self._injecting.clear()
+        self._wake_if_injected()
         self._seq = 0  # new hosts: control inboxes start again at 0
         self._checkpoint_op = None
         self.lifecycle.restarted(checkpoint_id, seconds)
@@ -342,6 +348,38 @@ class JobController(_ControllerOps):
         self.side_controllers[name] = handle
         handle.sinks_finished.remote(sorted(self.ops.finished_sinks))
 
+    async def inject_many(self, messages: list[ControlMessage]) -> list[BaseException | None]:
+        """``inject`` each message (a side controller's batch); returns once their injections left.
+
+        Returns:
+            Per message, None or the error that kept it from being injected.
+        """
+        errors: list[BaseException | None] = []
+        for message in messages:
+            try:
+                await self.inject(message)
+                errors.append(None)
+            except Exception as exc:
+                errors.append(exc)
+        await self._until_injected()
+        return errors
+
+    async def _until_injected(self) -> None:
+        """Wait until no injection is queued (at most a batch window and a call later).
+
+        A caller that sends ops in batches with one call in flight (``actors.ophandle.OpSender``)
+        waits here, so the ops it is given meanwhile go in its next call: one call per window
+        rather than one per op.
+        """
+        if not self._injections:
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self._injected_waiters.append(waiter)
+        try:
+            await asyncio.wait_for(asyncio.shield(waiter), timeout=self.config.control_batch_s + 1.0)
+        except asyncio.TimeoutError:  # a host slow to take its call: the ops are queued all the same
+            pass
+
     async def inject(self, message: ControlMessage) -> int:
         """Give ``message`` the next global sequence number and broadcast it to the sources."""
         if self.lifecycle.state.value != "RUNNING":
@@ -409,6 +447,16 @@ class JobController(_ControllerOps):
             sent = True
         if sent:
             self._injected_at = asyncio.get_running_loop().time()
+        self._wake_if_injected()
+
+    def _wake_if_injected(self) -> None:
+        """Release the ``_until_injected`` waiters once nothing is queued."""
+        if self._injections or not self._injected_waiters:
+            return
+        waiters, self._injected_waiters = self._injected_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
 
     def _injected(self, host: int, ref: Any, future: Any) -> None:
         if self._injecting.get(host) is ref:
@@ -437,6 +485,18 @@ class JobController(_ControllerOps):
         self._ops_changed()
         return message.op_id
 
+    async def run_ops(self, items: list[tuple[Any, str]]) -> None:
+        """Start each ``(op, op_id)`` in order (a driver's batch); returns once their injections left.
+
+        An op that cannot start is reported by ``op_result``, as with ``run_op``.
+        """
+        for op, op_id in items:
+            try:
+                await self.run_op(op, op_id)
+            except Exception:  # remembered in _start_errors by _start
+                pass
+        await self._until_injected()
+
 
 @ray.remote(num_cpus=0)
 class SideController(_ControllerOps):
@@ -456,3 +516,24 @@ class SideController(_ControllerOps):
             self.ops.runs[message.op_id].fail(exc)
         self._ops_changed()
         return message.op_id
+
+    async def run_ops(self, items: list[tuple[Any, str]]) -> None:
+        """Start each ``(op, op_id)`` in order, injected in one call to the job controller."""
+        self._start_timer()
+        messages = []
+        for op, op_id in items:
+            try:
+                message = self._start(op, op_id)
+            except Exception:  # remembered in _start_errors by _start
+                continue
+            self._op_events[message.op_id] = asyncio.Event()
+            messages.append(message)
+        if messages:
+            try:
+                errors = await self.job_controller.inject_many.remote(messages)
+            except Exception as exc:
+                errors = [exc] * len(messages)
+            for message, error in zip(messages, errors):
+                if error is not None:
+                    self.ops.runs[message.op_id].fail(error)
+        self._ops_changed()

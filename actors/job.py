@@ -36,7 +36,7 @@ from .controller import JobController, SideController
 from .errors import JobCancelledError, JobFailedError
 from .instance import InstanceStatistics
 from .mailbox import control_trees
-from .ophandle import OpHandle
+from .ophandle import OpHandle, OpSender
 from .placement import place
 from .pool import warm_pool
 from .rescale import RescaleHandle, start_rescale
@@ -216,6 +216,7 @@ class Job:
         self._controller = controller
         self._hosts = hosts
         self._side: dict[str, Any] = {}
+        self._senders: dict[Any, OpSender] = {}  # controller actor id -> its batching sender
         self._final: LifecycleSnapshot | None = None
         self._results: dict[str, Any] = {}
         self._last_stats: JobStatistics | None = None
@@ -347,6 +348,10 @@ class Job:
     def _shutdown(self) -> None:
         if self._supervisor is not None:
             self._supervisor.stop()
+        with self._lock:
+            senders, self._senders = list(self._senders.values()), {}
+        for sender in senders:
+            sender.close()
         for actor in (*self._hosts, *self._side.values(), self._controller):
             try:
                 ray.kill(actor, no_restart=True)
@@ -374,7 +379,11 @@ class Job:
         """
         op_id = op_id or f"{controller or 'controller'}:{uuid.uuid4().hex[:12]}:{type(op).__name__}"
         handle = self._controller if controller is None else self._side_controller(controller)
-        handle.run_op.remote(op, op_id)  # no round trip: result() waits for it
+        with self._lock:  # a recovery gives the job a new controller: a new sender for it
+            sender = self._senders.get(handle._actor_id)
+            if sender is None:
+                sender = self._senders[handle._actor_id] = OpSender(handle, controller or "controller")
+        sender.submit(op, op_id)  # no round trip: result() waits for it
         return OpHandle(op_id, handle, getattr(op, "timeout_s", None))
 
     def add_controller(self, name: str) -> str:

@@ -108,6 +108,46 @@ def test_two_controllers_injecting_concurrently_give_every_instance_one_order():
         job.cancel()
 
 
+def test_ops_started_back_to_back_share_calls_and_keep_their_order():
+    flow = Dataflow("batched-ops")
+    _endless(flow).key_by("key").count(parallelism=2, emit="updates", name="count").collect(name="out")
+    job = flow.submit()
+    try:
+        names = [f"seq{i}" for i in range(40)]
+        handles = [job.run_control(Tag(name, blocking=i % 4 == 0)) for i, name in enumerate(names)]
+        for h in handles:
+            h.result(timeout=60)
+        calls = sum(sender.calls for sender in job._senders.values())
+        assert calls < len(names), f"{calls} calls to the controller for {len(names)} ops started back to back"
+        orders = job.run_control(CollectOrder()).result(timeout=60)
+        for instance, order in orders.items():
+            assert [n for n in order if n.startswith("seq")] == names, f"{instance} saw another order"
+    finally:
+        job.cancel()
+
+
+class Unsendable(ControlOp):
+    """An op holding a lock: it cannot be pickled to the controller."""
+
+    def __init__(self):
+        super().__init__()
+        self.lock = threading.Lock()
+
+
+def test_an_op_that_cannot_be_sent_fails_its_handle_and_later_ops_still_run():
+    flow = Dataflow("unsendable-op")
+    _endless(flow, parallelism=1).collect(name="out")
+    job = flow.submit()
+    try:
+        bad = job.run_control(Unsendable())
+        with pytest.raises(OpFailedError, match="could not be sent.*lock"):
+            bad.result(timeout=30)
+        after = job.run_control(Tag("after-unsendable", blocking=False)).result(timeout=60)
+        assert set(after) == {("out", 0)}  # the sink's return
+    finally:
+        job.cancel()
+
+
 class PausedSource(Source):
     """Emits ``batches`` batches of ``rows`` rows per split, then idles without ending."""
 
