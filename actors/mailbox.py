@@ -38,6 +38,9 @@ __all__ = ["HostCore", "Outbox", "build_instance", "control_trees", "RECHECK_S"]
 RECHECK_S = 0.05
 """A source whose next batch is not due is looked at again after at most this long."""
 
+CREDIT_DELAY_S = 0.05
+"""Credit owed to a sender on another host waits at most this long (see ``HostCore._return_credit``)."""
+
 
 @dataclasses.dataclass(slots=True)
 class Outbox:
@@ -198,6 +201,8 @@ class HostCore:
         self._local_runs = RunGatherer()  # control messages between instances here, within one flush
         self._src_host = {c.channel_id: placement[c.src] for c in plan.channels}
         self._dirty: dict[int, None] = dict.fromkeys(self._outputs)  # output channels to drain
+        self._owed: dict[int, list[int]] = {}  # channel -> [batches, bytes] consumed, credit not yet sent
+        self._owed_since: float | None = None  # when the oldest owed credit was consumed
         # Scheduling: instances that may be runnable, in turn; paced sources wait on a timer heap.
         self._candidates: collections.OrderedDict[OperatorInstance, None] = collections.OrderedDict.fromkeys(
             self.instances)  # ordered: see ``OperatorInstance._ready_inputs``
@@ -487,13 +492,46 @@ class HostCore:
         inst.control_out.clear()
 
     def _return_credit(self, grants: list[Grant]) -> None:
+        """Credit for consumed messages: at once to a sender here; to a sender elsewhere once half
+        its channel's bound is owed, or with the next parcel to its host, or after ``CREDIT_DELAY_S``.
+
+        A call that carried one credit alone was up to half of all calls between hosts. Holding
+        credit back cannot stall a sender: one without credit has its whole bound outstanding,
+        so once it is consumed half of it is owed here and goes at once (a batch larger than
+        the byte credit left waits at most ``CREDIT_DELAY_S``).
+        """
         for g in grants:
             src = self._src_host[g.channel]
             if src == self.host_id:
                 self._outputs[g.channel].grant(g.batches, g.nbytes)
                 self._dirty[g.channel] = None
-            else:
-                self.outbox.grants[src].append(g)
+                continue
+            owed = self._owed.get(g.channel)
+            if owed is None:
+                owed = self._owed[g.channel] = [0, 0]
+                if self._owed_since is None:
+                    self._owed_since = time.monotonic()
+            owed[0] += g.batches
+            owed[1] += g.nbytes
+            if 2 * owed[0] >= self.config.channel_capacity or 2 * owed[1] >= self.config.channel_capacity_bytes:
+                del self._owed[g.channel]
+                self.outbox.grants[src].append(Grant(g.channel, owed[0], owed[1]))
+
+    def _settle_credit(self, now: float) -> None:
+        """Owed credit into the outbox: all of it once the oldest is ``CREDIT_DELAY_S`` old, else
+        the credit for hosts that get a parcel anyway."""
+        out = self.outbox
+        overdue = self._owed_since is not None and now >= self._owed_since + CREDIT_DELAY_S
+        going = None if overdue else {h for table in (out.envelopes, out.runs, out.extra, out.ended,
+                                                      out.control.relays, out.control.injections,
+                                                      out.control.collects) for h, items in table.items() if items}
+        for channel in list(self._owed):
+            src = self._src_host[channel]
+            if going is None or src in going:
+                batches, nbytes = self._owed.pop(channel)
+                out.grants[src].append(Grant(channel, batches, nbytes))
+        if not self._owed:
+            self._owed_since = None
 
     def _flush(self) -> None:
         """Move sendable envelopes of dirty output channels to their receivers or the outbox.
@@ -535,8 +573,10 @@ class HostCore:
                 inst.offer_run(run)
                 self._candidates[inst] = None
 
-    def take_outbox(self) -> Outbox:
+    def take_outbox(self, now: float | None = None) -> Outbox:
         """What to send to other hosts now; the core forgets it."""
+        if self._owed:
+            self._settle_credit(time.monotonic() if now is None else now)
         out, self.outbox = self.outbox, Outbox()
         return out
 
@@ -546,8 +586,12 @@ class HostCore:
         return out
 
     def next_wakeup(self) -> float | None:
-        """The earliest time a paced source becomes runnable, if any."""
-        return self._timers[0][0] if self._timers else None
+        """The earliest time a paced source becomes runnable or owed credit must go, if any."""
+        wake = self._timers[0][0] if self._timers else None
+        if self._owed_since is not None:
+            due = self._owed_since + CREDIT_DELAY_S
+            wake = due if wake is None else min(wake, due)
+        return wake
 
     @property
     def done(self) -> bool:
