@@ -21,8 +21,8 @@ actor, the same for every strategy) is reported apart: ``setup_s`` and
 ``baseline_p99_latency_ms`` are the floor any strategy is read against (on a
 busy 2-core machine its max is tens to a hundred ms). The job keeps one spare host (``spare_hosts=1``),
 so a scale-out sets up a started process instead of starting one while the
-job runs; the spare is replaced before each strategy. A PNG of latency over time (one panel per
-strategy, 2 -> 3) is written beside the JSON (``--png``).
+job runs; the spare is replaced before each strategy. A PNG of latency over time (a row per
+strategy, a panel per leg) is written beside the JSON (``--png``).
 
 Targets: the best fine-grained strategy's max latency is at most 1/5 of
 all_at_once's (``best_over_all_at_once`` <= 0.2), and no strategy but
@@ -52,6 +52,7 @@ from benchmarks.measure import build, loadavg, warm_up
 SETTLE_S = 2.0
 TAIL_S = 0.5
 BASELINE_S = 2.0
+VERBOSE = False  # --verbose: print each leg's step log
 
 STRATEGIES: list[tuple[str, str, dict[str, Any]]] = [
     ("all_at_once", "all_at_once", {}),
@@ -122,8 +123,23 @@ def migrate(job: Any, parallelism: int, strategy: str, knobs: dict[str, Any]) ->
     progress = job.rescale("count", parallelism, strategy=strategy, **knobs).result(600)
     end = time.time_ns()
     start = progress["first_step_ns"] or called
+    if VERBOSE:
+        print(f"    {strategy} -> {parallelism}: {len(progress['step_log'])} steps", flush=True)
+        for step in progress["step_log"]:
+            print("      " + ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
+                                      for k, v in step.items()), flush=True)
     return {"called_ns": called, "start_ns": start, "end_ns": end, "bytes": progress["bytes_moved"],
             "steps": progress["steps"], "reloaded": progress["bins_reloaded"]}
+
+
+def _curve(arrival: np.ndarray, latency_ms: np.ndarray, leg: dict[str, Any],
+           nxt: dict[str, Any] | None) -> tuple[np.ndarray, np.ndarray, float, float]:
+    """One leg's latency over time: from its call to the next leg's call (or the end of the samples)."""
+    mine = arrival >= leg["called_ns"]
+    if nxt is not None:
+        mine &= arrival < nxt["called_ns"]
+    return ((arrival[mine] - leg["called_ns"]) / 1e9, latency_ms[mine],
+            (leg["start_ns"] - leg["called_ns"]) / 1e9, (leg["end_ns"] - leg["called_ns"]) / 1e9)
 
 
 def run_strategy(job: Any, rss: HostRss, label: str, strategy: str, knobs: dict[str, Any]) -> dict[str, Any]:
@@ -146,9 +162,6 @@ def run_strategy(job: Any, rss: HostRss, label: str, strategy: str, knobs: dict[
         per_leg.append(round(float(latency_ms[mine].max()) if mine.any() else 0.0, 1))
         inside |= mine
         setup |= (arrival >= leg["called_ns"]) & (arrival < leg["start_ns"])
-    first = legs[0]
-    curve = arrival >= first["called_ns"]
-    curve &= arrival <= legs[1]["start_ns"]
     result = {
         "strategy": label,
         "max_latency_ms": round(float(latency_ms[inside].max()) if inside.any() else 0.0, 1),
@@ -165,8 +178,7 @@ def run_strategy(job: Any, rss: HostRss, label: str, strategy: str, knobs: dict[
         "baseline_max_latency_ms": round(float(base[:, 1].max() / 1e6) if len(base) else 0.0, 1),
         "baseline_p99_latency_ms": round(weighted_p99(base[:, 1] / 1e6, base[:, 2]), 1),
     }
-    result["_curve"] = ((arrival[curve] - first["called_ns"]) / 1e9, latency_ms[curve],
-                        (first["start_ns"] - first["called_ns"]) / 1e9, (first["end_ns"] - first["called_ns"]) / 1e9)
+    result["_curves"] = [_curve(arrival, latency_ms, leg, nxt) for leg, nxt in zip(legs, [*legs[1:], None])]
     print(f"  {label}: max latency {result['max_latency_ms']} ms, p99 {result['p99_latency_ms']} ms, "
           f"{result['duration_s']} s, max gap {result['max_gap_ms']} ms, "
           f"{result['bytes_moved'] / 2**20:.1f} MiB moved (without a migration: max "
@@ -180,16 +192,17 @@ def plot(results: list[dict[str, Any]], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(len(results), 1, figsize=(8, 1.8 * len(results)), squeeze=False)
-    for ax, res in zip(axes[:, 0], results):
-        t, lat, begin, end = res["_curve"]
-        ax.plot(t, lat, ".", markersize=2)
-        ax.axvspan(0, begin, color="grey", alpha=0.15)
-        ax.axvspan(begin, end, color="orange", alpha=0.25)
-        ax.set_yscale("log")
-        ax.set_ylabel("ms")
-        ax.set_title(f"{res['strategy']}: 2 -> 3 (grey: planning and new hosts; orange: migration)", fontsize=9)
-    for ax in axes[:, 0]:
+    fig, axes = plt.subplots(len(results), 2, figsize=(13, 1.9 * len(results)), squeeze=False, sharey="row")
+    for row, res in zip(axes, results):
+        for ax, (t, lat, begin, end), leg in zip(row, res["_curves"], ("2 -> 3", "3 -> 2")):
+            ax.plot(t, lat, ".", markersize=2)
+            ax.axvspan(0, begin, color="grey", alpha=0.15)
+            ax.axvspan(begin, end, color="orange", alpha=0.25)
+            ax.set_yscale("log")
+            ax.set_ylabel("ms")
+            ax.set_title(f"{res['strategy']}: {leg} (grey: planning and new hosts; orange: migration)",
+                         fontsize=9)
+    for ax in axes[-1]:
         ax.set_xlabel("seconds since the rescale started", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -205,7 +218,10 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=5_000)
     parser.add_argument("--png", default="migration_latency.png", help="where the latency plot goes")
     parser.add_argument("--strategies", default=None, help="comma-separated labels to run")
+    parser.add_argument("--verbose", action="store_true", help="print each leg's step log")
     args = parser.parse_args()
+    global VERBOSE
+    VERBOSE = args.verbose
     keys = args.keys or (100_000 if args.quick else 1_000_000)
     bins = args.bins or (256 if args.quick else 1024)
     labels = args.strategies.split(",") if args.strategies else [s[0] for s in STRATEGIES
@@ -240,7 +256,7 @@ def main() -> None:
     plot(results, args.png)
     print(f"latency plot: {args.png}", flush=True)
     for res in results:
-        del res["_curve"]
+        del res["_curves"]
     base = next((r for r in results if r["strategy"] == "all_at_once"), None)
     fine = [r for r in results if r["strategy"] != "all_at_once"]
     best = min((r["max_latency_ms"] for r in fine), default=None)
