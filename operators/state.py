@@ -455,8 +455,8 @@ class ColumnarAggState(BinnedState):
 
     def extract_bins(self, bins: Iterable[int]) -> dict[int, bytes]:
         """Snapshot and remove ``bins``. The rows become tombstones (cost proportional to the
-        bins, not the state), compacted away once they are half the slots, or before bins are
-        installed here (a key of a bin that comes back must not find its old slot)."""
+        bins, not the state), compacted away once they are half the slots; a key that comes
+        back (a later update or install) gets its tombstoned slot again."""
         out = self.snapshot_bins(bins)
         gone = self._in_bins(list(out))
         count = int(gone.sum())
@@ -484,8 +484,6 @@ class ColumnarAggState(BinnedState):
     def install_bins(self, data: Mapping[int, bytes]) -> None:
         decoded = [self._decode(self._check_bin(b), payload) for b, payload in data.items()]
         filled = [(b, table) for b, _, _, table in decoded if table.num_rows]
-        if self._dead and filled:
-            self._compact()
         layouts = {layout for _, _, layout, table in decoded if table.num_rows}
         if self.configured:
             layouts.add(self.layout)
@@ -509,9 +507,26 @@ class ColumnarAggState(BinnedState):
             self._carry_version(b, version)
 
     def _install_rows(self, keys: pa.Array, tables: list[pa.Table]) -> None:
-        """Add the rows of several bins at once: one index insert, one grow, one copy per column."""
-        slots = self._index.add(keys)
-        self._grow(slots)
+        """Add the rows of several bins at once: one index lookup, one grow, one copy per column.
+
+        A key that left this state earlier still has its tombstoned slot in the index: it gets
+        that slot back (the installing bin is not present here, so every slot found is a
+        tombstone). The cost is that of the installed rows, whatever the size of the state.
+        """
+        if not self._dead:
+            slots = self._index.add(keys)
+            self._grow(slots)
+        else:
+            slots, new = self._index.upsert(keys)
+            revived = np.ones(len(slots), dtype=bool)
+            revived[new] = False
+            back = slots[revived]
+            if back.size:
+                assert (self._bin[back] == self._num_bins).all(), "bug: an installed key found a live slot"
+                self._bin[back] = bins_from_hashes(self._index.hashes(back), self._num_bins)
+                self._dead -= len(back)
+            if new.size:
+                self._grow(slots[new])
         for i, acc in enumerate(self._accs, start=1):
             self._cols[acc.name][slots] = np.concatenate([t.column(i).to_numpy() for t in tables])
 

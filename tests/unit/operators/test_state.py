@@ -226,6 +226,32 @@ def test_columnar_state_moves_bins_one_by_one_and_back() -> None:
     assert got == {k: v + 1 if int(bins_of(pa.array([k]), 16)[0]) in mine else v for k, v in expected.items()}
 
 
+def test_columnar_state_install_next_to_tombstones_touches_only_the_installed_rows() -> None:
+    """Installing into a state holding tombstones rebuilds nothing: keys that stayed keep their
+    slots, keys that come back get their old slots again, keys new to the state get new ones."""
+    a, b = ColumnarAggState(16), ColumnarAggState(16)
+    a.configure(pa.int64(), [Accumulator("n", "sum", "int64")])
+    a.update(pa.array(range(300)), {"n": np.arange(300, dtype=np.int64)})
+    slot_of = dict(zip(a.keys_at(a.slots()).to_pylist(), a.slots().tolist()))
+    bin_of = {k: int(v) for k, v in zip(range(2000), bins_of(pa.array(range(2000)), 16))}
+    leaving = a.bins()[:5]  # under half the slots: tombstones, no compaction
+    b.install_bins(a.extract_bins(leaving))
+    fresh = [k for k in range(300, 2000) if bin_of[k] == leaving[0]][:20]  # keys a never held
+    b.update(pa.array(fresh), {"n": np.full(len(fresh), 7, np.int64)})
+    a.install_bins(b.extract_bins(leaving[:3]))
+
+    slots = dict(zip(a.keys_at(a.slots()).to_pylist(), a.slots().tolist()))
+    held = {k for k in range(300) if bin_of[k] not in leaving[3:]}
+    assert set(slots) == held | set(fresh)
+    assert all(slots[k] == slot_of[k] for k in held), "a slot moved: the state was rebuilt"
+    assert min(slots[k] for k in fresh) >= 300
+    values = dict(zip(a.keys_at(a.slots()).to_pylist(), a.values(a.slots())["n"].tolist()))
+    assert values == {**{k: k for k in held}, **{k: 7 for k in fresh}}
+    a.update(pa.array(range(300)), {"n": np.ones(300, np.int64)})  # each key finds exactly one slot
+    values = dict(zip(a.keys_at(a.slots()).to_pylist(), a.values(a.slots())["n"].tolist()))
+    assert values == {**{k: (k + 1 if k in held else 1) for k in range(300)}, **{k: 7 for k in fresh}}
+
+
 def test_columnar_state_reports_bins_counts_and_sizes() -> None:
     s = ColumnarAggState(32)
     assert s.bins() == [] and s.bin_sizes() == {} and s.snapshot_bins([]) == {}
