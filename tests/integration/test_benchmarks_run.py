@@ -28,7 +28,7 @@ RUNS = {
                    ["throughput_ratio_checkpoint_1s", "checkpoint_p50_ms", "checkpoint_p99_ms", "max_stall_ms"]),
     "recovery": (["--sizes", "5000", "--rate", "50000"], ["records_replayed"]),
     "migration": (["--keys", "2000", "--bins", "16", "--batch-size", "1000", "--strategies",
-                   "all_at_once,non_disruptive_16", "--png", "/dev/null"],
+                   "all_at_once,non_disruptive_16", "--png", "/dev/null", "--theta", "0.5"],
                   ["strategies", "best_over_all_at_once"]),
     "windows": (["--records", "100000", "--keys", "2000", "--batch-size", "20000", "--latency-records", "20000",
                  "--rate", "100000"],
