@@ -18,6 +18,8 @@ from typing import Any
 
 import ray
 
+from operators.endpoints import SourceLogic
+
 from .config import JobConfig
 from .errors import OperatorError, portable
 from .instance import OperatorFailure
@@ -91,6 +93,25 @@ class OperatorHost:
         assert self.core is not None, "bug: receive() before setup()"
         self.core.receive(parcel)
         self._wake.set()
+
+    async def to_reader(self, operator: str, index: int, split_id: str, message: Any) -> Any:
+        """Hand ``message`` to the reader of split ``split_id`` of source instance ``(operator, index)`` here.
+
+        For sources fed from outside the dataflow (``SplitReader.receive``, which
+        only records and answers: this runs between two steps of operator code).
+        Returns the reader's answer, or ``None`` where no such reader is open
+        here (not opened yet, finished, or the instance is not on this host).
+        """
+        inst = self.core.by_name.get((operator, index)) if self.core is not None else None
+        logic = getattr(inst, "logic", None)
+        if not isinstance(logic, SourceLogic):
+            return None
+        try:
+            answer = logic.receive(split_id, message)
+        except LookupError:
+            return None
+        self._wake.set()
+        return answer
 
     async def prepare_change(self, op_id: str, plan: Any, placement: dict, peers: dict) -> None:
         """A rescale: op ``op_id`` will change the topology to ``plan`` (see ``topology.py``)."""
