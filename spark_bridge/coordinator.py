@@ -37,7 +37,7 @@ import ray
 
 from .epochs import EpochDirectory, EpochStatistics
 from .messages import Destination, Forward
-from .units import BufferStatistics, Unit, UnitDirectory
+from .units import WAIT, BufferStatistics, Unit, UnitDirectory
 
 __all__ = [
     "NAMESPACE",
@@ -50,6 +50,9 @@ __all__ = [
 ]
 
 NAMESPACE = "chiray-spark"
+
+ROUTE_WAIT_S = 5.0
+"""How long one ``route`` call waits for a unit's reader to register before answering ``WAIT``."""
 
 
 def row_bytes(value: Any) -> int:
@@ -169,10 +172,17 @@ class UnitCoordinator(_Shell):
             generation, units = core.launch()
         return [(generation, units)] if units else []
 
-    async def route(self, unit: Unit, generation: int) -> Destination | None:
+    async def route(self, unit: Unit, generation: int, timeout_s: float = ROUTE_WAIT_S) -> Destination | str | None:
+        """Where a task pushes ``unit``: waits up to ``timeout_s`` for its reader to register (then ``WAIT``)."""
         core = await self._ready()
         self._note(unit, generation)
-        return core.route(tuple(unit), generation)  # type: ignore[arg-type]
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while True:
+            answer = core.route(tuple(unit), generation)  # type: ignore[arg-type]
+            left = deadline - asyncio.get_running_loop().time()
+            if answer != WAIT or left <= 0:
+                return answer
+            await self._wait(left)
 
     async def job_done(self, generation: int, units: Sequence[Unit], error: str | None,
                        succeeded: Sequence[tuple[Unit, int, int, int]] = (), lost: Sequence[Unit] = ()) -> None:

@@ -28,8 +28,10 @@ Everything here runs in Spark's Python workers, never in the driver.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import os
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -50,6 +52,8 @@ __all__ = [
 ]
 
 GENERATION_PROPERTY = "chiray.spark.generation"
+ROUTE_TIMEOUT_S = 300.0
+"""How long a task waits for its unit's reader to register before it fails (a clear error, not a stall)."""
 SUMMARY_SCHEMA = (
     "epoch bigint, partition int, attempt bigint, rows bigint, batches int, complete boolean, lost boolean"
 )
@@ -200,9 +204,24 @@ class _Pusher:
             self.accepted = self.accepted and bool(answer)
 
 
+def _route(coordinator: Any, unit: tuple[int, int], generation: int) -> Destination | None:
+    """Where to push ``unit``: waits while its reader has not registered, up to ``ROUTE_TIMEOUT_S``."""
+    import ray
+
+    deadline = time.monotonic() + ROUTE_TIMEOUT_S
+    while True:
+        answer = ray.get(coordinator.route.remote(unit, generation))
+        if not isinstance(answer, str):
+            return answer
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"spark_bridge: no source instance opened the reader of partition {unit[1]} (epoch {unit[0]}) "
+                f"within {ROUTE_TIMEOUT_S:.0f} s; is the dataflow running?"
+            )
+
+
 def _push(target: PushTarget, batches: Iterator[pa.RecordBatch]) -> dict[str, Any]:
     """Push this task's partition as one unit; its summary (see :func:`push_partition`)."""
-    import ray
     from pyspark import TaskContext
 
     ctx = TaskContext.get()
@@ -215,11 +234,13 @@ def _push(target: PushTarget, batches: Iterator[pa.RecordBatch]) -> dict[str, An
     if generation is None:
         generation = int(ctx.getLocalProperty(GENERATION_PROPERTY) or 0)
     unit, attempt = (epoch, ctx.partitionId()), ctx.taskAttemptId()
-    destination = ray.get(coordinator.route.remote(unit, generation))  # None: a stale launch (or no reader)
+    chunks = rechunk(batches, target.schema, target.batch_bytes)
+    first = next(chunks, None)  # Spark computes while the unit's reader may still be starting
+    destination = _route(coordinator, unit, generation)  # None: a stale launch (or no reader)
     pusher = None
     if destination is not None:
         pusher = _Pusher(destination, unit, generation, attempt, target.window)
-        for batch in rechunk(batches, target.schema, target.batch_bytes):
+        for batch in itertools.chain([] if first is None else [first], chunks):
             if not pusher.send(batch):
                 break  # another attempt already committed this unit, or the reader is gone
         pusher.finish()

@@ -14,9 +14,12 @@ Credit: Spark computes at most ``max_units`` units ahead of the dataflow
 (units running in Spark plus committed and not yet read). A unit a source
 instance is waiting for (``want``) is always launched, so the window never
 deadlocks; the bound on units held in readers is ``max_units`` plus the
-number of source instances. Only units whose reader has registered can be
-launched: a source opens its next splits' readers early for that
-(``Source.read_ahead``).
+number of source instances. A source opens its next ``max_units`` splits'
+readers early (``Source.read_ahead``), so the units credit allows are the
+ones whose readers are open. A unit's first computation may start before its
+reader registered (at submit, while the hosts start): its tasks read their
+first batch and then wait for the route. A unit computed again waits for a
+registered reader instead, since its reader may be further off.
 
 Replay: a unit is computed again by Spark, from the DataFrame's lineage,
 when a new reader registers for it (a restored source instance whose
@@ -45,9 +48,12 @@ from typing import Any
 
 from .messages import Commit, Destination, Fail, Forward
 
-__all__ = ["BufferStatistics", "SparkUnitFailed", "Unit", "UnitDirectory", "UnitStatus"]
+__all__ = ["WAIT", "BufferStatistics", "SparkUnitFailed", "Unit", "UnitDirectory", "UnitStatus"]
 
 Unit = tuple[int, int]  # (epoch, partition)
+
+WAIT = "wait"
+"""``route``'s answer while the unit's reader has not registered yet."""
 
 
 class SparkUnitFailed(RuntimeError):
@@ -153,7 +159,8 @@ class UnitDirectory:
         state = self._state(unit)
         old = state.destination
         if old is None or old.token != destination.token:
-            if state.status in (UnitStatus.RUNNING, UnitStatus.COMMITTED, UnitStatus.DELIVERED):
+            moved = old is not None  # else: launched before its reader registered; its tasks wait for this
+            if moved and state.status in (UnitStatus.RUNNING, UnitStatus.COMMITTED, UnitStatus.DELIVERED):
                 self._reset(state, destination)  # its data was (or went) elsewhere: a replay
             state.destination = destination
         if state.status is UnitStatus.FAILED:
@@ -184,7 +191,7 @@ class UnitDirectory:
         """Units to compute now, as ``(generation, units)``; marks them RUNNING.
 
         Wanted units first (always), then the next idle units while the credit
-        window has room; only units whose reader registered.
+        window has room (a unit computed before needs its reader registered).
         """
         idle = [u for u in self._order if self._launchable(self._units[u])]
         chosen = [u for u in idle if self._units[u].wanted]
@@ -203,14 +210,18 @@ class UnitDirectory:
 
     @staticmethod
     def _launchable(state: _UnitState) -> bool:
-        return state.status is UnitStatus.IDLE and state.destination is not None
+        return state.status is UnitStatus.IDLE and (state.destination is not None or not state.launched)
 
-    def route(self, unit: Unit, generation: int) -> Destination | None:
-        """Where a task of launch ``generation`` pushes ``unit``; ``None``: that launch is stale, stop."""
+    def route(self, unit: Unit, generation: int) -> Destination | str | None:
+        """Where a task of launch ``generation`` pushes ``unit``.
+
+        ``None``: that launch is stale, stop; :data:`WAIT`: ask again, the
+        unit's reader has not registered yet.
+        """
         state = self._state(unit)
-        if state.status is UnitStatus.RUNNING and state.generation == generation:
-            return state.destination
-        return None
+        if state.status is not UnitStatus.RUNNING or state.generation != generation:
+            return None
+        return state.destination if state.destination is not None else WAIT
 
     def job_done(
         self,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from spark_bridge.messages import Commit, Destination, Fail, Forward
-from spark_bridge.units import UnitDirectory
+from spark_bridge.units import WAIT, UnitDirectory
 
 UNITS = [(0, p) for p in range(6)]
 
@@ -24,17 +24,23 @@ def commit_of(forwards: list[Forward]) -> list[tuple[str, int, int, int]]:
             for f in forwards if isinstance(f.message, Commit)]
 
 
-def test_only_registered_units_launch_within_the_credit_window_and_wanted_ones_jump_the_queue():
+def test_launches_respect_the_credit_window_and_wanted_units_jump_the_queue():
     d = UnitDirectory(UNITS, max_units=2)
-    assert d.launch() == (0, [])  # no reader registered yet: nowhere to push
-    register_all(d, UNITS[:5])
-    assert d.launch() == (1, [(0, 0), (0, 1)])
+    assert d.launch() == (1, [(0, 0), (0, 1)])  # at submit, before the readers are open
     assert d.launch() == (1, [])  # no credit left
     d.want((0, 4), reader((0, 4)))  # a source instance waits for unit 4: launched despite the window
     assert d.launch() == (2, [(0, 4)])
     assert d.statistics().buffered_units == 3
-    d.want((0, 5), reader((0, 5)))  # wanting registers too
+    d.want((0, 5), reader((0, 5)))
     assert d.launch() == (3, [(0, 5)])
+
+
+def test_tasks_wait_for_the_reader_of_a_unit_computed_before_it_registered():
+    d = UnitDirectory(UNITS[:1], max_units=1)
+    generation, [unit] = d.launch()
+    assert d.route(unit, generation) == WAIT
+    d.register(unit, reader(unit))
+    assert d.route(unit, generation) == reader(unit)
 
 
 def test_tasks_are_routed_to_the_reader_of_their_launch_only():
