@@ -1,16 +1,18 @@
 """messages.py: what travels between Spark tasks, the coordinator and the readers in the hosts.
 
 Row data goes in one message only, :class:`Push`, from a Spark task straight
-to the host actor that runs the reader of its unit (``OperatorHost.to_reader``).
+to the host actor that runs the reader of its unit.
 Everything the coordinator sends or receives is small: where a unit goes
 (:class:`Destination`), commit decisions, errors, the end of a stream.
 
-Answers of a reader (``SplitReader.receive``): ``True`` / ``False`` for a
-push (staged / refused: the unit or epoch is already committed, stop
-pushing); a commit's answer is documented on it. The host answers ``None``
-where the reader is not open any more (or the token is not the reader's
-any more): the push or commit is lost, and the coordinator has the unit
-computed again for whoever registers for it next.
+Pushes are queued at the host (``OperatorHost.feed_reader``), which answers
+at once, from a thread of its own: a Spark task never waits for a step of
+operator code. The host's loop hands them to the reader in arrival order,
+before any later commit; the reader drops what is not its own (another
+token) or comes too late (the unit or epoch is committed already). A commit
+sent to a reader that is not open any more, or not the one a unit's tasks
+pushed to, is answered ``None`` or ``-1`` by the host or the reader, and the
+coordinator has the unit computed again for whoever registers for it next.
 """
 
 from __future__ import annotations
@@ -40,8 +42,12 @@ class Destination:
     token: str
 
     def send(self, message: Any) -> Any:
-        """``message`` to the reader: an ObjectRef of its answer."""
+        """``message`` to the reader: an ObjectRef of its answer (``OperatorHost.to_reader``)."""
         return self.host.to_reader.remote(self.operator, self.index, self.split_id, message)
+
+    def feed(self, message: Any) -> Any:
+        """``message`` queued for the reader: an ObjectRef of ``True`` once queued (``OperatorHost.feed_reader``)."""
+        return self.host.feed_reader.remote(self.operator, self.index, self.split_id, message)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -7,20 +7,21 @@ batch iterator (``push_partition``: Spark Connect, the streaming bridge, or
 a Spark without that JVM method). The task connects to Ray once per Spark
 Python worker (workers are reused) and asks the bridge's coordinator where
 its partition goes: the host actor that runs the reader of that unit (or
-lane). It then re-chunks the batches to about ``batch_bytes``, casts them to
-the bridge's schema, and sends each one straight to that host
-(``OperatorHost.to_reader``), keeping at most ``window`` pushes in flight: a
-task that has no credit waits in ``ray.wait``, which stops it reading its
-input and so stops the JVM side computing it. After its last push returned
-it yields a one-row summary (partition, attempt, batch count, whether it
-pushed everything, whether the reader was gone): Spark returns the
-summaries of successful attempts only, and the driver commits exactly those.
-A reader answers pushes for an already committed unit with ``False`` (the
-task then stops early); a reader that is gone (its host died, or it was
-replaced) makes the task stop and report the partition *lost*, and the
-coordinator has it pushed again to the reader's successor. A streaming task
-still reads the rest of its input then, so that Spark's copy of the
-micro-batch is whole for that push.
+lane); a task that starts before that reader was opened reads its first
+batch and waits for the answer. It then re-chunks the batches to about
+``batch_bytes``, casts them to the bridge's schema, and sends each one
+straight to that host (``OperatorHost.feed_reader``: queued there and
+answered at once, never after a step of operator code), keeping at most
+``window`` pushes in flight: a task that has no credit waits in
+``ray.wait``, which stops it reading its input and so stops the JVM side
+computing it. After its last push was queued it yields a one-row summary
+(partition, attempt, batch count, whether it pushed everything, whether the
+reader's host was gone): Spark returns the summaries of successful attempts
+only, and the driver commits exactly those at the reader, which drops the
+other attempts' batches. A host that is gone (it died) makes the task stop
+and report the partition *lost*, and the coordinator has it pushed again to
+the reader's successor. A streaming task still reads the rest of its input
+then, so that Spark's copy of the micro-batch is whole for that push.
 
 Everything here runs in Spark's Python workers, never in the driver.
 """
@@ -168,11 +169,11 @@ class _Pusher:
         self._generation, self._attempt, self._window = generation, attempt, window
         self._in_flight: list[Any] = []
         self.seq = self.rows = 0
-        self.accepted = True  # every push answered so far was staged
-        self.lost = False  # the reader is gone
+        self.accepted = True  # every push so far was queued at the reader's host
+        self.lost = False  # the reader's host is gone
 
     def send(self, batch: pa.RecordBatch) -> bool:
-        """Push ``batch`` (waiting for credit first); ``False``: stop, the reader refused or is gone."""
+        """Push ``batch`` (waiting for credit first); ``False``: stop, the reader's host is gone."""
         import ray
 
         while len(self._in_flight) >= self._window and self.accepted:  # no credit: wait, stops Spark upstream
@@ -182,7 +183,7 @@ class _Pusher:
             return False
         push = Push(self._destination.token, self._unit, self._generation, self._attempt, self.seq,
                     encode(batch), batch.num_rows)
-        self._in_flight.append(self._destination.send(push))
+        self._in_flight.append(self._destination.feed(push))
         self.seq += 1
         self.rows += batch.num_rows
         return True
