@@ -29,7 +29,7 @@ import asyncio
 import dataclasses
 import threading
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -87,6 +87,17 @@ class _Shell:
             await asyncio.wait_for(self._event.wait(), timeout_s)
         except asyncio.TimeoutError:
             pass
+
+    async def _until(self, ask: Callable[[], Any], done: Callable[[Any], bool], timeout_s: float) -> Any:
+        """``ask()`` again after each change until ``done`` accepts its answer or ``timeout_s`` passed."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            answer = ask()
+            left = deadline - loop.time()
+            if done(answer) or left <= 0:
+                return answer
+            await self._wait(left)
 
     def _note(self, *args: Any) -> None:
         self._core.note_received(row_bytes(args))
@@ -166,23 +177,15 @@ class UnitCoordinator(_Shell):
     async def launch(self, timeout_s: float) -> list[tuple[int, list[Unit]]]:
         """Launches to run now, ``[(generation, units)]`` (waits up to ``timeout_s`` for some)."""
         core = await self._ready()
-        generation, units = core.launch()
-        if not units:
-            await self._wait(timeout_s)
-            generation, units = core.launch()
+        generation, units = await self._until(core.launch, lambda answer: bool(answer[1]), timeout_s)
         return [(generation, units)] if units else []
 
     async def route(self, unit: Unit, generation: int, timeout_s: float = ROUTE_WAIT_S) -> Destination | str | None:
         """Where a task pushes ``unit``: waits up to ``timeout_s`` for its reader to register (then ``WAIT``)."""
         core = await self._ready()
         self._note(unit, generation)
-        deadline = asyncio.get_running_loop().time() + timeout_s
-        while True:
-            answer = core.route(tuple(unit), generation)  # type: ignore[arg-type]
-            left = deadline - asyncio.get_running_loop().time()
-            if answer != WAIT or left <= 0:
-                return answer
-            await self._wait(left)
+        unit = (unit[0], unit[1])
+        return await self._until(lambda: core.route(unit, generation), lambda answer: answer != WAIT, timeout_s)
 
     async def job_done(self, generation: int, units: Sequence[Unit], error: str | None,
                        succeeded: Sequence[tuple[Unit, int, int, int]] = (), lost: Sequence[Unit] = ()) -> None:
@@ -236,11 +239,7 @@ class StreamCoordinator(_Shell):
 
     async def launch(self, timeout_s: float) -> list[tuple[int, list[tuple[int, int]]]]:
         """Shares to push again from Spark's copy, one Spark job per epoch (waits up to ``timeout_s``)."""
-        jobs = self._core.launch()
-        if not jobs:
-            await self._wait(timeout_s)
-            jobs = self._core.launch()
-        return jobs
+        return await self._until(self._core.launch, bool, timeout_s)
 
     async def job_done(self, generation: int, units: Sequence[tuple[int, int]], error: str | None,
                        succeeded: Sequence[tuple[tuple[int, int], int, int, int]] = (),
