@@ -4,9 +4,10 @@ A reader runs inside the host actor process of its source instance. When the
 source instance opens it (``SplitReader.bind``) it registers its
 :class:`~messages.Destination` (that host's handle, its split address and a
 fresh token) with the bridge's coordinator; Spark tasks then push their
-Arrow batches straight to it (``OperatorHost.to_reader`` ->
-:meth:`receive`), where they are staged per attempt (``staging.py``) until
-the coordinator commits one attempt. Nothing here blocks the host's loop:
+Arrow batches straight to its host (``OperatorHost.feed_reader``, which the
+host's loop hands to :meth:`receive`), where they are staged per attempt
+(``staging.py``) until the coordinator commits one attempt (its messages come
+through ``OperatorHost.to_reader``). Nothing here blocks the host's loop:
 ``receive`` only records and answers, ``ready_at`` tells the host when to
 look again, and calls to the coordinator are sent without waiting (the
 outcome of the last one is checked on the next).
@@ -122,7 +123,7 @@ class UnitReader(SplitReader):
             return None  # meant for a reader this one replaced
         if isinstance(message, Push):
             if self._taken or self._data is not None or self._error is not None:
-                return False  # committed already: the attempt stops
+                return False  # committed already: a late attempt's batch, dropped
             self._stage.push((message.generation, message.attempt), message.seq, message.data, message.rows)
             return True
         if isinstance(message, Commit):
