@@ -51,9 +51,6 @@ __all__ = [
 
 NAMESPACE = "chiray-spark"
 
-ROUTE_WAIT_S = 5.0
-"""How long one ``route`` call waits for a unit's reader to register before answering ``WAIT``."""
-
 
 def row_bytes(value: Any) -> int:
     """Bytes of row data (bytes-like or Arrow) inside a call's arguments, nested ones included."""
@@ -180,7 +177,7 @@ class UnitCoordinator(_Shell):
         generation, units = await self._until(core.launch, lambda answer: bool(answer[1]), timeout_s)
         return [(generation, units)] if units else []
 
-    async def route(self, unit: Unit, generation: int, timeout_s: float = ROUTE_WAIT_S) -> Destination | str | None:
+    async def route(self, unit: Unit, generation: int, timeout_s: float) -> Destination | str | None:
         """Where a task pushes ``unit``: waits up to ``timeout_s`` for its reader to register (then ``WAIT``)."""
         core = await self._ready()
         self._note(unit, generation)
@@ -215,7 +212,8 @@ class StreamCoordinator(_Shell):
         """The generation to push micro-batch ``epoch`` with; ``None``: committed already (a re-run)."""
         return self._core.begin(epoch)
 
-    async def route(self, unit: tuple[int, int], generation: int) -> Destination | None:
+    async def route(self, unit: tuple[int, int], generation: int, timeout_s: float = 0.0) -> Destination | None:
+        """Where a task pushes ``unit`` (its lane's reader); never waits (every lane has one before a push)."""
         self._note(unit, generation)
         return self._core.route(unit, generation)
 

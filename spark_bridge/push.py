@@ -55,6 +55,8 @@ __all__ = [
 GENERATION_PROPERTY = "chiray.spark.generation"
 ROUTE_TIMEOUT_S = 300.0
 """How long a task waits for its unit's reader to register before it fails (a clear error, not a stall)."""
+ROUTE_WAIT_S = 5.0
+"""How long one ``route`` call may wait at the coordinator for the reader to register."""
 SUMMARY_SCHEMA = (
     "epoch bigint, partition int, attempt bigint, rows bigint, batches int, complete boolean, lost boolean"
 )
@@ -205,15 +207,30 @@ class _Pusher:
             self.accepted = self.accepted and bool(answer)
 
 
-def _route(coordinator: Any, unit: tuple[int, int], generation: int) -> Destination | None:
-    """Where to push ``unit``: waits while its reader has not registered, up to ``ROUTE_TIMEOUT_S``."""
+def _route(
+    coordinator: Any, unit: tuple[int, int], generation: int, chunks: Iterator[pa.RecordBatch], window: int
+) -> tuple[Destination | None, list[pa.RecordBatch]]:
+    """Where to push ``unit``, and the batches read meanwhile.
+
+    While the unit's reader has not registered (its host is still starting),
+    the task reads up to ``window`` batches ahead, so that Spark computes
+    meanwhile, then waits; after ``ROUTE_TIMEOUT_S`` it fails.
+    """
     import ray
 
+    held: list[pa.RecordBatch] = []
+    more = True
     deadline = time.monotonic() + ROUTE_TIMEOUT_S
     while True:
-        answer = ray.get(coordinator.route.remote(unit, generation))
+        reading = more and len(held) < window
+        answer_ref = coordinator.route.remote(unit, generation, 0.0 if reading else ROUTE_WAIT_S)
+        if reading:  # read while the answer comes
+            batch = next(chunks, None)
+            more = batch is not None
+            held += [batch] if batch is not None else []
+        answer = ray.get(answer_ref)
         if not isinstance(answer, str):
-            return answer
+            return answer, held
         if time.monotonic() > deadline:
             raise TimeoutError(
                 f"spark_bridge: no source instance opened the reader of partition {unit[1]} (epoch {unit[0]}) "
@@ -236,12 +253,11 @@ def _push(target: PushTarget, batches: Iterator[pa.RecordBatch]) -> dict[str, An
         generation = int(ctx.getLocalProperty(GENERATION_PROPERTY) or 0)
     unit, attempt = (epoch, ctx.partitionId()), ctx.taskAttemptId()
     chunks = rechunk(batches, target.schema, target.batch_bytes)
-    first = next(chunks, None)  # Spark computes while the unit's reader may still be starting
-    destination = _route(coordinator, unit, generation)  # None: a stale launch (or no reader)
+    destination, held = _route(coordinator, unit, generation, chunks, target.window)  # None: stale (or no reader)
     pusher = None
     if destination is not None:
         pusher = _Pusher(destination, unit, generation, attempt, target.window)
-        for batch in itertools.chain([] if first is None else [first], chunks):
+        for batch in itertools.chain(held, chunks):
             if not pusher.send(batch):
                 break  # another attempt already committed this unit, or the reader is gone
         pusher.finish()
