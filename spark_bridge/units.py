@@ -17,9 +17,10 @@ deadlocks; the bound on units held in readers is ``max_units`` plus the
 number of source instances. A source opens its next ``max_units`` splits'
 readers early (``Source.read_ahead``), so the units credit allows are the
 ones whose readers are open. A unit's first computation may start before its
-reader registered (at submit, while the hosts start): its tasks read their
-first batch and then wait for the route. A unit computed again waits for a
-registered reader instead, since its reader may be further off.
+reader registered (at submit, while the hosts start): its tasks read a few
+batches ahead and then wait for the route. A unit computed again waits for a
+registered reader instead: a restored instance may be far from it, and its
+tasks would hold Spark's task slots meanwhile.
 
 Replay: a unit is computed again by Spark, from the DataFrame's lineage,
 when a new reader registers for it (a restored source instance whose
