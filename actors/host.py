@@ -5,11 +5,17 @@ single-threaded operator): ``receive()`` only enqueues and wakes the run
 loop; the run loop lets one runnable instance process one message, sends what
 it produced (``transport.py``), and yields to the event loop between messages
 so deliveries keep flowing.
+
+Sources fed from outside the dataflow get messages through ``to_reader``
+(on the loop, answered by the reader) and ``feed_reader`` (bulk data: queued
+from a thread of its own and answered at once, so the sender never waits for
+a long step of operator code; the loop hands the queue to the readers).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import os
 import time
@@ -17,6 +23,8 @@ import traceback
 from typing import Any
 
 import ray
+
+from operators.endpoints import SourceLogic
 
 from .config import JobConfig
 from .errors import OperatorError, portable
@@ -39,7 +47,7 @@ round: an op injected at hundreds of sources of one host is forwarded in one rou
 to each peer leave in one call."""
 
 
-@ray.remote
+@ray.remote(concurrency_groups={"feed": 1})  # type: ignore[call-overload]
 class OperatorHost:
     """Hosts operator instances of one job (the Orleans "silo"; instances are its grains).
 
@@ -54,6 +62,8 @@ class OperatorHost:
         self._task: asyncio.Task | None = None
         self._stopped = False
         self._background: set[asyncio.Task] = set()
+        self._feed: collections.deque[tuple[str, int, str, Any]] = collections.deque()  # see feed_reader
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     async def setup(self, plan: Any, placement: dict, config: JobConfig, peers: dict,
                     controller: Any, restore: Any = None, incarnation: int = 0,
@@ -64,6 +74,7 @@ class OperatorHost:
         """
         if host_id is not None:
             self.host_id = host_id
+        self._loop = asyncio.get_running_loop()
         self.controller = controller
         self.incarnation = incarnation
         self.controllers = {"controller": controller}
@@ -91,6 +102,55 @@ class OperatorHost:
         assert self.core is not None, "bug: receive() before setup()"
         self.core.receive(parcel)
         self._wake.set()
+
+    async def to_reader(self, operator: str, index: int, split_id: str, message: Any) -> Any:
+        """Hand ``message`` to the reader of split ``split_id`` of source instance ``(operator, index)`` here.
+
+        For sources fed from outside the dataflow (``SplitReader.receive``, which
+        only records and answers: this runs between two steps of operator code,
+        after the messages queued by ``feed_reader`` before it). Returns the
+        reader's answer, or ``None`` where no such reader is open here (not
+        opened yet, finished, or the instance is not on this host).
+        """
+        self._take_feed()
+        answer = self._to_reader(operator, index, split_id, message)
+        self._wake.set()
+        return answer
+
+    @ray.method(concurrency_group="feed")
+    async def feed_reader(self, operator: str, index: int, split_id: str, message: Any) -> bool:
+        """Queue ``message`` for the reader of split ``split_id`` of source instance ``(operator, index)``.
+
+        Answers ``True`` at once, from a thread of its own: the sender (bulk
+        data, whose answer it does not need) never waits for a step of
+        operator code. The loop hands queued messages to their readers in
+        arrival order, before its next step and before any later
+        ``to_reader`` call; one for a reader that is not open here is dropped.
+        """
+        self._feed.append((operator, index, split_id, message))
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._wake.set)
+        return True
+
+    def _to_reader(self, operator: str, index: int, split_id: str, message: Any) -> Any:
+        inst = self.core.by_name.get((operator, index)) if self.core is not None else None
+        logic = getattr(inst, "logic", None)
+        if not isinstance(logic, SourceLogic):
+            return None
+        try:
+            return logic.receive(split_id, message)
+        except LookupError:
+            return None
+
+    def _take_feed(self) -> None:
+        """Hand the messages ``feed_reader`` queued to their readers, in arrival order (on the loop)."""
+        while self._feed:
+            operator, index, split_id, message = self._feed.popleft()
+            try:
+                self._to_reader(operator, index, split_id, message)
+            except Exception:  # a reader's bug: what depends on the message (a commit) fails with a clear error
+                log.exception("host %s: the reader of %s[%s] %s refused a message", self.host_id, operator,
+                              index, split_id)
 
     async def prepare_change(self, op_id: str, plan: Any, placement: dict, peers: dict) -> None:
         """A rescale: op ``op_id`` will change the topology to ``plan`` (see ``topology.py``)."""
@@ -145,6 +205,7 @@ class OperatorHost:
         assert core is not None
         while not self._stopped:
             self._wake.clear()
+            self._take_feed()
             try:
                 progressed = self._run_some(core)
             except OperatorFailure as failure:

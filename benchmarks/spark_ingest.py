@@ -25,18 +25,21 @@ for the larger partitions, not a funnel. ``submit_s_5m``: how long ``submit()`` 
 
 The job runs on ``NUM_HOSTS`` = 2 host actors, one per core. Like Spark's
 executors for ``toArrow()``, the dataflow's processes are warm:
-each run keeps its hosts, controller and inbox started for the next
-(``JobConfig.warm_hosts``, ``from_spark(keep_warm=True)``), and a run starts
-once they are up. A cold submit costs a process start per host (seconds on a
-busy 2-core machine).
+each run keeps its hosts, controller and the bridge's coordinator started for
+the next (``JobConfig.warm_hosts``, ``from_spark(keep_warm=True)``), and a
+run starts once they are up. A cold submit costs a process start per host
+(seconds on a busy 2-core machine).
 
-Where the CPU goes (5M rows, 2 cores, per-process CPU seconds): ``toArrow()``
-about 2 (the JVM 1.7); the bridge about 5.5-8: the JVM 1.9-3.6 (executor-side
-Arrow conversion plus a Spark job per partition and the Python runner), the
-hosts 1.3-2 (decode, route and count 4.6M string keys), Spark's Python
-workers 0.8-1, the inbox 0.4-0.6, the driver 0.4-0.7. Both compete for the
-same two cores, so the ratio is bounded by the CPU ratio (about 0.3-0.4
-here); on a machine with cores to spare for the dataflow the bound is Spark.
+Where the CPU goes (5M rows, 2 cores, per-process CPU seconds, measured
+during the run): ``toArrow()`` about 2 (the JVM 1.7); the bridge about 3-4:
+the JVM 1.2-2 (executor-side Arrow conversion plus a Spark job per partition
+and the Python runner), the hosts 0.7-1.1 (take the pushed batches, decode,
+route and count 4.6M string keys), Spark's Python workers 0.7-0.9, the
+coordinator under 0.1 (about 50 small calls: it never sees a row), the driver
+under 0.1 (the executors push straight to the hosts of the source
+instances, each byte crossing Ray's object store once). Both compete for the
+same two cores, so the ratio is bounded by the CPU ratio; on a machine with
+cores to spare for the dataflow the bound is Spark.
 The dataflow's own part, in one process without Ray, is 0.6 CPU s (half of
 it hashing the string keys); the rest of the hosts' share is Ray's calls
 and serialisation between processes.
@@ -140,7 +143,7 @@ def main() -> None:
     os.environ.setdefault("RAY_ENABLE_AUTO_CONNECT", "0")
     start_ray(num_cpus=4)
     from actors import release_warm_actors
-    from spark_bridge import release_warm_inboxes, spark_session
+    from spark_bridge import release_warm_coordinators, spark_session
 
     spark = spark_session(2, app_name="spark_ingest", conf={"spark.sql.shuffle.partitions": "4"})
     spark.sparkContext.setLogLevel("ERROR")
@@ -168,7 +171,7 @@ def main() -> None:
     print(f"  {to_arrow / 1e6:.2f} M rows/s", flush=True)
     spark.stop()
     release_warm_actors()
-    release_warm_inboxes()
+    release_warm_coordinators()
     emit(
         {
             "bridge_rows_per_s": round(bridge),

@@ -6,7 +6,7 @@ Pure Python over pyarrow and NumPy; nothing here imports Ray.
 from .connected import ConnectedStreams, KeyedConnectedStreams
 from .dataflow import Dataflow, KeyedStream, Stream
 from .generator import generate
-from .logic import InstanceInfo, OperatorLogic, Sink, SinkWriter, Source, SourceSplit, SplitReader
+from .logic import InstanceInfo, OperatorLogic, Sink, SinkWriter, Source, SourceSplit, SplitAddress, SplitReader
 from .sinks import collect, to_parquet
 from .sources import from_arrow, from_items, from_parquet
 from .watermarks import WatermarkStrategy, bounded_out_of_orderness, watermarks_from
@@ -27,6 +27,7 @@ __all__ = [
     "to_parquet",
     "Source",
     "SourceSplit",
+    "SplitAddress",
     "SplitReader",
     "Sink",
     "SinkWriter",

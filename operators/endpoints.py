@@ -14,7 +14,16 @@ from typing import Any, Sequence
 
 import pyarrow as pa
 
-from .logic import InstanceInfo, OperatorLogic, Sink, SinkWriter, Source, SourceSplit, SplitReader
+from .logic import (
+    InstanceInfo,
+    OperatorLogic,
+    Sink,
+    SinkWriter,
+    Source,
+    SourceSplit,
+    SplitAddress,
+    SplitReader,
+)
 from .watermarks import _WatermarkedReader
 
 __all__ = ["SourceLogic", "SinkLogic", "assign_splits"]
@@ -30,6 +39,9 @@ class SourceLogic:
 
     Lifecycle: ``READING -> EXHAUSTED``. ``offsets()`` maps each split id to the
     offset after the last batch returned (``None`` for splits not started).
+    The current split's reader is opened when first needed, together with the
+    next ``source.read_ahead()`` ones (each told its :class:`SplitAddress`);
+    :meth:`receive` hands a message from outside the dataflow to any open one.
     """
 
     def __init__(self, source: Source, splits: Sequence[SourceSplit], offsets: dict[str, Any] | None = None):
@@ -39,7 +51,9 @@ class SourceLogic:
         self._offsets: dict[str, Any] = {k: v for k, v in (offsets or {}).items() if k in mine}
         self._done: set[str] = set()
         self._position = 0
-        self._reader: SplitReader | None = None
+        self._readers: dict[int, SplitReader] = {}  # position -> open reader: the current one and those ahead
+        read_ahead = getattr(source, "read_ahead", None)  # duck-typed sources may lack the optional parts
+        self._ahead = max(0, int(read_ahead())) if read_ahead is not None else 0
         self.info: InstanceInfo | None = None
 
     def open(self, info: InstanceInfo) -> None:
@@ -56,10 +70,16 @@ class SourceLogic:
         return self._current_reader().ready_at()
 
     def _current_reader(self) -> SplitReader:
-        if self._reader is None:
-            split = self.splits[self._position]
-            self._reader = self.source.open_split(split, self._offsets.get(split.split_id))
-        return self._reader
+        last = min(self._position + self._ahead, len(self.splits) - 1)
+        for position in range(self._position, last + 1):
+            if position not in self._readers:
+                split = self.splits[position]
+                reader = self.source.open_split(split, self._offsets.get(split.split_id))
+                self._readers[position] = reader
+                bind = getattr(reader, "bind", None)
+                if self.info is not None and bind is not None:
+                    bind(SplitAddress(self.info.operator, self.info.index, split.split_id))
+        return self._readers[self._position]
 
     def poll(self) -> pa.RecordBatch | None:
         """Read the next batch; ``None`` once every split is exhausted."""
@@ -72,13 +92,24 @@ class SourceLogic:
                 return batch
             reader.close()
             self._done.add(split_id)
-            self._reader = None
+            del self._readers[self._position]
             self._position += 1
         return None
 
+    def receive(self, split_id: str, message: Any) -> Any:
+        """Hand ``message`` to the open reader of split ``split_id``; its answer.
+
+        Raises:
+            LookupError: no reader of that split is open (not opened yet, or finished).
+        """
+        for position, reader in self._readers.items():
+            if self.splits[position].split_id == split_id:
+                return reader.receive(message)
+        raise LookupError(f"{self.info}: no open reader of split {split_id!r}")
+
     def watermark(self) -> tuple[int | None, bool]:
         """``(watermark, idle)`` of this instance (``None``: none yet; see ``watermarks.py``)."""
-        reader = self._reader
+        reader = self._readers.get(self._position)
         if self._position != len(self.splits) - 1 or not isinstance(reader, _WatermarkedReader):
             return None, False  # earlier splits may still hold old records, or no watermarks at all
         return reader.watermark, reader.idle()
@@ -87,9 +118,9 @@ class SourceLogic:
         return dict(self._offsets)
 
     def close(self) -> None:
-        if self._reader is not None:
-            self._reader.close()
-            self._reader = None
+        readers, self._readers = self._readers, {}
+        for reader in readers.values():
+            reader.close()
 
 
 class SinkLogic(OperatorLogic):

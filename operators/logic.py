@@ -27,6 +27,7 @@ __all__ = [
     "SideOutput",
     "Source",
     "SourceSplit",
+    "SplitAddress",
     "SplitReader",
     "Sink",
     "SinkWriter",
@@ -116,6 +117,19 @@ class SourceSplit:
     payload: Any
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class SplitAddress:
+    """Where a split is being read: its source instance and the split's id.
+
+    A message sent from outside the dataflow to this address (the host's
+    ``to_reader``) reaches the reader of that split, see :meth:`SplitReader.receive`.
+    """
+
+    operator: str
+    index: int
+    split_id: str
+
+
 class SplitReader(abc.ABC):
     """Reads one split, batch by batch, resumable from an offset."""
 
@@ -134,6 +148,26 @@ class SplitReader(abc.ABC):
         inside the host's loop.
         """
         return None
+
+    def bind(self, address: SplitAddress) -> None:
+        """Called once, right after the split was opened inside a host: where this reader runs.
+
+        A reader fed from outside the dataflow tells its feeder this address
+        (and its host). Default: nothing.
+        """
+
+    def receive(self, message: Any) -> Any:
+        """A message sent to this reader's address from outside the dataflow; returns the answer.
+
+        Runs on the host's event loop, between two steps of operator code: it
+        must only record the message and answer, never block. ``None`` is
+        what the host answers where no reader of the split is open, so a
+        reader should not answer ``None`` itself.
+
+        Raises:
+            TypeError: this reader takes no messages (the default).
+        """
+        raise TypeError(f"{type(self).__name__} takes no messages (got a {type(message).__name__})")
 
     def close(self) -> None:
         """Release resources. Idempotent."""
@@ -157,6 +191,16 @@ class Source(abc.ABC):
     @abc.abstractmethod
     def open_split(self, split: SourceSplit, offset: Any = None) -> SplitReader:
         """Open ``split`` positioned at ``offset`` (``None``: from the start)."""
+
+    def read_ahead(self) -> int:
+        """How many splits after the one it reads an instance opens early (default 0).
+
+        A source whose data is pushed to its readers from elsewhere opens the
+        next splits' readers early, so that their data has somewhere to go
+        before their turn (see :meth:`SplitReader.bind`). Readers opened early
+        are read in split order all the same.
+        """
+        return 0
 
     def checkpoint_complete(self, checkpoint_id: int, offsets: dict[str, Any]) -> None:
         """Checkpoint ``checkpoint_id`` completed, holding these offsets (split id -> offset).

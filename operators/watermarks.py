@@ -28,7 +28,7 @@ from typing import Any, Callable
 import pyarrow as pa
 
 from .eventtime import Duration, check_time_field, ticks, time_values
-from .logic import Source, SourceSplit, SplitReader
+from .logic import Source, SourceSplit, SplitAddress, SplitReader
 
 __all__ = ["WatermarkStrategy", "bounded_out_of_orderness", "watermarks_from", "WatermarkedSource"]
 
@@ -116,6 +116,12 @@ class _WatermarkedReader(SplitReader):
         ready = self.inner.ready_at()
         return after is not None and ready is not None and ready - time.monotonic() >= after
 
+    def bind(self, address: SplitAddress) -> None:
+        self.inner.bind(address)
+
+    def receive(self, message: Any) -> Any:
+        return self.inner.receive(message)
+
     def close(self) -> None:
         self.inner.close()
 
@@ -136,6 +142,14 @@ class WatermarkedSource(Source):
     def open_split(self, split: SourceSplit, offset: Any = None) -> SplitReader:
         inner_offset, watermark = offset if offset is not None else (None, None)
         return _WatermarkedReader(self.source.open_split(split, inner_offset), self.strategy, watermark)
+
+    def read_ahead(self) -> int:
+        return self.source.read_ahead()
+
+    def checkpoint_complete(self, checkpoint_id: int, offsets: dict[str, Any]) -> None:
+        """The inner source learns its own offsets (without the watermarks)."""
+        inner = {k: (v[0] if isinstance(v, tuple) else v) for k, v in offsets.items()}
+        self.source.checkpoint_complete(checkpoint_id, inner)
 
     def describe(self) -> str:
         return self.source.describe()

@@ -1,14 +1,16 @@
 """spark_bridge: Spark DataFrames (batch and Structured Streaming) as replayable dataflow sources.
 
-Spark's executors push Arrow batches to the dataflow's source instances
-(``from_spark``), or stage them as Arrow IPC files that sources read with
-exact offsets (``from_spark(df, staged=True, path=...)``, ``from_staged``).
+Spark's executors push Arrow batches straight to the host processes of the
+dataflow's source instances (``from_spark``, ``from_spark_stream``; a small
+coordinator actor only says where each partition goes and commits), or
+stage them as Arrow IPC files that sources read with exact offsets
+(``from_spark(df, staged=True, path=...)``, ``from_staged``).
 pyspark is imported lazily.
 """
 
 from .env import spark_session
 from .schema import UnsupportedSparkType, to_arrow_schema
-from .source import SparkSource, from_spark, release_warm_inboxes
+from .source import SparkSource, from_spark, release_warm_coordinators, release_warm_inboxes
 from .staged import StagedSource, from_staged
 from .streaming import SparkStreamSource, from_spark_stream
 from .units import BufferStatistics, SparkUnitFailed
@@ -23,6 +25,7 @@ __all__ = [
     "from_spark",
     "from_spark_stream",
     "from_staged",
+    "release_warm_coordinators",
     "release_warm_inboxes",
     "spark_session",
     "to_arrow_schema",

@@ -1,14 +1,18 @@
-"""launcher.py: the driver-side loop that has Spark compute the units the inbox asks for.
+"""launcher.py: the driver-side loop that has Spark compute the units the coordinator asks for.
 
-One thread long-polls the inbox's ``launch`` (credit permitting, wanted units
-first) and hands each unit of the answer to a small pool of job threads. Each
-runs one Spark job over exactly that partition (``SparkContext.runJob`` on the
-pushing RDD, built once so that shuffle output upstream is reused across
-jobs) and reports how it ended, with the attempt Spark returned a result for:
-the successful one, which the inbox then commits. One job per unit lets the
+One thread long-polls the coordinator's ``launch`` (credit permitting,
+wanted units first) and hands the launches to a small pool of job threads.
+Each runs one Spark job over exactly those partitions
+(``SparkContext.runJob`` on the pushing RDD of the unit's epoch, built once
+per epoch so that shuffle output upstream is reused across jobs) and reports
+how it ended, with the attempts Spark returned a result for: the successful
+ones, which the coordinator then commits at their readers, and the units
+whose reader was gone. ``from_spark`` runs one job per unit, which lets the
 dataflow take each partition as soon as its task is done, not when the
-slowest task of a group is. The generation of a launch travels to the tasks
-as a Spark local property, so late attempts of an older launch are told apart.
+slowest task of a group is; ``from_spark_stream`` pushes the shares of a
+kept micro-batch again in one job per epoch. The generation of a launch
+travels to the tasks as a Spark local property, so late attempts of an
+older launch are told apart.
 
 Lifecycle: ``NEW --start()--> RUNNING --close()--> CLOSED`` (``close`` cancels
 the running Spark jobs; idempotent). Only the driver touches a launcher.
@@ -19,13 +23,13 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .push import GENERATION_PROPERTY
 from .units import Unit
 
-__all__ = ["JobLauncher", "spark_error", "successful_attempts"]
+__all__ = ["JobLauncher", "lost_units", "spark_error", "successful_attempts"]
 
 log = logging.getLogger(__name__)
 
@@ -39,13 +43,18 @@ def spark_error(e: BaseException, limit: int = 2000) -> str:
     return f"{type(e).__name__}: {text[:limit]}"
 
 
-def successful_attempts(rows: Any) -> list[tuple[Unit, int, int]]:
-    """``(unit, attempt, num_batches)`` from the summaries Spark returned (successful tasks only)."""
+def successful_attempts(rows: Any) -> list[tuple[Unit, int, int, int]]:
+    """``(unit, attempt, num_batches, rows)`` of the complete pushes in the summaries Spark returned."""
     return [
-        ((int(r["epoch"]), int(r["partition"])), int(r["attempt"]), int(r["batches"]))
+        ((int(r["epoch"]), int(r["partition"])), int(r["attempt"]), int(r["batches"]), int(r["rows"]))
         for r in rows
         if r["complete"]
     ]
+
+
+def lost_units(rows: Any) -> list[Unit]:
+    """The units whose pushes found their reader gone, from the summaries Spark returned."""
+    return [(int(r["epoch"]), int(r["partition"])) for r in rows if r["lost"]]
 
 
 def _drain(rows: Any) -> list[Any]:
@@ -53,20 +62,24 @@ def _drain(rows: Any) -> list[Any]:
 
 
 class JobLauncher:
-    """Runs Spark jobs for the units one inbox launches.
+    """Runs Spark jobs for the units one coordinator launches.
 
     Args:
         spark: the SparkSession.
-        rdd: the pushing RDD (``df.mapInArrow(push).rdd``), one task per unit.
-        inbox: the inbox actor's handle.
+        rdd_for: the pushing RDD of an epoch's units (``df.mapInArrow(push).rdd``
+            or Spark's Arrow RDD), one task per unit.
+        coordinator: the coordinator actor's handle.
         name: the source's name (the Spark job group).
-        max_jobs: Spark jobs (so partitions) in flight at once.
+        max_jobs: Spark jobs in flight at once.
+        job_per_unit: one Spark job per unit (else one per launch).
     """
 
-    def __init__(self, spark: Any, rdd: Any, inbox: Any, name: str, max_jobs: int = 4) -> None:
+    def __init__(self, spark: Any, rdd_for: Callable[[int], Any], coordinator: Any, name: str,
+                 max_jobs: int = 4, job_per_unit: bool = True) -> None:
         self._sc = spark.sparkContext
-        self._rdd = rdd
-        self._inbox = inbox
+        self._rdd_for = rdd_for
+        self._coordinator = coordinator
+        self._job_per_unit = job_per_unit
         self._group = name
         self._stop = threading.Event()
         self._pool = concurrent.futures.ThreadPoolExecutor(
@@ -82,32 +95,34 @@ class JobLauncher:
 
         while not self._stop.is_set():
             try:
-                generation, units = ray.get(self._inbox.launch.remote(0.2))
-            except Exception:  # the inbox is gone: the source was closed
+                launches = ray.get(self._coordinator.launch.remote(0.2))
+            except Exception:  # the coordinator is gone: the source was closed
                 if not self._stop.is_set():
-                    log.exception("spark_bridge %s: the inbox went away", self._group)
+                    log.exception("spark_bridge %s: the coordinator went away", self._group)
                 return
-            for unit in units:  # one job per unit: each commits as soon as its one task succeeded
-                if not self._stop.is_set():
-                    self._pool.submit(self._run, generation, [unit])
+            for generation, units in launches:
+                jobs = [[unit] for unit in units] if self._job_per_unit else [units]
+                for job in jobs:  # one job per unit: each commits as soon as its one task succeeded
+                    if not self._stop.is_set():
+                        self._pool.submit(self._run, generation, job)
 
     def _run(self, generation: int, units: Sequence[Unit]) -> None:
         import ray
 
-        error, succeeded = None, []
+        error, succeeded, lost = None, [], []
         self._sc.setLocalProperty(GENERATION_PROPERTY, str(generation))
         self._sc.setJobGroup(
-            self._group, f"chiray {self._group}: partitions {[p for _, p in units]}", interruptOnCancel=True
+            self._group, f"chiray {self._group}: units {list(units)}", interruptOnCancel=True
         )
         try:
-            rows = self._sc.runJob(self._rdd, _drain, [p for _, p in units])
-            succeeded = successful_attempts(rows)
-        except Exception as e:  # reaches the source instances (and so Job.wait) through the inbox
+            rows = self._sc.runJob(self._rdd_for(units[0][0]), _drain, [p for _, p in units])
+            succeeded, lost = successful_attempts(rows), lost_units(rows)
+        except Exception as e:  # reaches the source instances (and so Job.wait) through the coordinator
             error = spark_error(e)
         if self._stop.is_set():
             return
         try:
-            ray.get(self._inbox.job_done.remote(generation, list(units), error, succeeded))
+            ray.get(self._coordinator.job_done.remote(generation, list(units), error, succeeded, lost))
         except Exception:
             log.exception("spark_bridge %s: could not report a finished Spark job", self._group)
 

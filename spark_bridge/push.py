@@ -1,18 +1,27 @@
-"""push.py: what runs inside a Spark task: push one partition's Arrow batches to the inbox, then report it.
+"""push.py: what runs inside a Spark task: push one partition's Arrow batches to its reader, then report it.
 
 A task's input is either Spark's own Arrow record-batch messages (the
 default: ``push_ipc_partition`` over ``Dataset.toArrowBatchRdd``, the JVM's
 executor-side conversion that ``toArrow()`` uses too) or a ``mapInArrow``
 batch iterator (``push_partition``: Spark Connect, the streaming bridge, or
 a Spark without that JVM method). The task connects to Ray once per Spark
-Python worker (workers are reused), re-chunks the batches to about ``batch_bytes``, casts them to the
-bridge's schema, and keeps at most ``window`` pushes in flight: a task that
-has no credit waits in ``ray.wait``, which stops it reading its input and so
-stops the JVM side computing it. After its last push returned it yields a
-one-row summary (partition, attempt, batch count): Spark returns the
-summaries of successful attempts only, and the driver commits exactly those.
-The inbox answers pushes for an already committed unit with ``False`` (the
-task then stops early).
+Python worker (workers are reused) and asks the bridge's coordinator where
+its partition goes: the host actor that runs the reader of that unit (or
+lane); a task that starts before that reader was opened reads its first
+batch and waits for the answer. It then re-chunks the batches to about
+``batch_bytes``, casts them to the bridge's schema, and sends each one
+straight to that host (``OperatorHost.feed_reader``: queued there and
+answered at once, never after a step of operator code), keeping at most
+``window`` pushes in flight: a task that has no credit waits in
+``ray.wait``, which stops it reading its input and so stops the JVM side
+computing it. After its last push was queued it yields a one-row summary
+(partition, attempt, batch count, whether it pushed everything, whether the
+reader's host was gone): Spark returns the summaries of successful attempts
+only, and the driver commits exactly those at the reader, which drops the
+other attempts' batches. A host that is gone (it died) makes the task stop
+and report the partition *lost*, and the coordinator has it pushed again to
+the reader's successor. A streaming task still reads the rest of its input
+then, so that Spark's copy of the micro-batch is whole for that push.
 
 Everything here runs in Spark's Python workers, never in the driver.
 """
@@ -20,13 +29,16 @@ Everything here runs in Spark's Python workers, never in the driver.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import os
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
 
+from .messages import Destination, Push
 from .schema import conform
 
 __all__ = [
@@ -41,7 +53,13 @@ __all__ = [
 ]
 
 GENERATION_PROPERTY = "chiray.spark.generation"
-SUMMARY_SCHEMA = "epoch bigint, partition int, attempt bigint, rows bigint, batches int, complete boolean"
+ROUTE_TIMEOUT_S = 300.0
+"""How long a task waits for its unit's reader to register before it fails (a clear error, not a stall)."""
+ROUTE_WAIT_S = 5.0
+"""How long one ``route`` call may wait at the coordinator for the reader to register."""
+SUMMARY_SCHEMA = (
+    "epoch bigint, partition int, attempt bigint, rows bigint, batches int, complete boolean, lost boolean"
+)
 
 _handles: dict[tuple[str, str, str], Any] = {}
 
@@ -52,23 +70,29 @@ class PushTarget:
 
     Attributes:
         gcs_address: the Ray cluster's GCS address.
-        namespace: the inbox actor's namespace.
-        inbox: the inbox actor's name.
+        namespace: the coordinator actor's namespace.
+        coordinator: the coordinator actor's name (it says where each unit goes).
         schema: the Arrow schema batches are cast to.
         window: pushes in flight per task (the credit window).
         batch_bytes: re-chunk Spark's batches to about this many bytes.
         env: environment a Spark worker needs to reach Ray (set if absent).
         epoch: the unit's epoch; ``None``: Spark's streaming batch id.
+        generation: the launch's generation; ``None``: the Spark local property
+            the job launcher sets (``GENERATION_PROPERTY``).
+        stream: a micro-batch push (a lost push still reads the whole input,
+            for Spark's copy of the micro-batch).
     """
 
     gcs_address: str
     namespace: str
-    inbox: str
+    coordinator: str
     schema: pa.Schema
     window: int
     batch_bytes: int
     env: dict[str, str]
     epoch: int | None = 0
+    generation: int | None = None
+    stream: bool = False
 
 
 def encode(batch: pa.RecordBatch) -> bytes:
@@ -84,7 +108,7 @@ def decode(data: bytes) -> list[pa.RecordBatch]:
     return list(pa.ipc.open_stream(pa.py_buffer(data)))
 
 
-def _inbox(target: PushTarget) -> Any:
+def _coordinator(target: PushTarget) -> Any:
     for key, value in target.env.items():
         os.environ.setdefault(key, value)
     import ray
@@ -96,9 +120,9 @@ def _inbox(target: PushTarget) -> Any:
             logging_level=logging.ERROR,
             log_to_driver=False,
         )
-    where = (target.gcs_address, target.namespace, target.inbox)
+    where = (target.gcs_address, target.namespace, target.coordinator)
     if where not in _handles:
-        _handles[where] = ray.get_actor(target.inbox, namespace=target.namespace)
+        _handles[where] = ray.get_actor(target.coordinator, namespace=target.namespace)
     return _handles[where]
 
 
@@ -138,39 +162,118 @@ def _merged(
         yield pending[0] if len(pending) == 1 else pa.concat_batches(pending)
 
 
+class _Pusher:
+    """Sends one attempt's batches to its reader, at most ``window`` in flight; knows how it went."""
+
+    def __init__(self, destination: Destination, unit: tuple[int, int], generation: int, attempt: int,
+                 window: int) -> None:
+        self._destination, self._unit = destination, unit
+        self._generation, self._attempt, self._window = generation, attempt, window
+        self._in_flight: list[Any] = []
+        self.seq = self.rows = 0
+        self.accepted = True  # every push so far was queued at the reader's host
+        self.lost = False  # the reader's host is gone
+
+    def send(self, batch: pa.RecordBatch) -> bool:
+        """Push ``batch`` (waiting for credit first); ``False``: stop, the reader's host is gone."""
+        import ray
+
+        while len(self._in_flight) >= self._window and self.accepted:  # no credit: wait, stops Spark upstream
+            done, self._in_flight = ray.wait(self._in_flight, num_returns=1)
+            self._settle(done)
+        if not self.accepted:
+            return False
+        push = Push(self._destination.token, self._unit, self._generation, self._attempt, self.seq,
+                    encode(batch), batch.num_rows)
+        self._in_flight.append(self._destination.feed(push))
+        self.seq += 1
+        self.rows += batch.num_rows
+        return True
+
+    def finish(self) -> None:
+        """Wait for the pushes in flight."""
+        self._settle(self._in_flight)
+        self._in_flight = []
+
+    def _settle(self, refs: list[Any]) -> None:
+        import ray
+
+        for ref in refs:
+            try:
+                answer = ray.get(ref)
+            except ray.exceptions.RayActorError:  # the host died
+                answer = None
+            self.lost = self.lost or answer is None
+            self.accepted = self.accepted and bool(answer)
+
+
+def _route(
+    coordinator: Any, unit: tuple[int, int], generation: int, chunks: Iterator[pa.RecordBatch], window: int
+) -> tuple[Destination | None, list[pa.RecordBatch]]:
+    """Where to push ``unit``, and the batches read meanwhile.
+
+    While the unit's reader has not registered (its host is still starting),
+    the task reads up to ``window`` batches ahead, so that Spark computes
+    meanwhile, then waits; after ``ROUTE_TIMEOUT_S`` it fails.
+    """
+    import ray
+
+    held: list[pa.RecordBatch] = []
+    more = True
+    deadline = time.monotonic() + ROUTE_TIMEOUT_S
+    while True:
+        reading = more and len(held) < window
+        answer_ref = coordinator.route.remote(unit, generation, 0.0 if reading else ROUTE_WAIT_S)
+        if reading:  # read while the answer comes
+            batch = next(chunks, None)
+            more = batch is not None
+            held += [batch] if batch is not None else []
+        answer = ray.get(answer_ref)
+        if not isinstance(answer, str):
+            return answer, held
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"spark_bridge: no source instance opened the reader of partition {unit[1]} (epoch {unit[0]}) "
+                f"within {ROUTE_TIMEOUT_S:.0f} s; is the dataflow running?"
+            )
+
+
 def _push(target: PushTarget, batches: Iterator[pa.RecordBatch]) -> dict[str, Any]:
     """Push this task's partition as one unit; its summary (see :func:`push_partition`)."""
-    import ray
     from pyspark import TaskContext
 
     ctx = TaskContext.get()
     assert ctx is not None, "bug in spark_bridge: a push outside a Spark task"
-    inbox = _inbox(target)
+    coordinator = _coordinator(target)
     epoch = (
         target.epoch if target.epoch is not None else int(str(ctx.getLocalProperty("streaming.sql.batchId")))
     )
-    generation = int(ctx.getLocalProperty(GENERATION_PROPERTY) or 0)
+    generation = target.generation
+    if generation is None:
+        generation = int(ctx.getLocalProperty(GENERATION_PROPERTY) or 0)
     unit, attempt = (epoch, ctx.partitionId()), ctx.taskAttemptId()
-    in_flight: list[Any] = []
-    seq = rows = 0
-    accepted = True
-    for batch in rechunk(batches, target.schema, target.batch_bytes):
-        while len(in_flight) >= target.window and accepted:  # no credit: wait, which stops Spark upstream
-            done, in_flight = ray.wait(in_flight, num_returns=1)
-            accepted = all(ray.get(done))
-        if not accepted:
-            break  # another attempt already committed this unit
-        in_flight.append(inbox.push.remote(unit, generation, attempt, seq, encode(batch), batch.num_rows))
-        seq += 1
-        rows += batch.num_rows
-    accepted = all(ray.get(in_flight)) and accepted
+    chunks = rechunk(batches, target.schema, target.batch_bytes)
+    destination, held = _route(coordinator, unit, generation, chunks, target.window)  # None: stale (or no reader)
+    pusher = None
+    if destination is not None:
+        pusher = _Pusher(destination, unit, generation, attempt, target.window)
+        for batch in itertools.chain(held, chunks):
+            if not pusher.send(batch):
+                break  # another attempt already committed this unit, or the reader is gone
+        pusher.finish()
+    complete = pusher is not None and pusher.accepted
+    lost = pusher.lost if pusher is not None else target.stream
+    if target.stream and not complete:
+        for _ in batches:  # Spark's copy of the micro-batch must hold the whole partition for a push again
+            pass
     return {
         "epoch": unit[0],
         "partition": unit[1],
         "attempt": attempt,
-        "rows": rows,
-        "batches": seq,
-        "complete": accepted,
+        "rows": pusher.rows if pusher is not None else 0,
+        "batches": pusher.seq if pusher is not None else 0,
+        "complete": complete,
+        "lost": lost,
     }
 
 
@@ -182,6 +285,7 @@ _SUMMARY_ARROW = pa.schema(
         ("rows", pa.int64()),
         ("batches", pa.int32()),
         ("complete", pa.bool_()),
+        ("lost", pa.bool_()),
     ]
 )
 
@@ -191,7 +295,8 @@ def push_partition(target: PushTarget, batches: Iterator[pa.RecordBatch]) -> Ite
 
     ``attempt`` in the summary is Spark's task attempt id (unique in the
     application); ``complete`` is false when the task stopped early because
-    another attempt's data was already committed.
+    another attempt's data was already committed (or its launch is stale),
+    ``lost`` is true when the reader was gone.
     """
     summary = _push(target, batches)
     yield pa.RecordBatch.from_pylist([summary], schema=_SUMMARY_ARROW)

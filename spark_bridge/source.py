@@ -1,15 +1,22 @@
 """source.py: ``from_spark``: a batch DataFrame as a dataflow source, pushed by Spark's executors.
 
 Data path: each Spark task pushes its partition's Arrow batches straight to
-the source's inbox actor (``push.py``); a source instance takes a partition
-(a *unit*) once one attempt has committed it, as one batch. Nothing passes
-through the Spark driver.
+the host actor process that runs the source instance which will read that
+partition (a *unit*; ``push.py``, ``readers.py``); a small coordinator actor
+(``coordinator.py``) only keeps the directory of where each unit goes, the
+credit, and the commit decisions. No row passes through the Spark driver or
+the coordinator, so on a multi-node deployment the data goes from Spark's
+executors to the source instances' nodes, wherever those are. A source
+instance opens the readers of its next ``max_units`` splits early, so that
+Spark can compute them ahead of the one it reads.
 
 Offsets: split ``p`` is partition ``p`` of the DataFrame; its offset is 0
 (not taken) or 1 (taken). A checkpoint therefore never holds part of a
 partition, and a replay after a dataflow failure has Spark recompute whole
 partitions from the DataFrame's lineage (so the plan must be deterministic,
-or use ``staged=True``).
+or use ``staged=True``). A unit committed to a reader whose host then died
+is recomputed the same way, for the reader that takes its place: data a
+reader held is not kept elsewhere, because Spark can always compute it again.
 
 Example:
     >>> src = from_spark(spark.range(1000).selectExpr("id % 7 AS k"))   # doctest: +SKIP
@@ -20,8 +27,6 @@ Example:
 from __future__ import annotations
 
 import functools
-import os
-import time
 import uuid
 from typing import Any
 
@@ -30,109 +35,17 @@ import pyarrow as pa
 from operators import Source, SourceSplit, SplitReader
 
 from .env import gcs_address, require_pyspark, worker_env
-from .push import SUMMARY_SCHEMA, PushTarget, decode, push_ipc_partition, push_partition
+from .push import SUMMARY_SCHEMA, PushTarget, push_ipc_partition, push_partition
+from .readers import CoordinatorLink, UnitReader
 from .schema import to_arrow_schema
 from .staged import StagedSource
 from .units import BufferStatistics
 
-__all__ = ["POLL_S", "SparkSource", "from_spark", "release_warm_inboxes"]
-
-POLL_S = 0.005  # how often an idle source instance checks whether its unit has arrived
-
-_handles: dict[tuple[str, str], Any] = {}
-
-
-def _inbox_handle(name: str, namespace: str) -> Any:
-    import ray
-
-    key = (name, namespace)
-    if key not in _handles:
-        _handles[key] = ray.get_actor(name, namespace=namespace)
-    return _handles[key]
-
-
-def _empty(schema: pa.Schema) -> pa.RecordBatch:
-    """A batch with no rows: "nothing yet" to the host (it emits no empty batch); ``None`` means "done"."""
-    return pa.RecordBatch.from_pylist([], schema=schema)
-
-
-class ReadyPoll:
-    """Whether a pending Ray call has returned, as ``SplitReader.ready_at`` must report it.
-
-    The host asks ``ready_at`` twice in a row (is it due? when to wake?); the
-    answer may only change at the wake-up time it gave, or a call that returns
-    between the two questions would leave the source with no timer at all.
-    """
-
-    def __init__(self) -> None:
-        self._ref: Any = None
-        self._ready = False
-        self._next_check = 0.0
-
-    def watch(self, ref: Any) -> None:
-        self._ref, self._ready, self._next_check = ref, False, 0.0
-
-    def ready_at(self) -> float | None:
-        """``None`` once the call returned (and from then on), else the next time to look."""
-        import ray
-
-        if self._ready or self._ref is None:
-            return None
-        now = time.monotonic()
-        if now < self._next_check:
-            return self._next_check
-        if ray.wait([self._ref], timeout=0)[0]:
-            self._ready = True
-            return None
-        self._next_check = now + POLL_S
-        return self._next_check
-
-    def result(self) -> Any:
-        """The call's value; only after ``ready_at()`` answered ``None``, so it never waits."""
-        import ray
-
-        # Readers run inside the host's asyncio loop, where Ray warns of every get; this one cannot block.
-        os.environ.setdefault("RAY_WARN_BLOCKING_GET_INSIDE_ASYNC", "0")
-        return ray.get(self._ref)
-
-
-class _UnitReader(SplitReader):
-    """Takes one unit from the inbox without blocking the host's loop; offset 0 or 1.
-
-    ``read`` returns an empty batch while the unit is not there yet (the host emits nothing for it).
-    """
-
-    def __init__(self, source: SparkSource, unit: tuple[int, int], taken: bool) -> None:
-        self._schema = source._schema
-        self._taken = taken
-        self._pending = None if taken else _inbox_handle(source._inbox, source._namespace).take.remote(unit)
-        self._poll = ReadyPoll()
-        self._poll.watch(self._pending)
-
-    def ready_at(self) -> float | None:
-        return self._poll.ready_at()
-
-    def read(self) -> pa.RecordBatch | None:
-        if self._pending is None:
-            return None
-        if self._poll.ready_at() is not None:  # not yet: an empty batch (never emitted) instead of blocking the host
-            return _empty(self._schema)
-        data = self._poll.result()
-        self._pending, self._taken = None, True
-        batches = [b for chunk in data for b in decode(chunk)]
-        if not batches:
-            return None
-        return batches[0] if len(batches) == 1 else pa.concat_batches(batches)
-
-    def offset(self) -> int:
-        return int(self._taken)
-
-    def close(self) -> None:
-        self._pending = None
+__all__ = ["SparkSource", "from_spark", "release_warm_coordinators", "release_warm_inboxes"]
 
 
 class _Driver:
-    """The driver-only half of a :class:`SparkSource`: the DataFrame, the inbox, the launcher."""
+    """The driver-only half of a :class:`SparkSource`: the DataFrame, the coordinator, the launcher."""
 
     def __init__(
         self,
@@ -141,13 +54,13 @@ class _Driver:
         target: PushTarget,
         max_units: int,
         max_jobs: int,
-        warm_inbox: Any,
+        warm: Any,
         keep_warm: bool,
     ) -> None:
         self.df, self.rdd, self.target = df, rdd, target
         self.max_units, self.max_jobs = max_units, max_jobs
-        self.warm_inbox, self.keep_warm = warm_inbox, keep_warm
-        self.inbox: Any = None
+        self.warm, self.keep_warm = warm, keep_warm
+        self.coordinator: Any = None
         self.launcher: Any = None
 
 
@@ -187,8 +100,8 @@ class SparkSource(Source):
     """A batch DataFrame pushed into the dataflow by Spark's executors (see :func:`from_spark`).
 
     The object is pickled into the source instances without its driver half.
-    ``close()`` stops Spark jobs and kills the inbox actor (idempotent); call it
-    after the job ended.
+    ``close()`` stops Spark jobs and kills the coordinator actor (idempotent);
+    call it after the job ended.
     """
 
     def __init__(
@@ -199,18 +112,19 @@ class SparkSource(Source):
         name: str,
         max_units: int,
         max_jobs: int,
-        warm_inbox: Any = None,
+        warm: Any = None,
         keep_warm: bool = False,
     ) -> None:
         self._schema = schema
         self._name = name
-        self._inbox = target.inbox
+        self._coordinator = target.coordinator
         self._namespace = target.namespace
+        self._read_ahead = max_units
         rdd = _spark_arrow_rdd(df, target)
         if rdd is None:
             rdd = df.mapInArrow(functools.partial(push_partition, target), SUMMARY_SCHEMA).rdd
         self._num_partitions = int(rdd.getNumPartitions())
-        self._driver: _Driver | None = _Driver(df, rdd, target, max_units, max_jobs, warm_inbox, keep_warm)
+        self._driver: _Driver | None = _Driver(df, rdd, target, max_units, max_jobs, warm, keep_warm)
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -228,9 +142,13 @@ class SparkSource(Source):
         self._start()
         return [SourceSplit(f"{self._name}-p{p}", (0, p)) for p in range(self._num_partitions)]
 
+    def read_ahead(self) -> int:
+        """An instance opens its next ``max_units`` splits early: their readers register where to push."""
+        return self._read_ahead
+
     def _start(self) -> None:
-        """Create the inbox and start launching Spark jobs (once; on the driver)."""
-        from .inbox import SparkInbox
+        """Create the coordinator and start launching Spark jobs (once; on the driver)."""
+        from .coordinator import UnitCoordinator
         from .launcher import JobLauncher
 
         driver = self._driver
@@ -238,18 +156,19 @@ class SparkSource(Source):
             raise RuntimeError(
                 f"{self._name}: splits() needs the driver-side source (it was pickled or closed)"
             )
-        if driver.inbox is not None:
+        if driver.coordinator is not None:
             return
         units = [(0, p) for p in range(self._num_partitions)]
-        if driver.warm_inbox is not None:
-            driver.inbox, driver.warm_inbox = driver.warm_inbox, None
-            driver.inbox.configure.remote(units, driver.max_units)
+        if driver.warm is not None:
+            driver.coordinator, driver.warm = driver.warm, None
+            driver.coordinator.configure.remote(units, driver.max_units)
         else:
-            driver.inbox = SparkInbox.options(  # type: ignore[attr-defined]
-                name=self._inbox, namespace=self._namespace
+            driver.coordinator = UnitCoordinator.options(  # type: ignore[attr-defined]
+                name=self._coordinator, namespace=self._namespace
             ).remote(units, driver.max_units)
+        rdd = driver.rdd
         driver.launcher = JobLauncher(
-            driver.df.sparkSession, driver.rdd, driver.inbox, self._name, driver.max_jobs
+            driver.df.sparkSession, lambda epoch: rdd, driver.coordinator, self._name, driver.max_jobs
         )
         driver.launcher.start()
 
@@ -258,34 +177,33 @@ class SparkSource(Source):
             raise ValueError(
                 f"{self._name}: offset of split {split.split_id!r} must be 0 or 1, got {offset!r}"
             )
-        return _UnitReader(self, tuple(split.payload), bool(offset))  # type: ignore[arg-type]
+        link = CoordinatorLink(self._coordinator, self._namespace)
+        return UnitReader(link, self._schema, tuple(split.payload), bool(offset))  # type: ignore[arg-type]
 
     def statistics(self) -> BufferStatistics:
-        """The hand-off buffer's counters (driver only, after ``submit``)."""
+        """The hand-off's counters (driver only, after ``submit``)."""
         import ray
 
-        if self._driver is None or self._driver.inbox is None:
+        if self._driver is None or self._driver.coordinator is None:
             raise RuntimeError(
                 f"{self._name}: statistics() is available on the driver once the job was submitted"
             )
-        return ray.get(self._driver.inbox.statistics.remote())
+        return ray.get(self._driver.coordinator.statistics.remote())
 
     def close(self) -> None:
-        """Cancel Spark jobs and kill the inbox actor. Idempotent."""
-        import ray
+        """Cancel Spark jobs and kill the coordinator actor. Idempotent."""
+        from .coordinator import kill, start_warm_coordinator
 
         driver, self._driver = self._driver, None
         if driver is None:
             return
         if driver.launcher is not None:
             driver.launcher.close()
-        for inbox in (driver.inbox, driver.warm_inbox):
-            if inbox is not None:
-                ray.kill(inbox, no_restart=True)
+        for coordinator in (driver.coordinator, driver.warm):
+            if coordinator is not None:
+                kill(coordinator)
         if driver.keep_warm:
-            from .inbox import start_warm_inbox
-
-            start_warm_inbox()
+            start_warm_coordinator()
 
     def __enter__(self) -> SparkSource:
         return self
@@ -315,7 +233,9 @@ def from_spark(
     ``max_units`` ahead of the dataflow; each task pushes its Arrow batches to
     the source (``window`` pushes in flight); the first complete attempt of a
     partition is the one the dataflow sees (task retries and speculative
-    attempts are dropped). Replay recomputes whole partitions from lineage.
+    attempts are dropped). Each task pushes straight to the host of the
+    source instance that reads its partition. Replay recomputes whole
+    partitions from lineage.
 
     Staged mode (``staged=True``): Spark's executors write one Arrow IPC file
     per partition under ``path`` (a directory or ``pyarrow.fs`` URI) when the
@@ -333,10 +253,10 @@ def from_spark(
         max_jobs: push mode's Spark jobs in flight (one per partition; Spark
             runs as many of them at once as it has task slots).
         name: the source's name (default: a unique one).
-        keep_warm: push mode: ``close()`` starts a bare inbox actor for the
-            next ``from_spark`` of this driver (any ``from_spark`` takes a
+        keep_warm: push mode: ``close()`` starts a bare coordinator actor for
+            the next ``from_spark`` of this driver (any ``from_spark`` takes a
             warm one if there is one), so that it does not wait for a process
-            to start; ``spark_bridge.release_warm_inboxes()`` stops it.
+            to start; ``spark_bridge.release_warm_coordinators()`` stops it.
 
     Returns:
         A :class:`SparkSource` (push) or a staged source; close it after the job.
@@ -374,16 +294,20 @@ def from_spark(
         if path is None:
             raise ValueError("from_spark: staged=True needs path= (a directory or a pyarrow.fs URI)")
         return stage(df, schema, path, name=name, batch_bytes=batch_bytes)
-    from .inbox import NAMESPACE, take_warm_inbox
+    from .coordinator import NAMESPACE, take_warm_coordinator
 
-    warm = take_warm_inbox()
-    inbox_name, warm_inbox = warm if warm is not None else (name, None)
-    target = PushTarget(gcs_address(), NAMESPACE, inbox_name, schema, window, batch_bytes, worker_env())
-    return SparkSource(df, schema, target, name, max_units, max_jobs, warm_inbox, keep_warm)
+    warm = take_warm_coordinator()
+    coordinator_name, warm_handle = warm if warm is not None else (name, None)
+    target = PushTarget(gcs_address(), NAMESPACE, coordinator_name, schema, window, batch_bytes, worker_env())
+    return SparkSource(df, schema, target, name, max_units, max_jobs, warm_handle, keep_warm)
 
 
-def release_warm_inboxes() -> int:
-    """Stop the warm inbox actor this driver keeps (``from_spark(keep_warm=True)``); returns how many."""
-    from .inbox import kill_warm_inboxes
+def release_warm_coordinators() -> int:
+    """Stop the warm coordinator actor this driver keeps (``from_spark(keep_warm=True)``); returns how many."""
+    from .coordinator import release_warm_coordinators as release
 
-    return kill_warm_inboxes()
+    return release()
+
+
+release_warm_inboxes = release_warm_coordinators
+"""The earlier name of :func:`release_warm_coordinators`."""

@@ -1,40 +1,60 @@
-"""units.py: the hand-off buffer's decisions: which Spark units to compute, which attempt wins, credit.
+"""units.py: the batch coordinator's decisions: where each unit goes, which to compute, which attempt wins.
 
 A *unit* is one ``(epoch, partition)`` of a Spark DataFrame (a batch
-DataFrame has the single epoch 0). Spark task attempts push a unit's Arrow
-batches tagged ``(generation, attempt, seq)``; they stay staged, per attempt,
-until the driver commits the attempt that Spark reported successful (a task's
-Python code cannot know that: when its input fails upstream, Spark ends the
-input as if it were complete and fails the task afterwards). The committed
-attempt is the only one a source instance ever sees; the others (failed,
-retried, speculative, from an older generation) are dropped.
+DataFrame has the single epoch 0); source split ``p`` reads unit ``(0, p)``.
+The reader of a unit, inside the host process that runs its source
+instance, registers a :class:`~messages.Destination` here; Spark tasks ask
+for it (``route``) and push their batches straight to it, where they are
+staged per attempt (``staging.py``). When Spark reports the job of a unit
+successful, the attempt it returned a result for is committed: this
+directory decides it and sends the reader a :class:`~messages.Commit`. The
+data never comes here.
 
-Credit: the buffer lets Spark compute at most ``max_units`` units ahead of
-the dataflow (units running in Spark plus committed but not yet taken). A
-unit a source instance is waiting for is always launched, so the window can
-never deadlock; the bound on buffered units is therefore
-``max_units + number of source instances``.
+Credit: Spark computes at most ``max_units`` units ahead of the dataflow
+(units running in Spark plus committed and not yet read). A unit a source
+instance is waiting for (``want``) is always launched, so the window never
+deadlocks; the bound on units held in readers is ``max_units`` plus the
+number of source instances. A source opens its next ``max_units`` splits'
+readers early (``Source.read_ahead``), so the units credit allows are the
+ones whose readers are open. A unit's first computation may start before its
+reader registered (at submit, while the hosts start): its tasks read a few
+batches ahead and then wait for the route. A unit computed again waits for a
+registered reader instead: a restored instance may be far from it, and its
+tasks would hold Spark's task slots meanwhile.
+
+Replay: a unit is computed again by Spark, from the DataFrame's lineage,
+when a new reader registers for it (a restored source instance whose
+checkpointed offset says it was not taken, or a host that died holding it),
+or when its pushes or its commit found the reader gone.
 
 Lifecycle of a unit::
 
-    IDLE --launch--> RUNNING --commit--> COMMITTED --take--> DELIVERED
-      ^                 |  (Spark job failed)                  |
-      |                 +--> FAILED                            |
-      +-------------------------- want (replay) ---------------+
+    IDLE --launch--> RUNNING --job done--> COMMITTED --taken--> DELIVERED
+      ^  ^              |  |   (Spark job failed)                  |
+      |  |              |  +--> FAILED                             |
+      |  +-- reader gone / new reader registers --+                |
+      +------------------ new reader registers (replay) -----------+
 
-Only the owning actor (``inbox.SparkInbox``) touches a :class:`UnitBuffer`;
-it is plain Python so that its rules are unit-tested without Ray or Spark.
+Only the owning actor (``coordinator.UnitCoordinator``) touches a
+:class:`UnitDirectory`; it is plain Python so that its rules are
+unit-tested without Ray or Spark.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
+from typing import Any
 
-__all__ = ["BufferStatistics", "SparkUnitFailed", "Unit", "UnitBuffer", "UnitStatus"]
+from .messages import Commit, Destination, Fail, Forward
+
+__all__ = ["WAIT", "BufferStatistics", "SparkUnitFailed", "Unit", "UnitDirectory", "UnitStatus"]
 
 Unit = tuple[int, int]  # (epoch, partition)
+
+WAIT = "wait"
+"""``route``'s answer while the unit's reader has not registered yet."""
 
 
 class SparkUnitFailed(RuntimeError):
@@ -51,20 +71,23 @@ class UnitStatus(enum.Enum):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class BufferStatistics:
-    """A snapshot of the hand-off buffer.
+    """A snapshot of a bridged DataFrame's hand-off.
 
     Attributes:
         max_units: the credit window, in units.
-        buffered_units: units running in Spark or committed and not yet taken.
+        buffered_units: units running in Spark or committed and not yet read.
         peak_buffered_units: the most ``buffered_units`` ever was.
-        buffered_rows: rows held (staged attempts and committed units).
+        buffered_rows: rows of committed units not yet read (held by readers).
         peak_buffered_rows: the most ``buffered_rows`` ever was.
         committed_units: units committed so far (a replayed unit counts again).
-        delivered_rows: rows handed to source instances.
-        discarded_attempts: attempts whose data was dropped (failed, retried,
-            speculative, stale).
-        rejected_pushes: pushes refused because their unit was already committed.
-        launches: Spark jobs asked for (each covers one or more units).
+        delivered_rows: rows source instances read.
+        delivered_bytes: Arrow IPC bytes source instances read (pushed to their hosts).
+        discarded_attempts: attempts whose staged data readers dropped
+            (failed, retried, speculative).
+        launches: Spark launches asked for (each covers one or more units).
+        relaunches: units computed again (a replay, or their reader went away).
+        row_bytes_received: bytes of row data in the calls the coordinator
+            received: 0, as every batch goes straight to a reader's host.
     """
 
     max_units: int
@@ -74,9 +97,11 @@ class BufferStatistics:
     peak_buffered_rows: int
     committed_units: int
     delivered_rows: int
+    delivered_bytes: int
     discarded_attempts: int
-    rejected_pushes: int
     launches: int
+    relaunches: int
+    row_bytes_received: int
 
 
 @dataclasses.dataclass(slots=True)
@@ -84,14 +109,14 @@ class _UnitState:
     status: UnitStatus = UnitStatus.IDLE
     generation: int = -1
     wanted: bool = False
-    staged: dict[tuple[int, int], dict[int, tuple[bytes, int]]] = dataclasses.field(default_factory=dict)
-    data: list[bytes] = dataclasses.field(default_factory=list)
+    destination: Destination | None = None
     rows: int = 0
+    launched: int = 0
     error: str | None = None
 
 
-class UnitBuffer:
-    """Staging, commit and credit for the units of one bridged DataFrame.
+class UnitDirectory:
+    """Destinations, launches, commits and credit for the units of one bridged DataFrame.
 
     Args:
         units: every unit, in the order Spark should compute them.
@@ -102,20 +127,16 @@ class UnitBuffer:
         if max_units < 1:
             raise ValueError(f"from_spark: max_units must be >= 1, got {max_units}")
         self.max_units = max_units
-        self._order = list(units)
-        self._units = {u: _UnitState() for u in self._order}
+        self._order: list[Unit] = [(int(u[0]), int(u[1])) for u in units]
+        self._units: dict[Unit, _UnitState] = {u: _UnitState() for u in self._order}
         self._generation = 0
-        self._peak_units = 0
-        self._rows = 0
-        self._peak_rows = 0
-        self._committed = 0
-        self._delivered_rows = 0
-        self._discarded = 0
-        self._rejected = 0
+        self._peak_units = self._rows = self._peak_rows = 0
+        self._committed = self._delivered_rows = self._delivered_bytes = 0
+        self._discarded = self._relaunches = self._received = 0
 
     def _state(self, unit: Unit) -> _UnitState:
         try:
-            return self._units[tuple(unit)]  # type: ignore[index]
+            return self._units[(int(unit[0]), int(unit[1]))]
         except KeyError:
             raise KeyError(f"from_spark: unknown unit (epoch, partition) = {tuple(unit)}") from None
 
@@ -126,34 +147,44 @@ class UnitBuffer:
         self._peak_units = max(self._peak_units, self._buffered_units())
         self._peak_rows = max(self._peak_rows, self._rows)
 
-    # -- the source side -----------------------------------------------------------
+    def _reset(self, state: _UnitState, destination: Destination | None) -> None:
+        """Back to IDLE: what the unit had in Spark or at its reader is lost; compute it again."""
+        if state.status is UnitStatus.COMMITTED:
+            self._rows -= state.rows
+        state.status, state.destination, state.rows = UnitStatus.IDLE, destination, 0
 
-    def want(self, unit: Unit) -> None:
-        """A source instance waits for ``unit``: launch it next (again if it was delivered: a replay)."""
+    # -- the reader side -----------------------------------------------------------
+
+    def register(self, unit: Unit, destination: Destination) -> list[Forward]:
+        """A reader of ``unit`` was opened at ``destination`` (again: idempotent for one token)."""
         state = self._state(unit)
-        state.wanted = True
-        if state.status is UnitStatus.DELIVERED:
-            state.status = UnitStatus.IDLE
-
-    def take(self, unit: Unit) -> list[bytes] | None:
-        """The committed data of ``unit`` (then dropped here), or ``None`` if not committed yet.
-
-        Raises:
-            SparkUnitFailed: Spark's job for the unit failed.
-        """
-        state = self._state(unit)
+        old = state.destination
+        if old is None or old.token != destination.token:
+            moved = old is not None  # else: launched before its reader registered; its tasks wait for this
+            if moved and state.status in (UnitStatus.RUNNING, UnitStatus.COMMITTED, UnitStatus.DELIVERED):
+                self._reset(state, destination)  # its data was (or went) elsewhere: a replay
+            state.destination = destination
         if state.status is UnitStatus.FAILED:
-            raise SparkUnitFailed(
-                f"Spark failed to compute partition {unit[1]} (epoch {unit[0]}): {state.error}"
-            )
-        if state.status is not UnitStatus.COMMITTED:
-            self.want(unit)
-            return None
-        data, state.data = state.data, []
+            return [Forward(destination, Fail(destination.token, self._failure(unit, state)), tuple(unit))]
+        return []
+
+    def want(self, unit: Unit, destination: Destination) -> list[Forward]:
+        """The reader at ``destination`` waits for ``unit`` now: launch it next, credit or not."""
+        forwards = self.register(unit, destination)
+        self._state(unit).wanted = True
+        return forwards
+
+    def taken(self, unit: Unit, token: str, rows: int, nbytes: int) -> None:
+        """The reader ``token`` read the committed unit (``rows`` rows, ``nbytes`` bytes): credit is free."""
+        state = self._state(unit)
+        if state.status is not UnitStatus.COMMITTED or state.destination is None:
+            return
+        if state.destination.token != token:
+            return  # a reader that was replaced meanwhile
         self._rows -= state.rows
-        self._delivered_rows += state.rows
+        self._delivered_rows += rows
+        self._delivered_bytes += nbytes
         state.status, state.wanted = UnitStatus.DELIVERED, False
-        return data
 
     # -- the driver (job launcher) side ----------------------------------------------
 
@@ -161,98 +192,123 @@ class UnitBuffer:
         """Units to compute now, as ``(generation, units)``; marks them RUNNING.
 
         Wanted units first (always), then the next idle units while the credit
-        window has room.
+        window has room (a unit computed before needs its reader registered).
         """
-        chosen = [
-            u for u in self._order if self._units[u].wanted and self._units[u].status is UnitStatus.IDLE
-        ]
+        idle = [u for u in self._order if self._launchable(self._units[u])]
+        chosen = [u for u in idle if self._units[u].wanted]
         room = self.max_units - self._buffered_units() - len(chosen)
-        for u in self._order:
-            if room <= 0:
-                break
-            if self._units[u].status is UnitStatus.IDLE and u not in chosen:
-                chosen.append(u)
-                room -= 1
+        chosen += [u for u in idle if not self._units[u].wanted][: max(room, 0)]
         if not chosen:
             return self._generation, []
         self._generation += 1
         for u in chosen:
-            self._units[u].status, self._units[u].generation = UnitStatus.RUNNING, self._generation
+            state = self._units[u]
+            self._relaunches += state.launched > 0
+            state.launched += 1
+            state.status, state.generation = UnitStatus.RUNNING, self._generation
         self._note_peak()
         return self._generation, chosen
+
+    @staticmethod
+    def _launchable(state: _UnitState) -> bool:
+        return state.status is UnitStatus.IDLE and (state.destination is not None or not state.launched)
+
+    def route(self, unit: Unit, generation: int) -> Destination | str | None:
+        """Where a task of launch ``generation`` pushes ``unit``.
+
+        ``None``: that launch is stale, stop; :data:`WAIT`: ask again, the
+        unit's reader has not registered yet.
+        """
+        state = self._state(unit)
+        if state.status is not UnitStatus.RUNNING or state.generation != generation:
+            return None
+        return state.destination if state.destination is not None else WAIT
 
     def job_done(
         self,
         generation: int,
         units: Sequence[Unit],
         error: str | None,
-        succeeded: Sequence[tuple[Unit, int, int]] = (),
-    ) -> None:
-        """Spark's job for ``units`` (launched as ``generation``) ended.
+        succeeded: Sequence[tuple[Unit, int, int, int]] = (),
+        lost: Collection[Unit] = (),
+    ) -> list[Forward]:
+        """Spark's job for ``units`` (launch ``generation``) ended; the commits and failures to send.
 
         Args:
             generation: the launch's generation.
             units: the units it computed.
             error: Spark's error if the job failed, else ``None``.
-            succeeded: ``(unit, attempt, num_batches)`` of the task attempts
-                Spark reported successful: these are committed.
+            succeeded: ``(unit, attempt, num_batches, rows)`` of the attempts
+                Spark reported successful and complete: these are committed.
+            lost: units whose pushes found their reader gone: computed again
+                once a reader registers for them.
         """
-        for unit, attempt, num_batches in succeeded:
-            self.commit(tuple(unit), generation, attempt, num_batches)  # type: ignore[arg-type]
+        forwards = [f for unit, attempt, num_batches, rows in succeeded
+                    for f in self._commit(unit, generation, attempt, num_batches, rows)]
+        gone = {(int(u[0]), int(u[1])) for u in lost}
         for unit in units:
             state = self._state(unit)
-            self._drop_staged(state, generation)
-            if state.status is UnitStatus.RUNNING and state.generation == generation:
-                if error is None:
-                    error = "bug in spark_bridge: the Spark job ended without committing the unit"
-                state.status, state.error = UnitStatus.FAILED, error
-
-    # -- the Spark task side ---------------------------------------------------------
-
-    def push(self, unit: Unit, generation: int, attempt: int, seq: int, data: bytes, rows: int) -> bool:
-        """Stage one batch of an attempt; ``False``: the unit is already committed, stop pushing."""
-        state = self._state(unit)
-        if state.status is not UnitStatus.RUNNING:
-            self._rejected += 1
-            return False
-        batches = state.staged.setdefault((generation, attempt), {})
-        if seq in batches:
-            raise ValueError(
-                f"bug in spark_bridge: batch {seq} of unit {unit} attempt {attempt} pushed twice"
-            )
-        batches[seq] = (data, rows)
-        self._rows += rows
+            if state.status is not UnitStatus.RUNNING or state.generation != generation:
+                continue
+            if error is None and (unit[0], unit[1]) in gone:
+                self._reset(state, None)  # the reader is gone; its successor registers
+                continue
+            forwards += self._fail(unit, state, error or "bug in spark_bridge: the Spark job ended without "
+                                   "committing the unit")
         self._note_peak()
-        return True
+        return forwards
 
-    def commit(self, unit: Unit, generation: int, attempt: int, num_batches: int) -> bool:
-        """Spark says this attempt succeeded with ``num_batches`` pushed; ``True``: it is the unit's data."""
+    def _commit(self, unit: Unit, generation: int, attempt: int, num_batches: int, rows: int) -> list[Forward]:
+        """Spark says this attempt pushed the whole unit: it is the unit's data, if its launch is current."""
         state = self._state(unit)
-        mine = state.staged.get((generation, attempt), {})
-        if state.status is not UnitStatus.RUNNING:
-            return False
-        if sorted(mine) != list(range(num_batches)):
-            raise ValueError(
-                f"bug in spark_bridge: unit {unit} attempt {attempt} reported {num_batches} batches, "
-                f"the buffer holds {sorted(mine)}"
-            )
-        state.data = [mine[i][0] for i in range(num_batches)]
-        state.rows = sum(mine[i][1] for i in range(num_batches))
-        del state.staged[(generation, attempt)]
-        self._drop_staged(state, None)
-        state.status = UnitStatus.COMMITTED
+        if state.status is not UnitStatus.RUNNING or state.generation != generation:
+            return []
+        assert state.destination is not None, "bug in spark_bridge: a unit ran without a reader"
+        state.status, state.rows = UnitStatus.COMMITTED, rows
+        self._rows += rows
         self._committed += 1
-        return True
+        commit = Commit(state.destination.token, generation, attempt, num_batches)
+        return [Forward(state.destination, commit, (unit[0], unit[1]))]
 
-    def _drop_staged(self, state: _UnitState, generation: int | None) -> None:
-        """Drop the staged attempts of ``generation`` (``None``: of every generation)."""
-        for key in [k for k in state.staged if generation is None or k[0] == generation]:
-            self._rows -= sum(rows for _, rows in state.staged.pop(key).values())
-            self._discarded += 1
+    def _fail(self, unit: Unit, state: _UnitState, error: str) -> list[Forward]:
+        if state.status is UnitStatus.COMMITTED:
+            self._rows -= state.rows
+        state.status, state.error = UnitStatus.FAILED, error
+        if state.destination is None:
+            return []
+        fail = Fail(state.destination.token, self._failure(unit, state))
+        return [Forward(state.destination, fail, tuple(unit))]
 
-    def staged_rows(self, unit: Unit) -> int:
-        """Rows staged for ``unit`` by attempts not (yet) committed."""
-        return sum(rows for batches in self._state(unit).staged.values() for _, rows in batches.values())
+    @staticmethod
+    def _failure(unit: Unit, state: _UnitState) -> str:
+        return f"Spark failed to compute partition {unit[1]} (epoch {unit[0]}): {state.error}"
+
+    def answered(self, forward: Forward, answer: Any, error: str | None = None) -> list[Forward]:
+        """A reader's answer to ``forward`` (``None``: the reader is gone; ``error``: it raised)."""
+        message = forward.message
+        if isinstance(message, Fail):
+            self._discarded += answer if isinstance(answer, int) else 0
+            return []
+        assert isinstance(message, Commit), f"bug in spark_bridge: no answer expected to {message!r}"
+        unit = forward.about
+        state = self._state(unit)
+        current = (
+            state.status is UnitStatus.COMMITTED
+            and state.generation == message.generation
+            and state.destination is not None
+            and state.destination.token == message.token
+        )  # else replaced meanwhile: its new reader has it computed again
+        if error is not None and current:
+            return self._fail(unit, state, error)
+        if answer is None and current:
+            self._reset(state, None)  # the reader went away before the commit reached it
+        elif answer is not None:
+            self._discarded += answer[1]
+        return []
+
+    def note_received(self, nbytes: int) -> None:
+        """Bytes of row data found in a call to the coordinator (there should be none)."""
+        self._received += nbytes
 
     def statistics(self) -> BufferStatistics:
         return BufferStatistics(
@@ -263,7 +319,9 @@ class UnitBuffer:
             peak_buffered_rows=self._peak_rows,
             committed_units=self._committed,
             delivered_rows=self._delivered_rows,
+            delivered_bytes=self._delivered_bytes,
             discarded_attempts=self._discarded,
-            rejected_pushes=self._rejected,
             launches=self._generation,
+            relaunches=self._relaunches,
+            row_bytes_received=self._received,
         )

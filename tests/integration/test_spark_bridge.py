@@ -70,9 +70,9 @@ def dataflow_counts(job) -> dict[str, int]:
     return {r["key"]: r["count"] for r in job.result("out").to_pylist()}
 
 
-def test_keyed_count_equals_spark_sql_and_a_warm_inbox_serves_the_next_source(spark):
-    from spark_bridge import release_warm_inboxes
-    from spark_bridge.inbox import _warm
+def test_keyed_count_equals_spark_sql_and_a_warm_coordinator_serves_the_next_source(spark):
+    from spark_bridge import release_warm_coordinators
+    from spark_bridge.coordinator import _warm
 
     df = events(spark)
     try:
@@ -81,16 +81,29 @@ def test_keyed_count_equals_spark_sql_and_a_warm_inbox_serves_the_next_source(sp
             stats = src.statistics()
         assert dataflow_counts(job) == spark_counts(df)
         assert stats.committed_units == 6 and stats.discarded_attempts == 0, stats
-        assert len(_warm) == 1, "close() with keep_warm=True left no warm inbox"
+        assert len(_warm) == 1, "close() with keep_warm=True left no warm coordinator"
         warm_name = _warm[0][1]
         again = events(spark, rows=20_000, partitions=3)
-        with from_spark(again) as src:  # takes the warm inbox; does not keep one itself
-            assert src._inbox == warm_name and not _warm
+        with from_spark(again) as src:  # takes the warm coordinator; does not keep one itself
+            assert src._coordinator == warm_name and not _warm
             job = run_to_end(keyed_count("spark-sql-warm", src))
         assert dataflow_counts(job) == spark_counts(again)
     finally:
-        release_warm_inboxes()
+        release_warm_coordinators()
     assert not _warm
+
+
+def test_rows_go_from_the_executors_to_the_source_hosts_never_through_the_coordinator(spark):
+    df = events(spark, rows=40_000, partitions=4)
+    with from_spark(df, max_units=2) as src:
+        job = run_to_end(keyed_count("spark-direct", src, parallelism=2))
+        stats = src.statistics()
+    expected = spark_counts(df)
+    assert dataflow_counts(job) == expected
+    src_rows = [i.records_out for i in job.statistics().instances if i.operator == "src"]
+    assert len(src_rows) == 2 and sum(src_rows) == sum(expected.values())  # both instances read their units
+    assert stats.delivered_rows == sum(expected.values()) and stats.delivered_bytes > 0, stats
+    assert stats.row_bytes_received == 0, stats  # the coordinator saw where data went, never the data
 
 
 def test_the_mapinarrow_fallback_equals_spark_sql(spark, monkeypatch):
@@ -185,7 +198,9 @@ def test_killed_stateful_host_replays_from_spark_exactly(spark, tmp_path):
             job.wait(timeout=180)
         finally:
             job.cancel()
+        stats = src.statistics()
     assert any(e.startswith("recovered from") for e in job.status().events), job.status().events
+    assert stats.relaunches >= 1, stats  # Spark computed again what the restored readers needed
     assert dataflow_counts(job) == spark_counts(df)
 
 
@@ -260,6 +275,7 @@ def test_stream_rerun_batch_is_seen_once(spark, tmp_path):
             job.cancel()
         stats = src.statistics()
     assert stats.ignored_commits == 1 and stats.committed_epochs == len(commits), stats
+    assert stats.row_bytes_received == 0 and stats.delivered_bytes > 0, stats
     assert dataflow_counts(job) == spark_counts(preprocess(spark.read.parquet(str(inbound))))
 
 
@@ -293,5 +309,5 @@ def test_stream_replays_kept_epochs_after_a_killed_host(spark, tmp_path):
             job.cancel()
         stats = src.statistics()
     assert any(e.startswith("recovered from") for e in job.status().events), job.status().events
-    assert stats.replayed_epochs >= 1, stats
+    assert stats.replayed_epochs >= 1 and stats.repushes >= 1, stats  # Spark pushed kept epochs again
     assert dataflow_counts(job) == spark_counts(preprocess(spark.read.parquet(str(inbound))))

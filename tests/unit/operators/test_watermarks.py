@@ -57,3 +57,17 @@ def test_strategy_errors_name_the_operator_and_column():
         bounded_out_of_orderness("x", 1).check(schema, "operator 'src'")
     ts = pa.schema([("t", pa.timestamp("ms"))])
     bounded_out_of_orderness("t", datetime.timedelta(seconds=1)).check(ts, "operator 'src'")
+
+
+def test_a_watermarked_source_passes_read_ahead_messages_and_its_inner_offsets_through():
+    seen = []
+    inner = from_items(ROWS, batch_size=2)
+    inner.read_ahead = lambda: 3  # as a source fed from outside would answer
+    inner.checkpoint_complete = lambda checkpoint_id, offsets: seen.append((checkpoint_id, offsets))
+    src = WatermarkedSource(inner, bounded_out_of_orderness("t", 4))
+    assert src.read_ahead() == 3
+    src.checkpoint_complete(7, {"a": (4, 12), "b": None})
+    assert seen == [(7, {"a": 4, "b": None})]  # the inner source's own offsets, watermarks stripped
+    reader = src.open_split(src.splits()[0])
+    with pytest.raises(TypeError, match="takes no messages"):
+        reader.receive("hello")  # the inner reader takes none: the wrapper passes that on
