@@ -20,7 +20,7 @@ of the job's host processes. The setup before the first step (an in-band
 ``Monitor`` for per-bin load and size, planning, and starting the new host
 actor, the same for every strategy) is reported apart: ``setup_s`` and
 ``setup_max_latency_ms``. Before each strategy the same job runs
-``BASELINE_S`` without a migration: ``baseline_max_latency_ms`` /
+``--settle`` seconds (2) without a migration: ``baseline_max_latency_ms`` /
 ``baseline_p99_latency_ms`` are the floor any strategy is read against (on a
 busy 2-core machine its max is tens to a hundred ms). The job keeps one spare host (``spare_hosts=1``),
 so a scale-out sets up a started process instead of starting one while the
@@ -52,9 +52,8 @@ from benchmarks.common import emit, start_ray
 from benchmarks.control_overhead import TakeLatency
 from benchmarks.measure import build, loadavg, warm_up
 
-SETTLE_S = 2.0
+SETTLE_S = 2.0  # after each leg, and the baseline before each strategy (--settle)
 TAIL_S = 0.5
-BASELINE_S = 2.0
 THETA = 0.05
 """The planner's load bound for every leg, by default (``--theta``; SSM: no instance above ``1 + theta``
 times the mean load).
@@ -151,19 +150,19 @@ def _curve(arrival: np.ndarray, latency_ms: np.ndarray, leg: dict[str, Any],
 
 
 def run_strategy(job: Any, rss: HostRss, label: str, strategy: str, knobs: dict[str, Any],
-                 table: list[int]) -> dict[str, Any]:
+                 table: list[int], settle_s: float = SETTLE_S) -> dict[str, Any]:
     if list(job.plan.bin_tables["count"]) != table:  # every strategy starts from the same bin table
         job.migrate("count", table, strategy="all_at_once").result(600)
-        time.sleep(SETTLE_S)
+        time.sleep(settle_s)
     job.refill_spare_hosts(120)  # replace the spare host the previous scale-out took
     job.run_control(TakeLatency()).result(60)  # drop what came before
-    time.sleep(BASELINE_S)  # the same job without a migration: the floor a strategy's latency is read against
+    time.sleep(settle_s)  # the same job without a migration: the floor a strategy's latency is read against
     base = job.run_control(TakeLatency()).result(60)
     rss.reset()
     legs = []
     for p in (3, 2):
         legs.append(migrate(job, p, strategy, knobs))
-        time.sleep(SETTLE_S)  # let the backlog of the migration drain before the next one (pacing)
+        time.sleep(settle_s)  # let the backlog of the migration drain before the next one (pacing)
     samples = job.run_control(TakeLatency()).result(60)
     arrival, latency_ms, rows = samples[:, 0], samples[:, 1] / 1e6, samples[:, 2]
     inside = np.zeros(len(arrival), dtype=bool)
@@ -231,6 +230,9 @@ def main() -> None:
     parser.add_argument("--png", default="migration_latency.png", help="where the latency plot goes")
     parser.add_argument("--strategies", default=None, help="comma-separated labels to run")
     parser.add_argument("--verbose", action="store_true", help="print each leg's step log")
+    parser.add_argument("--settle", type=float, default=SETTLE_S,
+                        help=f"seconds of settling after each leg, and of baseline before each strategy "
+                             f"(default {SETTLE_S})")
     parser.add_argument("--theta", type=float, default=THETA,
                         help=f"the planner's load bound (default {THETA}; few bins need more)")
     args = parser.parse_args()
@@ -258,10 +260,11 @@ def main() -> None:
         rss = HostRss(job)
         rss.start()
         try:
-            time.sleep(SETTLE_S)  # settle after the restore
+            time.sleep(args.settle)  # settle after the restore
             table = list(job.plan.bin_tables["count"])
             for label, strategy, knobs in chosen:
-                results.append(run_strategy(job, rss, label, strategy, {**knobs, "theta": args.theta}, table))
+                results.append(run_strategy(job, rss, label, strategy, {**knobs, "theta": args.theta}, table,
+                                            args.settle))
         finally:
             rss.stop()
             job.cancel()

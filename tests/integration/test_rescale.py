@@ -120,15 +120,8 @@ def check_exact(job, counted, ordered) -> None:
         assert [by_pos[i] for i in range(len(by_pos))] == arrival[key], f"key {key}: state lost or reordered"
 
 
-def sources(seconds: float):
-    """Paced to last ``seconds``, so rescales happen while the input flows."""
-    counted = generate(int(40_000 * seconds), rate=40_000, batch_size=1000, num_keys=200, num_splits=2, seed=3)
-    ordered = generate(int(2_000 * seconds), rate=2_000, batch_size=250, num_keys=50, num_splits=1, seed=4)
-    return counted, ordered
-
-
 def sources_until_stopped(tmp_path):
-    """Paced like ``sources``, until the test creates the returned stop file."""
+    """Paced generators (40,000 and 2,000 records/s) until the test creates the returned stop file."""
     stop = str(tmp_path / "stop")
     counted = generate(None, rate=40_000, batch_size=1000, num_keys=200, num_splits=2, seed=3)
     ordered = generate(None, rate=2_000, batch_size=250, num_keys=50, num_splits=1, seed=4)
@@ -235,7 +228,7 @@ def test_random_migrations_keep_the_invariant(tmp_path):
 
 
 def test_killed_host_during_migration_recovers_exactly(tmp_path):
-    counted, ordered = sources(30)
+    counted, ordered, stop = sources_until_stopped(tmp_path)
     job = build("rescale-kill", counted, ordered).submit(
         checkpoint_interval_s=0.5, poll_interval_s=0.2, checkpoint_dir=str(tmp_path / "chk"))
     try:
@@ -254,6 +247,7 @@ def test_killed_host_during_migration_recovers_exactly(tmp_path):
             time.sleep(0.05)
         # The job runs on, with the topology of the last completed step; a new rescale completes.
         assert job.rescale("count", 1, strategy="all_at_once").result(120)["state"] == "DONE"
+        open(stop, "w").close()  # the input ends after the rescales
         job.wait(timeout=180)
     finally:
         job.cancel()
