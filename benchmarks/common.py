@@ -23,12 +23,14 @@ def start_ray(num_cpus: int | None = None) -> None:
 
 
 class RssSampler:
-    """Samples the summed RSS of some processes every ``interval`` seconds; ``peak_mb`` is the maximum."""
+    """Samples the summed RSS of some processes every ``interval`` seconds; ``peak_mb`` is the maximum,
+    ``growth_mb`` how far it rose above the first sample."""
 
     def __init__(self, pids: Iterable[int], interval: float = 0.05):
         self.procs = [psutil.Process(p) for p in pids]
         self.interval = interval
         self.peak = 0
+        self.first: int | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -41,6 +43,8 @@ class RssSampler:
                 except psutil.Error:
                     pass
             self.peak = max(self.peak, total)
+            if self.first is None:
+                self.first = total
             time.sleep(self.interval)
 
     def __enter__(self) -> "RssSampler":
@@ -54,6 +58,10 @@ class RssSampler:
     @property
     def peak_mb(self) -> float:
         return round(self.peak / 2**20, 1)
+
+    @property
+    def growth_mb(self) -> float:
+        return round((self.peak - (self.first or self.peak)) / 2**20, 1)
 
 
 def emit(figures: dict[str, Any]) -> None:

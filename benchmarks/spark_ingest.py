@@ -15,12 +15,16 @@ driver-funnel reference; ``ratio`` = bridge / toArrow (target >= 0.7);
 ``driver_rss_mb_1m`` / ``driver_rss_mb_5m``: the peak RSS of the driver (this
 Python process plus Spark's JVM) during a bridge run of the small and the
 large size, also given apart (``driver_python_rss_mb_*``,
-``driver_jvm_rss_mb_*``; in local mode the JVM runs the executors too, so
-the rows do pass through it): it must stay flat as the rows grow, because no
-row passes through the driver. The Python driver's does (about 225-235 MB at
-1M and at 5M rows); the JVM's peak is about 200 MB higher in a 5M-row run
-than in a 1M-row one, in either order, so it is its executors' heap sizing
-for the larger partitions, not a funnel. ``submit_s_5m``: how long ``submit()`` took
+``driver_jvm_rss_mb_*``): it must stay flat as the rows grow, because no
+row passes through the driver. The Python driver's does (about 200 MB at
+1M and at 5M rows). The JVM's peak moves by 40-170 MB between runs: its heap
+grows when it likes and never shrinks (in local mode it also runs the
+executors; with ``--master local-cluster[2,1,1024]``, where it does not, it
+grew as much). So each run's own growth is reported too:
+``driver_rss_growth_mb_1m`` / ``_5m`` (peak minus the RSS at the run's
+start), and ``to_arrow_driver_rss_growth_mb_5m`` for ``toArrow()``, which
+does funnel every row through the driver (measured: a 5M-row bridged run
++18 MB, ``toArrow()`` +189 MB). ``submit_s_5m``: how long ``submit()`` took
 (Spark already computes meanwhile).
 
 The job runs on ``NUM_HOSTS`` = 2 host actors, one per core. Like Spark's
@@ -44,7 +48,7 @@ The dataflow's own part, in one process without Ray, is 0.6 CPU s (half of
 it hashing the string keys); the rest of the hosts' share is Ray's calls
 and serialisation between processes.
 
-Run: ``python -m benchmarks.spark_ingest [--quick] [--rows N] [--small-rows N]``.
+Run: ``python -m benchmarks.spark_ingest [--quick] [--rows N] [--small-rows N] [--master M]``.
 ``--quick`` (under a minute): 1,000,000 and 200,000 rows (the JSON's
 ``rows`` / ``small_rows`` say which sizes the two RSS figures are for).
 """
@@ -59,6 +63,12 @@ from typing import Any
 import psutil
 
 from benchmarks.common import RssSampler, emit, start_ray
+
+MASTER = "local"
+"""Spark's master (``--master``): ``local`` is ``local[2]``, the executors inside the driver's JVM;
+``local-cluster[2,1,1024]`` gives them JVMs of their own, as on a cluster, so that the driver JVM's RSS is
+the driver's alone (measured: the same growth from 1M to 5M rows, about 50 MB, and a lower bridge rate,
+1.5 against 2.3 M rows/s: two more JVMs on two cores)."""
 
 NUM_HOSTS = 2
 """Host actors: one per core here, each with a source and a count instance, so half of the routed batches
@@ -82,9 +92,10 @@ def dataframe(spark: Any, rows: int, partitions: int) -> Any:
 
 
 def driver_pids() -> tuple[int, list[int]]:
-    """This process, and Spark's JVM (a child of it; in local mode it also runs the executors)."""
+    """This process, and the driver's JVM (its child; in ``local`` mode that JVM runs the executors too,
+    with ``local-cluster`` they are JVMs of their own, the driver JVM's children, and not counted)."""
     me = psutil.Process()
-    return me.pid, [c.pid for c in me.children(recursive=True) if "java" in c.name()]
+    return me.pid, [c.pid for c in me.children(recursive=False) if "java" in c.name()]
 
 
 def run_bridge(spark: Any, rows: int, partitions: int) -> dict[str, Any]:
@@ -128,6 +139,7 @@ def run_bridge(spark: Any, rows: int, partitions: int) -> dict[str, Any]:
         "rss_mb": round(py_rss.peak_mb + jvm_rss.peak_mb, 1),
         "python_rss_mb": py_rss.peak_mb,
         "jvm_rss_mb": jvm_rss.peak_mb,
+        "rss_growth_mb": round(py_rss.growth_mb + jvm_rss.growth_mb, 1),
     }
 
 
@@ -137,6 +149,8 @@ def main() -> None:
     parser.add_argument("--small-rows", type=int, default=1_000_000)
     parser.add_argument("--partitions", type=int, default=8)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--master", default=MASTER,
+                        help=f"Spark's master (default {MASTER}: local[2]; or e.g. local-cluster[2,1,1024])")
     args = parser.parse_args()
     if args.quick:
         args.rows, args.small_rows = 1_000_000, 200_000
@@ -145,7 +159,8 @@ def main() -> None:
     from actors import release_warm_actors
     from spark_bridge import release_warm_coordinators, spark_session
 
-    spark = spark_session(2, app_name="spark_ingest", conf={"spark.sql.shuffle.partitions": "4"})
+    spark = spark_session(2, app_name="spark_ingest", conf={"spark.sql.shuffle.partitions": "4"},
+                          master=None if args.master == "local" else args.master)
     spark.sparkContext.setLogLevel("ERROR")
     if args.small_rows >= 100_000:  # tiny runs (CI) skip the warm-up
         print("spark_ingest: warming up Spark and the bridge", flush=True)
@@ -161,9 +176,12 @@ def main() -> None:
     print(f"spark_ingest: toArrow() of the same {args.rows:,}-row DataFrame", flush=True)
     df = dataframe(spark, args.rows, args.partitions)
     df.toArrow()  # warm, like the bridge's runs: the JVM compiles its Arrow conversion on the first call
-    t0 = time.perf_counter()
-    table = df.toArrow()
-    to_arrow = table.num_rows / (time.perf_counter() - t0)
+    me, jvm = driver_pids()
+    with RssSampler([me]) as py_rss, RssSampler(jvm) as jvm_rss:
+        t0 = time.perf_counter()
+        table = df.toArrow()
+        to_arrow = table.num_rows / (time.perf_counter() - t0)
+    to_arrow_growth = round(py_rss.growth_mb + jvm_rss.growth_mb, 1)
     assert table.num_rows == delivered, (
         f"bug in spark_ingest: toArrow saw {table.num_rows}, the bridge {delivered}"
     )
@@ -183,7 +201,11 @@ def main() -> None:
             "driver_python_rss_mb_5m": large["python_rss_mb"],
             "driver_jvm_rss_mb_1m": small["jvm_rss_mb"],
             "driver_jvm_rss_mb_5m": large["jvm_rss_mb"],
+            "driver_rss_growth_mb_1m": small["rss_growth_mb"],
+            "driver_rss_growth_mb_5m": large["rss_growth_mb"],
+            "to_arrow_driver_rss_growth_mb_5m": to_arrow_growth,
             "submit_s_5m": large["submit_s"],
+            "master": args.master,
             "rows": args.rows,
             "small_rows": args.small_rows,
             "quick": args.quick,

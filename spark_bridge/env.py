@@ -87,6 +87,7 @@ def spark_session(
     app_name: str = "chiray",
     task_retries: int = 3,
     conf: dict[str, str] | None = None,
+    master: str | None = None,
 ) -> Any:
     """A local SparkSession set up for the bridge (Ray must already be running in this process).
 
@@ -96,6 +97,10 @@ def spark_session(
         task_retries: how often a failed task is retried (local mode does not
             retry unless asked).
         conf: more Spark settings (they win over the defaults here).
+        master: another master on this machine instead of ``local[...]``, e.g.
+            ``"local-cluster[2,1,1024]"``: executors in JVMs of their own (each
+            running this Python for its tasks), the driver's JVM apart, as on a
+            cluster.
 
     Returns:
         ``SparkSession.builder...getOrCreate()``: an existing session is reused.
@@ -113,7 +118,10 @@ def spark_session(
         "spark.sql.session.timeZone": "UTC",
         **(conf or {}),
     }
-    builder = SparkSession.builder.master(f"local[{cores},{task_retries + 1}]").appName(app_name)
+    if master is not None:
+        settings.setdefault("spark.pyspark.python", sys.executable)
+        settings.setdefault("spark.task.maxFailures", str(task_retries + 1))
+    builder = SparkSession.builder.master(master or f"local[{cores},{task_retries + 1}]").appName(app_name)
     for key, value in settings.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()

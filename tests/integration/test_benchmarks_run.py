@@ -34,7 +34,8 @@ RUNS = {
                  "--rate", "100000"],
                 ["records_per_s", "ratio", "window_latency_p50_ms", "window_latency_p99_ms"]),
     "spark_ingest": (["--rows", "60000", "--small-rows", "20000", "--partitions", "4"],
-                     ["bridge_rows_per_s", "to_arrow_rows_per_s", "ratio", "driver_rss_mb_1m", "driver_rss_mb_5m"]),
+                     ["bridge_rows_per_s", "to_arrow_rows_per_s", "ratio", "driver_rss_mb_1m", "driver_rss_mb_5m",
+                      "driver_rss_growth_mb_5m", "to_arrow_driver_rss_growth_mb_5m"]),
 }
 
 
