@@ -23,20 +23,19 @@ end). Before each window the job works off the previous window's backlog,
 so that no window is credited with another's catching up.
 
 Targets: at 100 ops/s a throughput ratio >= 0.9 non-blocking and >= 0.8
-blocking. Expected on a 2-core machine: capacity 300,000-430,000 records/s
-(it was 130,000-200,000 before hosts sent one parcel per peer with one call
-in flight: Ray's per-call work, about a millisecond of CPU across the two
-processes, was most of the data plane's cost too); at 0-10 ops/s a ratio of
-~1.0, record latency p50 ~30-60 ms, op completion 80-150 ms. At 100 ops/s a
-NoOp still costs a few ms of CPU: the driver's ``run_control`` call and the
-controller's receiving it (~1 ms and ~1.5 ms per op, once per op), then
-whatever calls the op needs that it cannot share. Ops started while others
-are in flight are injected together (``JobConfig.control_batch_s``) and
-travel together, one control run per channel hop and one return, and a
-host's calls carry everything queued while the last was in flight. Measured
-on a shared 2-core machine (load 7): non-blocking ratio ~0.96, blocking
-~0.77, completion p50 ~240-280 ms (was 0.60-0.74 and 0.79-0.82; a busy
-machine moves these by 0.1 or more, see ``loadavg_1m_at_start``).
+blocking. Expected on a 2-core machine: capacity 650,000-900,000 records/s
+(130,000-200,000 before hosts sent one parcel per peer with one call in
+flight, 300,000-430,000 before credit went back in halves: a Ray call costs
+about a millisecond of CPU across the two processes, and it was most of the
+data plane's cost); at every rate a throughput ratio of ~1.0 for both kinds;
+record latency p50 ~12-20 ms (~15-35 ms at 100 ops/s); op completion p50
+~30-110 ms, p99 under ~180 ms. A NoOp still costs some CPU, mostly Ray's
+calls: the driver's ``run_control`` calls reach the controller in batches
+(one call in flight, the ops started meanwhile together), ops started while
+others run are injected together (``JobConfig.control_batch_s``) and travel
+together, one control run per channel hop and one return, and a host's
+calls carry everything queued while the last was in flight. A busy machine
+moves these figures (see ``loadavg_1m_at_start``).
 
 Run: ``python -m benchmarks.control_overhead [--quick] [--window S] [--load F]``.
 """
