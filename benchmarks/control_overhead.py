@@ -23,11 +23,11 @@ end). Before each window the job works off the previous window's backlog,
 so that no window is credited with another's catching up.
 
 Targets: at 100 ops/s a throughput ratio >= 0.9 non-blocking and >= 0.8
-blocking. Expected on a 2-core machine: capacity 650,000-900,000 records/s
-(130,000-200,000 before hosts sent one parcel per peer with one call in
-flight, 300,000-430,000 before credit went back in halves: a Ray call costs
-about a millisecond of CPU across the two processes, and it was most of the
-data plane's cost); at every rate a throughput ratio of ~1.0 for both kinds;
+blocking. Expected on a quiet 2-core machine: capacity 650,000-900,000
+records/s (300,000-430,000 on busier days; 130,000-200,000 before hosts sent
+one parcel per peer with one call in flight: a Ray call costs about a
+millisecond of CPU across the two processes, most of the data plane's cost;
+credit going back in halves saves a third of the calls); at every rate a throughput ratio of ~1.0 for both kinds;
 record latency p50 ~12-20 ms (~15-35 ms at 100 ops/s); op completion p50
 ~30-110 ms, p99 under ~180 ms. A NoOp still costs some CPU, mostly Ray's
 calls: the driver's ``run_control`` calls reach the controller in batches
