@@ -60,13 +60,24 @@ class Outbox:
         return (bool(self.envelopes) or bool(self.runs) or bool(self.grants) or bool(self.extra)
                 or bool(self.control) or bool(self.acks) or bool(self.ended))
 
+    def _tables(self) -> tuple[tuple[str, dict[int, Any]], ...]:
+        """(parcel field, host -> items) for everything that travels in parcels, but control runs."""
+        control = self.control
+        return (("envelopes", self.envelopes), ("grants", self.grants), ("extra", self.extra),
+                ("ended", self.ended), ("relays", control.relays), ("injections", control.injections),
+                ("collects", control.collects))
+
+    def hosts(self) -> set[int]:
+        """The hosts that get a parcel."""
+        out = {host for host, gatherer in self.runs.items() if gatherer}
+        for _, table in self._tables():
+            out.update(host for host, items in table.items() if items)
+        return out
+
     def parcels(self) -> dict[int, Parcel]:
         """What goes to each other host, one parcel a host (returns and acks go to controllers)."""
         out: dict[int, Parcel] = collections.defaultdict(Parcel)
-        control = self.control
-        for field, table in (("envelopes", self.envelopes), ("grants", self.grants), ("extra", self.extra),
-                             ("ended", self.ended), ("relays", control.relays),
-                             ("injections", control.injections), ("collects", control.collects)):
+        for field, table in self._tables():
             for host, items in table.items():
                 if items:
                     getattr(out[host], field).extend(items)
@@ -520,16 +531,13 @@ class HostCore:
     def _settle_credit(self, now: float) -> None:
         """Owed credit into the outbox: all of it once the oldest is ``CREDIT_DELAY_S`` old, else
         the credit for hosts that get a parcel anyway."""
-        out = self.outbox
         overdue = self._owed_since is not None and now >= self._owed_since + CREDIT_DELAY_S
-        going = None if overdue else {h for table in (out.envelopes, out.runs, out.extra, out.ended,
-                                                      out.control.relays, out.control.injections,
-                                                      out.control.collects) for h, items in table.items() if items}
+        going = None if overdue else self.outbox.hosts()
         for channel in list(self._owed):
             src = self._src_host[channel]
             if going is None or src in going:
                 batches, nbytes = self._owed.pop(channel)
-                out.grants[src].append(Grant(channel, batches, nbytes))
+                self.outbox.grants[src].append(Grant(channel, batches, nbytes))
         if not self._owed:
             self._owed_since = None
 
