@@ -124,10 +124,31 @@ class KeyIndex:
         return self._keys.nbytes()
 
     def compact(self, keep: np.ndarray) -> None:
-        """Keep only the keys at slots ``keep`` (ascending); they become slots ``0..len(keep)-1``."""
-        keys, hashes = self._keys.take(keep), self._hash[: len(self)][keep]
+        """Keep only the keys at slots ``keep`` (ascending); they become slots ``0..len(keep)-1``.
+
+        The kept keys are distinct, and so are the table entries they held: the table is refilled
+        from them without a search for clashes. A kept key of the overflow dict whose hash's
+        holder went takes the entry (the first such key per hash); the others stay in the dict.
+        """
+        masked = self._hash[: len(self)][keep] & self._table_mask
+        hashes = self._hash[: len(self)][keep]
+        held = self._table.find(masked) == keep  # the key holds its hash's entry
+        orphans = np.flatnonzero(~held)
+        if orphans.size:  # overflow keys whose entry's holder is not kept
+            orphans = orphans[~np.isin(masked[orphans], masked[held])]
+            _, first = np.unique(masked[orphans], return_index=True)
+            held[orphans[first]] = True
+        keys = self._keys.take(keep)
+        renumber = np.full(len(self), -1, dtype=np.int64)
+        renumber[keep] = np.arange(len(keep))
+        overflow: dict[object, int] = {k: int(renumber[s]) for k, s in self._overflow.items()
+                    if renumber[s] >= 0 and not held[renumber[s]]}
         self._reset(len(keep))
-        self._add(keys, hashes)
+        self._hash[: len(keep)] = hashes
+        self._keys.append(keys)
+        slots = np.arange(len(keep))
+        self._table.put(masked[held], slots[held])
+        self._overflow = overflow
 
     def _add(self, keys: pa.Array, hashes: np.ndarray) -> np.ndarray:
         start, end = len(self), len(self) + len(keys)
@@ -148,12 +169,13 @@ class KeyIndex:
     _hash: np.ndarray
     _keys: "_KeyStore"
     _table: "_SlotTable"
+    _overflow: dict[object, int]
 
     def _reset(self, capacity: int) -> None:
         self._hash = np.zeros(capacity, dtype=np.uint64)
         self._keys = _KeyStore(self.key_type)
         self._table = _SlotTable(capacity)
-        self._overflow: dict[object, int] = {}
+        self._overflow = {}
 
 
 def _canonical(keys: pa.Array) -> pa.Array:
@@ -192,8 +214,12 @@ class _SlotTable:
         _, first = np.unique(hashes[fresh], return_index=True)
         stored[fresh] = False
         stored[fresh[first]] = True
-        self._table.map_keys_to_values(hashes[stored].view(np.int64), slots[stored].astype(np.int64))
+        self.put(hashes[stored], slots[stored])
         return stored
+
+    def put(self, hashes: np.ndarray, slots: np.ndarray) -> None:
+        """Store ``hash -> slot`` pairs known to be distinct and absent."""
+        self._table.map_keys_to_values(hashes.view(np.int64), slots.astype(np.int64))
 
 
 class _KeyStore:

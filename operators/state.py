@@ -47,6 +47,8 @@ __all__ = [
 ]
 
 _DICT_FORMAT = "chiray.DictState/1"
+COMPACT_LIVE = 0.125
+"""A columnar state compacts its slots once fewer than this share of them hold live keys."""
 _COLUMNAR_FORMAT = "chiray.ColumnarAggState/1"
 
 
@@ -103,6 +105,26 @@ class BinnedState(abc.ABC):
                 payload is of another kind, layout or number of bins. Nothing
                 is installed when an error is raised.
         """
+
+    def extract_changes(self, since: Mapping[int, int]) -> dict[int, bytes] | None:
+        """Remove the bins of ``since`` and serialise, per bin ``b``, only its keys written after
+        version ``since[b]`` (a copy of the bin at that version, e.g. a replica, plus these rows is
+        the bin now: see :meth:`apply_changes`).
+
+        Returns ``None``, removing nothing, where this kind of state does not track the writes of
+        single keys: the caller then moves the whole bins (:meth:`extract_bins`).
+        """
+        return None
+
+    def apply_changes(self, data: Mapping[int, bytes]) -> None:
+        """Write the rows :meth:`extract_changes` serialised over the bins present here (keys in
+        them take the rows' values; other keys are added).
+
+        Raises:
+            NotImplementedError: this kind of state does not track changes.
+            ValueError: a payload of another kind, layout or number of bins.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not track changes of single keys")
 
     def _check_bin(self, bin: int) -> int:
         if not 0 <= bin < self._num_bins:
@@ -275,9 +297,10 @@ class ColumnarAggState(BinnedState):
 
     Keys live in dense *slots* of a :class:`~operators.keyindex.KeyIndex`;
     each :class:`Accumulator` is a NumPy column indexed by slot, grown
-    geometrically, beside the bin of every slot. Extracting bins compacts the
-    slots, so slot numbers change only then; a key extracted and seen again
-    gets a new slot.
+    geometrically, beside the bin of every slot, and beside the version of its
+    bin when the slot was last written (``extract_changes``). Extracted bins
+    leave tombstones; a key extracted and seen again gets its slot back, and
+    slot numbers change only when the tombstones are compacted away.
 
     Lifecycle: ``UNCONFIGURED --configure() or install_bins()--> CONFIGURED``.
     The owner (an aggregation logic) configures the key type and accumulators
@@ -295,6 +318,7 @@ class ColumnarAggState(BinnedState):
 
     _n: int
     _bin: np.ndarray
+    _stamp: np.ndarray
     _cols: dict[str, np.ndarray]
     _index: KeyIndex
 
@@ -379,6 +403,7 @@ class ColumnarAggState(BinnedState):
             else:
                 column[slots] = np.maximum(column[slots], part)
         self._versions += np.bincount(self._bin[slots], minlength=self._num_bins) > 0
+        self._stamp[slots] = self._versions[self._bin[slots]]
         return slots
 
     def slots(self) -> np.ndarray:
@@ -401,8 +426,10 @@ class ColumnarAggState(BinnedState):
         if end > len(self._bin):
             capacity = max(end, 2 * len(self._bin))
             self._bin = _resized(self._bin, capacity, start)
+            self._stamp = _resized(self._stamp, capacity, start)
             self._cols = {name: _resized(col, capacity, start) for name, col in self._cols.items()}
         self._bin[start:end] = bins_from_hashes(self._index.hashes(new_slots), self._num_bins)
+        self._stamp[start:end] = 0
         for acc in self._accs:
             self._cols[acc.name][start:end] = acc.identity()
         self._n = end
@@ -411,6 +438,7 @@ class ColumnarAggState(BinnedState):
         self._n = 0
         self._dead = 0  # slots of extracted bins, marked with bin ``num_bins`` until the next compaction
         self._bin = np.zeros(capacity, dtype=np.int32)
+        self._stamp = np.zeros(capacity, dtype=np.int64)  # per slot: its bin's version when last written
         self._cols = {a.name: np.zeros(capacity, dtype=a.dtype) for a in self._accs}
         self._index = KeyIndex(self._key_type or pa.null(), table_hash_bits=self._index_hash_bits)
 
@@ -436,7 +464,10 @@ class ColumnarAggState(BinnedState):
     def snapshot_later(self, bins: Iterable[int]) -> Callable[[], dict[int, bytes]]:
         """Copy the bins' rows now (a few array copies); encode them later, e.g. in another thread."""
         wanted = self._check_bins(bins)
-        members = np.flatnonzero(self._in_bins(wanted))
+        return self._encode_later(wanted, np.flatnonzero(self._in_bins(wanted)))
+
+    def _encode_later(self, wanted: list[int], members: np.ndarray) -> Callable[[], dict[int, bytes]]:
+        """Copy the rows at slots ``members`` (all in bins ``wanted``) now; encode them per bin later."""
         members = members[np.argsort(self._bin[members], kind="stable")]
         bounds = np.searchsorted(self._bin[members], wanted + [self._num_bins])
         keys = self.keys_at(members) if self.configured else None
@@ -455,17 +486,48 @@ class ColumnarAggState(BinnedState):
 
     def extract_bins(self, bins: Iterable[int]) -> dict[int, bytes]:
         """Snapshot and remove ``bins``. The rows become tombstones (cost proportional to the
-        bins, not the state), compacted away once they are half the slots; a key that comes
-        back (a later update or install) gets its tombstoned slot again."""
+        bins, not the state), compacted away once live keys are few (``_remove``); a key that
+        comes back (a later update or install) gets its tombstoned slot again."""
         out = self.snapshot_bins(bins)
-        gone = self._in_bins(list(out))
+        self._remove(list(out))
+        return out
+
+    def extract_changes(self, since: Mapping[int, int]) -> dict[int, bytes]:
+        """Remove the bins of ``since``; serialise per bin the rows written after version ``since[b]``.
+
+        Every write stamps the slots it touches with their bin's new version (an
+        install, with the installed version), so the rows stamped above
+        ``since[b]`` are exactly those that differ from bin ``b`` at that
+        version. Keys leave a bin only with the whole bin, so no row is missing
+        from a copy taken at ``since[b]``. One pass over the slots, whatever the
+        number of bins.
+        """
+        wanted = self._check_bins(since)
+        base = np.full(self._num_bins + 1, np.iinfo(np.int64).max, dtype=np.int64)  # tombstones: never
+        base[wanted] = [int(since[b]) for b in wanted]
+        n = self._n
+        out = self._encode_later(wanted, np.flatnonzero(self._stamp[:n] > base[self._bin[:n]]))()
+        self._remove(wanted)
+        return out
+
+    def _remove(self, bins: list[int]) -> None:
+        """Make the rows of ``bins`` tombstones; compact once the live keys are an eighth of the
+        slots (``COMPACT_LIVE``), or drop everything once none is live.
+
+        A compaction copies the live keys and stalls the instance for that long, so it waits
+        until few are left: a state that gives its bins away step by step (a scale-in) only
+        empties, and one that gave some away keeps their slots for the keys that come back.
+        """
+        gone = self._in_bins(bins)
         count = int(gone.sum())
         if count:
             self._bin[: self._n][gone] = self._num_bins
             self._dead += count
-            if 2 * self._dead > self._n:
+            live = self._n - self._dead
+            if live == 0:
+                self._reset(0)
+            elif live < COMPACT_LIVE * self._n:
                 self._compact()
-        return out
 
     def _in_bins(self, bins: Sequence[int]) -> np.ndarray:
         """Per slot in use, whether its bin is one of ``bins`` (one gather, whatever their number)."""
@@ -477,6 +539,7 @@ class ColumnarAggState(BinnedState):
         keep = np.flatnonzero(self._bin[: self._n] != self._num_bins)
         self._index.compact(keep)
         self._bin = self._bin[keep]
+        self._stamp = self._stamp[keep]
         self._cols = {name: col[keep] for name, col in self._cols.items()}
         self._n = len(keep)
         self._dead = 0
@@ -502,33 +565,60 @@ class ColumnarAggState(BinnedState):
             raise ValueError(f"cannot install bins: key types or accumulators differ: {sorted(map(str, layouts))}")
         if filled:
             self.configure(*next(iter(layouts)))
-            self._install_rows(keys, [table for _, table in filled])
+            slots = self._install_rows(keys, [table for _, table in filled])
         for b, version, _, _ in decoded:
             self._carry_version(b, version)
+        if filled:
+            self._stamp[slots] = self._versions[self._bin[slots]]
 
-    def _install_rows(self, keys: pa.Array, tables: list[pa.Table]) -> None:
+    def apply_changes(self, data: Mapping[int, bytes]) -> None:
+        decoded = [self._decode(self._check_bin(b), payload) for b, payload in data.items()]
+        filled = [(b, table) for b, _, _, table in decoded if table.num_rows]
+        if filled:
+            layouts = {layout for _, _, layout, table in decoded if table.num_rows}
+            if not self.configured or layouts != {self.layout}:
+                raise ValueError(f"cannot apply changes: key types or accumulators differ: "
+                                 f"{sorted(map(str, layouts | {self.layout}))}")
+            keys = pa.concat_arrays([table.column(0).combine_chunks() for _, table in filled])
+            expected = np.repeat([b for b, _ in filled], [table.num_rows for _, table in filled])
+            stray = np.flatnonzero(bins_of(keys, self._num_bins) != expected)
+            if stray.size:
+                raise ValueError(f"cannot apply changes to bin {int(expected[stray[0]])}: "
+                                 "the payload holds keys of other bins")
+            slots = self._install_rows(keys, [table for _, table in filled], overwrite=True)
+        for b, version, _, _ in decoded:
+            self._carry_version(b, version)
+        if filled:
+            self._stamp[slots] = self._versions[self._bin[slots]]
+
+    def _install_rows(self, keys: pa.Array, tables: list[pa.Table], overwrite: bool = False) -> np.ndarray:
         """Add the rows of several bins at once: one index lookup, one grow, one copy per column.
 
         A key that left this state earlier still has its tombstoned slot in the index: it gets
         that slot back (the installing bin is not present here, so every slot found is a
         tombstone). The cost is that of the installed rows, whatever the size of the state.
+        ``overwrite``: keys may also be live here (changes over a bin present); they take the
+        rows' values. Returns the slots of ``keys``.
         """
-        if not self._dead:
+        if not self._dead and not overwrite:
             slots = self._index.add(keys)
             self._grow(slots)
         else:
             slots, new = self._index.upsert(keys)
-            revived = np.ones(len(slots), dtype=bool)
-            revived[new] = False
-            back = slots[revived]
-            if back.size:
+            found = np.ones(len(slots), dtype=bool)
+            found[new] = False
+            back = slots[found]
+            if not overwrite:
                 assert (self._bin[back] == self._num_bins).all(), "bug: an installed key found a live slot"
+            back = back[self._bin[back] == self._num_bins]
+            if back.size:
                 self._bin[back] = bins_from_hashes(self._index.hashes(back), self._num_bins)
                 self._dead -= len(back)
             if new.size:
                 self._grow(slots[new])
         for i, acc in enumerate(self._accs, start=1):
             self._cols[acc.name][slots] = np.concatenate([t.column(i).to_numpy() for t in tables])
+        return slots
 
     def _encode_rows(self, b: int, version: int, keys: pa.Array | None, cols: dict[str, np.ndarray]) -> bytes:
         header = {"num_bins": self._num_bins, "bin": b, "version": version,

@@ -228,3 +228,21 @@ def test_key_index_compact_renumbers_and_forgets(table_hash_bits: int) -> None:
     slots, new = index.upsert(pa.array(["k1", "k0", "k3"]))
     assert slots.tolist() == [len(kept), 0, 1] and new.tolist() == [0]
     np.testing.assert_array_equal(index.hashes(np.arange(len(kept))), hash_keys(pa.array(kept)))
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_key_index_compact_keeps_every_kept_key_findable_under_clashes(seed: int) -> None:
+    """With 3 hash bits nearly every key clashes: a kept key whose entry's holder was dropped
+    must still be found after the compaction (it takes the entry), and a dropped key is new."""
+    rng = np.random.default_rng(seed)
+    index = KeyIndex(pa.string(), table_hash_bits=3)
+    keys = [f"key-{i}" for i in range(60)]
+    index.upsert(pa.array(keys))
+    keep = np.flatnonzero(rng.random(60) < 0.4)
+    index.compact(keep)
+    kept = [keys[i] for i in keep]
+    slots, new = index.upsert(pa.array(keys))
+    assert slots[keep].tolist() == list(range(len(keep)))
+    dropped = np.setdiff1d(np.arange(60), keep)
+    assert new.tolist() == dropped.tolist()
+    assert index.keys_at(np.arange(len(index))).to_pylist() == kept + [keys[i] for i in dropped]

@@ -349,3 +349,98 @@ def test_snapshot_later_captures_the_state_as_it_was_when_called() -> None:
     restored.install_bins(encode())
     assert _dump(restored) == before
     assert _dump(restored) != _dump(s)
+
+
+def _random_update(state: ColumnarAggState, rng: np.random.Generator, bins: set[int] | None, n: int = 60) -> None:
+    """A write of ``n`` random keys (of ``bins`` only, when given) to ``state``."""
+    uniques, _ = encode_keys(pa.array([f"key-{int(v)}" for v in rng.integers(0, 400, n)]))
+    if bins is not None:
+        uniques = uniques.filter(pa.array(np.isin(bins_of(uniques, 16), sorted(bins))))
+    m = len(uniques)
+    if m:
+        state.update(uniques, {"n": rng.integers(0, 5, m), "lo": rng.random(m), "hi": rng.integers(-9, 9, m)})
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_changes_since_a_copy_rebuild_the_bins_exactly(seed: int) -> None:
+    """A copy of some bins at their versions, plus ``extract_changes`` since those versions, equals
+    the bins extracted whole; with bins that left the state and came back in between."""
+    rng = np.random.default_rng(seed)
+    old, away, new, oracle = (ColumnarAggState(16) for _ in range(4))
+    for s in (old, away, new, oracle):
+        s.configure(pa.string(), ACCS)
+    for _ in range(5):
+        _random_update(old, rng, None)
+    moving = sorted(int(b) for b in rng.choice(old.bins(), size=6, replace=False))
+    copy = old.snapshot_bins(moving)
+    since = {b: old.version(b) for b in moving}
+    for step in range(6):  # later writes to some bins; one bin leaves and comes back
+        _random_update(old, rng, set(moving[: 2 + step % 3]))
+        if step == 2:
+            away.install_bins(old.extract_bins([moving[-1]]))
+            _random_update(away, rng, {moving[-1]})
+            old.install_bins(away.extract_bins([moving[-1]]))
+    whole = ColumnarAggState(16)
+    whole.install_bins(old.snapshot_bins(moving))
+    changes = old.extract_changes(since)
+    assert set(changes) == set(moving) and not set(old.bins()) & set(moving)
+    unchanged = [b for b in moving if whole.version(b) == since[b]]
+    assert all(ColumnarAggState(16).install_bins({b: changes[b]}) is None for b in unchanged)
+    new.install_bins(copy)
+    new.apply_changes(changes)
+    assert _dump(new) == _dump(whole)
+    assert all(new.version(b) == whole.version(b) for b in moving)
+    changed_rows = sum(len(pa.ipc.open_stream(p).read_all()) for p in changes.values())
+    assert changed_rows < len(whole)  # only the rows written since the copy travel
+
+
+def test_changes_of_an_unwritten_bin_are_empty_and_keep_its_version() -> None:
+    s = ColumnarAggState(16)
+    s.configure(pa.string(), ACCS)
+    _random_update(s, np.random.default_rng(1), None)
+    b = s.bins()[0]
+    version = s.version(b)
+    copy = s.snapshot_bins([b])
+    changes = s.extract_changes({b: version})
+    assert pa.ipc.open_stream(changes[b]).read_all().num_rows == 0
+    other = ColumnarAggState(16)
+    other.install_bins(copy)
+    before = _dump(other)
+    other.apply_changes(changes)
+    assert _dump(other) == before and other.version(b) == version
+
+
+def test_apply_changes_rejects_foreign_payloads_and_dict_state_does_not_track() -> None:
+    s = ColumnarAggState(16)
+    s.configure(pa.string(), ACCS)
+    _random_update(s, np.random.default_rng(2), None)
+    b = s.bins()[0]
+    other = ColumnarAggState(16)
+    other.configure(pa.string(), [Accumulator("n", "sum", "int64")])
+    with pytest.raises(ValueError, match="accumulators differ"):
+        other.apply_changes(s.extract_changes({b: 0}))
+    d = DictState(16)
+    d.put("a", _bin("a", 16), 1)
+    assert d.extract_changes({_bin("a", 16): 0}) is None and d.bins() == [_bin("a", 16)]
+    with pytest.raises(NotImplementedError):
+        d.apply_changes({})
+
+
+def test_columnar_state_compacts_only_when_few_keys_are_live_and_resets_when_none() -> None:
+    s = ColumnarAggState(16)
+    s.configure(pa.string(), ACCS)
+    rng = np.random.default_rng(5)
+    for _ in range(10):
+        _random_update(s, rng, None)
+    before, slots = _dump(s), len(s.slots())
+    bins = s.bins()
+    s.extract_bins(bins[:8])  # half the keys leave: no compaction, their slots stay
+    assert s._n == slots and len(s) < slots
+    s.extract_bins(bins[8:-1])  # an eighth or less left: compacted to the live keys
+    assert s._n == len(s) == sum(1 for k in before if _bin(k, 16) == bins[-1])
+    assert _dump(s) == {k: v for k, v in before.items() if _bin(k, 16) == bins[-1]}
+    s.extract_bins(bins[-1:])
+    assert s._n == len(s) == 0 and s.bins() == []
+    s.install_bins({})  # still configured, still usable
+    _random_update(s, rng, None)
+    assert len(s) > 0
