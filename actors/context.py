@@ -72,12 +72,16 @@ class InstanceControlContext:
         for b, (version, data) in replicas.items():
             self._instance.replicas[(operator, b)] = (version, data)
 
-    def take_replicas(self, operator: str, bins: list[int]) -> dict[int, bytes]:
+    def take_replicas(self, operator: str, bins: list[int], versions: dict[int, int]) -> dict[int, bytes]:
+        """Remove and return the replicas of ``bins``, which must be at ``versions``."""
         out = {}
         for b in bins:
             entry = self._instance.replicas.pop((operator, b), None)
             if entry is None:
                 raise RuntimeError(f"{self._instance.info}: no replica of bin {b} of {operator!r} to reload")
+            if entry[0] != versions[b]:
+                raise RuntimeError(f"{self._instance.info}: the replica of bin {b} of {operator!r} is at version "
+                                   f"{entry[0]}, the old owner expected {versions[b]}")
             out[b] = entry[1]
         return out
 

@@ -17,9 +17,12 @@ by step, carry each out as one ``MigrateBins`` control op and wait for it:
   optional ``gap_s`` between them; a step holds only the inputs of the old
   and new owners of its bins;
 * ``non_disruptive``: Spacker's protocol, non-blocking steps (the new owner
-  buffers only records of the bins it waits for); with ``replicate=True`` the
-  moving bins are first copied to their new owners (``ReplicateBins``) and a
-  bin unchanged since is reloaded there instead of transferred.
+  buffers only records of the bins it waits for); with ``replicate=True``
+  each step's bins are first copied to their new owners (``ReplicateBins``,
+  one op just before the step), and the step moves only what changed since:
+  nothing for a bin unchanged, the keys written since for state that tracks
+  them (built-in aggregations), the whole bin otherwise. The bytes copied
+  ahead are reported apart (``bytes_replicated``).
 
 Knobs: ``priority`` ("hot_first": the bins with most records first,
 "arrival": bin order, "random"), ``chunk_bins`` or ``chunks``
@@ -202,6 +205,7 @@ class RescaleRun(threading.Thread):
         self.bins_moved = 0
         self.bytes_moved = 0
         self.reloaded = 0
+        self.bytes_replicated = 0
         self.predicted_bytes = 0
         self.step_log: list[dict[str, Any]] = []
         self.first_step_ns: int | None = None  # when the first migration op was injected (after setup)
@@ -212,7 +216,8 @@ class RescaleRun(threading.Thread):
             return {"operator": self.operator, "strategy": self.strategy, "state": self.state,
                     "parallelism": self.parallelism, "steps_done": self.steps_done, "steps": self.steps_total,
                     "bins_moved": self.bins_moved, "bins": self.bins_total, "bytes_moved": self.bytes_moved,
-                    "bins_reloaded": self.reloaded, "predicted_bytes": self.predicted_bytes,
+                    "bins_reloaded": self.reloaded, "bytes_replicated": self.bytes_replicated,
+                    "predicted_bytes": self.predicted_bytes,
                     "elapsed_s": (self.finished or time.monotonic()) - self.started,
                     "first_step_ns": self.first_step_ns, "step_log": list(self.step_log)}
 
@@ -271,9 +276,10 @@ class RescaleRun(threading.Thread):
                                      theta=self.knobs.get("theta", 0.2))
         self.predicted_bytes = result.bytes_moved
         chunks = _steps(self.strategy, result.moves, self.knobs, loads)
-        if self.knobs.get("replicate"):
-            chunks = [[]] + chunks  # a first step without moves creates new instances; then replicate
-        self.steps_total = len(chunks) + (1 if self.knobs.get("replicate") else 0)
+        replicate = bool(self.knobs.get("replicate"))
+        if replicate and self.parallelism > old_p:
+            chunks = [[]] + chunks  # a first step without moves creates the new instances to copy to
+        self.steps_total = len(chunks) + (sum(1 for c in chunks if c) if replicate else 0)
         self.bins_total = len(result.moves)
         self.state = "MIGRATING"
         table = list(current)
@@ -282,19 +288,19 @@ class RescaleRun(threading.Thread):
         for k, chunk in enumerate(chunks):
             for b in chunk:
                 table[b] = result.table[b]
-            first, last = k == 0, k == len(chunks) - 1
+            last = k == len(chunks) - 1
             if self.parallelism > old_p:
                 target_p = self.parallelism  # scale-out: new instances exist from the first step
             else:
                 target_p = self.parallelism if last else old_p  # scale-in: they retire with the last
             new_plan = rescaled_plan(job.plan, self.operator, target_p, list(table))
             moves = {b: result.moves[b] for b in chunk}
+            if replicate and moves:  # copy this step's bins now: the step then moves what changed since
+                replicas = self._replicate(moves)
             op = MigrateBins(self.operator, list(table), moves, blocking, node.key, replicas,
                              timeout_s=self.knobs.get("step_timeout_s", 120.0),
                              everywhere=self.strategy == "all_at_once")
             self._step(job.plan, new_plan, op)
-            if first and self.knobs.get("replicate"):
-                replicas = self._replicate({b: result.moves[b] for c in chunks for b in c})
             gap = self.knobs.get("gap_s", 0.0)
             if gap and not last:
                 time.sleep(gap)  # let queues drain between steps (a pacing knob, not synchronisation)
@@ -302,13 +308,15 @@ class RescaleRun(threading.Thread):
     def _replicate(self, moves: dict[int, tuple[int, int]]) -> dict[int, int]:
         handle = self.job.run_control(ReplicateBins(self.operator, moves))
         try:
-            versions = handle.result(self.knobs.get("step_timeout_s", 120.0))
+            result = handle.result(self.knobs.get("step_timeout_s", 120.0))
         except (OpFailedError, TimeoutError) as exc:
             raise RescaleError(f"rescale of {self.operator!r}: replicating bins failed: {exc}") from exc
         with self._lock:
             self.steps_done += 1
-            self.step_log.append({"step": "replicate", "bins": len(versions), "elapsed_s": handle.elapsed_s})
-        return dict(versions)
+            self.bytes_replicated += result["bytes"]
+            self.step_log.append({"step": "replicate", "bins": len(result["versions"]), "bytes": result["bytes"],
+                                  "elapsed_s": handle.elapsed_s})
+        return dict(result["versions"])
 
     def _step(self, old: PhysicalPlan, new: PhysicalPlan, op: Any) -> None:
         """Carry out one op; change the topology with it if ``new`` has other instances."""

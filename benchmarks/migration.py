@@ -136,7 +136,8 @@ def migrate(job: Any, parallelism: int, strategy: str, knobs: dict[str, Any]) ->
             print("      " + ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
                                       for k, v in step.items()), flush=True)
     return {"called_ns": called, "start_ns": start, "end_ns": end, "bytes": progress["bytes_moved"],
-            "steps": progress["steps"], "reloaded": progress["bins_reloaded"]}
+            "steps": progress["steps"], "reloaded": progress["bins_reloaded"],
+            "replicated": progress["bytes_replicated"]}
 
 
 def _curve(arrival: np.ndarray, latency_ms: np.ndarray, leg: dict[str, Any],
@@ -184,6 +185,7 @@ def run_strategy(job: Any, rss: HostRss, label: str, strategy: str, knobs: dict[
         "peak_rss_mb": round(rss.peak / 2**20, 1),
         "steps": [leg["steps"] for leg in legs],
         "bins_reloaded": sum(leg["reloaded"] for leg in legs),
+        "bytes_replicated": int(sum(leg["replicated"] for leg in legs)),
         "setup_s": round(sum((leg["start_ns"] - leg["called_ns"]) / 1e9 for leg in legs), 3),
         "setup_max_latency_ms": round(float(latency_ms[setup].max()) if setup.any() else 0.0, 1),
         "baseline_max_latency_ms": round(float(base[:, 1].max() / 1e6) if len(base) else 0.0, 1),

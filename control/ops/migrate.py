@@ -28,9 +28,12 @@ runtime registers channel changes under the op's id before injecting it, and
 applies them at each instance when the op passes (``actors/topology.py``).
 
 Replication (Spacker's third knob): an old owner that replicated a bin to the
-new owner's host ahead of time (``ReplicateBins``) sends only a marker when
-the bin has not changed since (its version is the replica's); the new owner
-reloads the replica instead.
+new owner ahead of time (``ReplicateBins``) sends only a marker when the bin
+has not changed since (its version is the replica's); the new owner reloads
+the replica instead. Where the state tracks writes per key
+(``BinnedState.extract_changes``), a bin written since its replica sends only
+the keys written since, which the new owner applies over the replica; other
+state sends such a bin whole.
 """
 
 from __future__ import annotations
@@ -131,8 +134,10 @@ class MigrateBins(ControlOp):
             bins = dict(payload["bins"])
             reloaded = [b for b, v in bins.items() if v is None]
             if reloaded:
-                bins.update(ctx.take_replicas(op.operator, reloaded))
+                bins.update(ctx.take_replicas(op.operator, reloaded, {b: op.replicas[b] for b in reloaded}))
             ctx.state.install_bins(bins)
+            if payload.get("changes"):
+                ctx.state.apply_changes(payload["changes"])
             if not op.blocking:
                 ctx.release_bins(list(bins))
 
@@ -146,14 +151,19 @@ class MigrateBins(ControlOp):
             sent = nbytes = reloaded = 0
             started = time.perf_counter()
             for target, bins in self.config["send"].items():
-                current = [b for b in bins if op.replicas.get(b) == state.version(b)]
-                payload = state.extract_bins(bins)
-                for b in current:  # the new owner's host holds this version: send a marker only
+                replicated = {b: op.replicas[b] for b in bins if b in op.replicas}
+                changes = state.extract_changes(replicated) if replicated else None
+                if changes is None:  # whole bins, but for those unchanged since their replica
+                    replicated = {b: v for b, v in replicated.items() if v == state.version(b)}
+                    payload = state.extract_bins(bins)
+                else:  # the replicas, and the keys written since
+                    payload = state.extract_bins([b for b in bins if b not in replicated])
+                for b in replicated:  # the new owner holds this bin's replica: a marker only
                     payload[b] = None
-                ctx.attach(target, {"bins": payload})
+                ctx.attach(target, {"bins": payload, "changes": changes or {}})
                 sent += len(bins)
-                reloaded += len(current)
-                nbytes += bins_payload_size(payload)
+                reloaded += len(replicated)
+                nbytes += bins_payload_size(payload) + bins_payload_size(changes or {})
             ctx.ack({"bins": sent, "bytes": nbytes, "reloaded": reloaded,
                      "extract_s": time.perf_counter() - started})
 
@@ -168,8 +178,9 @@ class ReplicateBins(ControlOp):
     """Copy bins ahead of a migration to the hosts of their likely new owners (non-blocking).
 
     Each old owner snapshots the named bins in ``on_complete`` and attaches the
-    copies, with their versions, for the new owner, whose host keeps them as
-    replicas. The result maps bin -> replicated version (``MigrateBins.replicas``).
+    copies, with their versions, for the new owner, which keeps them as
+    replicas. The result: ``{"versions": bin -> replicated version}`` (for
+    ``MigrateBins.replicas``) and ``"bytes"``, the bytes copied.
     """
 
     blocking = False
@@ -198,16 +209,18 @@ class ReplicateBins(ControlOp):
 
     class Instance(InstanceHandler):
         received: dict[int, int] | None = None
+        nbytes = 0
 
         def on_next(self, ctx: Any, payload: Any, sender: Any) -> None:
             if isinstance(payload, dict) and "replicas" in payload:
                 op: ReplicateBins = self.op  # type: ignore[assignment]
                 ctx.keep_replicas(op.operator, payload["replicas"])
                 self.received = {**(self.received or {}), **{b: v for b, (v, _) in payload["replicas"].items()}}
+                self.nbytes += sum(len(data) for _, data in payload["replicas"].values())
 
         def on_complete(self, ctx: Any) -> None:
             if self.received is not None:
-                ctx.ack(self.received)
+                ctx.ack({"versions": self.received, "bytes": self.nbytes})
             if not self.config:
                 return
             state = ctx.state
@@ -215,8 +228,8 @@ class ReplicateBins(ControlOp):
                 ctx.attach(target, {"replicas": {b: (state.version(b), data)
                                                  for b, data in state.snapshot_bins(bins).items()}})
 
-    def on_complete(self, ctx: Any) -> dict[int, int]:
+    def on_complete(self, ctx: Any) -> dict[str, Any]:
         versions: dict[int, int] = {}
         for ack in self.acks.values():
-            versions.update(ack or {})
-        return versions
+            versions.update((ack or {}).get("versions", {}))
+        return {"versions": versions, "bytes": sum((ack or {}).get("bytes", 0) for ack in self.acks.values())}

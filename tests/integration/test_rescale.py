@@ -140,6 +140,7 @@ STRATEGIES = [
     ("batched", {"chunk_bins": 4}),
     ("fluid", {}),
     ("non_disruptive", {"chunk_bins": 4}),
+    ("non_disruptive", {"chunk_bins": 4, "replicate": True}),
 ]
 
 
@@ -155,6 +156,10 @@ def test_every_strategy_scales_2_3_1_2_exactly(tmp_path):
                     progress = job.rescale(op, p, strategy=strategy, **knobs).result(120)
                     assert progress["state"] == "DONE" and progress["parallelism"] == p, (strategy, progress)
                     assert progress["bins_moved"] == progress["bins"] > 0, (strategy, progress)
+                    if knobs.get("replicate"):  # every bin was copied ahead
+                        assert progress["bytes_replicated"] > 0, progress
+                        if op == "count":  # and rebuilt from its copy and the keys written since
+                            assert progress["bins_reloaded"] == progress["bins"], progress
                     assert [s.index for s in job.statistics().of(op) if not s.finished] == list(range(p))
             job.refill_spare_hosts(0)  # the next strategy's first scale-out takes a spare again
         open(stop, "w").close()  # the input ends after the rescales
