@@ -22,7 +22,11 @@ actor, the same for every strategy) is reported apart: ``setup_s`` and
 ``setup_max_latency_ms``. Before each strategy the same job runs
 ``--settle`` seconds (2) without a migration: ``baseline_max_latency_ms`` /
 ``baseline_p99_latency_ms`` are the floor any strategy is read against (on a
-busy 2-core machine its max is tens to a hundred ms). The job keeps one spare host (``spare_hosts=1``),
+busy 2-core machine its max is tens to a hundred ms). The strategies: all_at_once; batched with 64
+and 16 bins a step; fluid; non_disruptive with 16 bins a step, also with replication (each step's
+bins copied just before it, then only the keys written since move; ``bytes_replicated`` counts the
+copies) and paced (``gap_s``: 100 ms after each 16-bin step, 50 ms after each 8-bin step, Megaphone's
+pause that lets queues drain between steps). The job keeps one spare host (``spare_hosts=1``),
 so a scale-out sets up a started process instead of starting one while the
 job runs; the spare is replaced before each strategy. A PNG of latency over time (a row per
 strategy, a panel per leg) is written beside the JSON (``--png``).
@@ -68,6 +72,8 @@ STRATEGIES: list[tuple[str, str, dict[str, Any]]] = [
     ("fluid", "fluid", {}),
     ("non_disruptive_16", "non_disruptive", {"chunk_bins": 16}),
     ("non_disruptive_16_replicated", "non_disruptive", {"chunk_bins": 16, "replicate": True}),
+    ("non_disruptive_16_gap100ms", "non_disruptive", {"chunk_bins": 16, "gap_s": 0.1}),
+    ("non_disruptive_8_gap50ms", "non_disruptive", {"chunk_bins": 8, "gap_s": 0.05}),
 ]
 QUICK = ("all_at_once", "batched_16", "non_disruptive_16", "non_disruptive_16_replicated")
 
