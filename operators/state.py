@@ -556,11 +556,7 @@ class ColumnarAggState(BinnedState):
                 b = int(self._bin[: self._n][present][0])
                 count = int((self._bin[: self._n] == b).sum())
                 raise ValueError(f"cannot install bin {b}: it is already present here with {count} keys")
-            keys = pa.concat_arrays([table.column(0).combine_chunks() for _, table in filled])
-            expected = np.repeat([b for b, _ in filled], [table.num_rows for _, table in filled])
-            stray = np.flatnonzero(bins_of(keys, self._num_bins) != expected)
-            if stray.size:
-                raise ValueError(f"cannot install bin {int(expected[stray[0]])}: the payload holds keys of other bins")
+            keys = self._keys_of(filled, "install bin")
         if len(layouts) > 1:
             raise ValueError(f"cannot install bins: key types or accumulators differ: {sorted(map(str, layouts))}")
         if filled:
@@ -579,17 +575,21 @@ class ColumnarAggState(BinnedState):
             if not self.configured or layouts != {self.layout}:
                 raise ValueError(f"cannot apply changes: key types or accumulators differ: "
                                  f"{sorted(map(str, layouts | {self.layout}))}")
-            keys = pa.concat_arrays([table.column(0).combine_chunks() for _, table in filled])
-            expected = np.repeat([b for b, _ in filled], [table.num_rows for _, table in filled])
-            stray = np.flatnonzero(bins_of(keys, self._num_bins) != expected)
-            if stray.size:
-                raise ValueError(f"cannot apply changes to bin {int(expected[stray[0]])}: "
-                                 "the payload holds keys of other bins")
+            keys = self._keys_of(filled, "apply changes to bin")
             slots = self._install_rows(keys, [table for _, table in filled], overwrite=True)
         for b, version, _, _ in decoded:
             self._carry_version(b, version)
         if filled:
             self._stamp[slots] = self._versions[self._bin[slots]]
+
+    def _keys_of(self, filled: list[tuple[int, pa.Table]], doing: str) -> pa.Array:
+        """The keys of decoded bins, all checked to belong to the bin they came in."""
+        keys = pa.concat_arrays([table.column(0).combine_chunks() for _, table in filled])
+        expected = np.repeat([b for b, _ in filled], [table.num_rows for _, table in filled])
+        stray = np.flatnonzero(bins_of(keys, self._num_bins) != expected)
+        if stray.size:
+            raise ValueError(f"cannot {doing} {int(expected[stray[0]])}: the payload holds keys of other bins")
+        return keys
 
     def _install_rows(self, keys: pa.Array, tables: list[pa.Table], overwrite: bool = False) -> np.ndarray:
         """Add the rows of several bins at once: one index lookup, one grow, one copy per column.
