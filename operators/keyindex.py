@@ -130,8 +130,8 @@ class KeyIndex:
         from them without a search for clashes. A kept key of the overflow dict whose hash's
         holder went takes the entry (the first such key per hash); the others stay in the dict.
         """
-        masked = self._hash[: len(self)][keep] & self._table_mask
         hashes = self._hash[: len(self)][keep]
+        masked = hashes & self._table_mask
         held = self._table.find(masked) == keep  # the key holds its hash's entry
         orphans = np.flatnonzero(~held)
         if orphans.size:  # overflow keys whose entry's holder is not kept
@@ -141,8 +141,8 @@ class KeyIndex:
         keys = self._keys.take(keep)
         renumber = np.full(len(self), -1, dtype=np.int64)
         renumber[keep] = np.arange(len(keep))
-        overflow: dict[object, int] = {k: int(renumber[s]) for k, s in self._overflow.items()
-                    if renumber[s] >= 0 and not held[renumber[s]]}
+        overflow: dict[object, int] = {
+            k: int(renumber[s]) for k, s in self._overflow.items() if renumber[s] >= 0 and not held[renumber[s]]}
         self._reset(len(keep))
         self._hash[: len(keep)] = hashes
         self._keys.append(keys)

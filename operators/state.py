@@ -47,9 +47,9 @@ __all__ = [
 ]
 
 _DICT_FORMAT = "chiray.DictState/1"
+_COLUMNAR_FORMAT = "chiray.ColumnarAggState/1"
 COMPACT_LIVE = 0.125
 """A columnar state compacts its slots once fewer than this share of them hold live keys."""
-_COLUMNAR_FORMAT = "chiray.ColumnarAggState/1"
 
 
 class BinnedState(abc.ABC):
@@ -559,13 +559,11 @@ class ColumnarAggState(BinnedState):
             keys = self._keys_of(filled, "install bin")
         if len(layouts) > 1:
             raise ValueError(f"cannot install bins: key types or accumulators differ: {sorted(map(str, layouts))}")
-        if filled:
-            self.configure(*next(iter(layouts)))
-            slots = self._install_rows(keys, [table for _, table in filled])
         for b, version, _, _ in decoded:
             self._carry_version(b, version)
         if filled:
-            self._stamp[slots] = self._versions[self._bin[slots]]
+            self.configure(*next(iter(layouts)))
+            self._install_rows(keys, [table for _, table in filled])
 
     def apply_changes(self, data: Mapping[int, bytes]) -> None:
         decoded = [self._decode(self._check_bin(b), payload) for b, payload in data.items()]
@@ -576,11 +574,10 @@ class ColumnarAggState(BinnedState):
                 raise ValueError(f"cannot apply changes: key types or accumulators differ: "
                                  f"{sorted(map(str, layouts | {self.layout}))}")
             keys = self._keys_of(filled, "apply changes to bin")
-            slots = self._install_rows(keys, [table for _, table in filled], overwrite=True)
         for b, version, _, _ in decoded:
             self._carry_version(b, version)
         if filled:
-            self._stamp[slots] = self._versions[self._bin[slots]]
+            self._install_rows(keys, [table for _, table in filled], overwrite=True)
 
     def _keys_of(self, filled: list[tuple[int, pa.Table]], doing: str) -> pa.Array:
         """The keys of decoded bins, all checked to belong to the bin they came in."""
@@ -591,14 +588,14 @@ class ColumnarAggState(BinnedState):
             raise ValueError(f"cannot {doing} {int(expected[stray[0]])}: the payload holds keys of other bins")
         return keys
 
-    def _install_rows(self, keys: pa.Array, tables: list[pa.Table], overwrite: bool = False) -> np.ndarray:
+    def _install_rows(self, keys: pa.Array, tables: list[pa.Table], overwrite: bool = False) -> None:
         """Add the rows of several bins at once: one index lookup, one grow, one copy per column.
 
         A key that left this state earlier still has its tombstoned slot in the index: it gets
         that slot back (the installing bin is not present here, so every slot found is a
         tombstone). The cost is that of the installed rows, whatever the size of the state.
         ``overwrite``: keys may also be live here (changes over a bin present); they take the
-        rows' values. Returns the slots of ``keys``.
+        rows' values. The rows are stamped with their bins' versions, carried in before.
         """
         if not self._dead and not overwrite:
             slots = self._index.add(keys)
@@ -618,7 +615,7 @@ class ColumnarAggState(BinnedState):
                 self._grow(slots[new])
         for i, acc in enumerate(self._accs, start=1):
             self._cols[acc.name][slots] = np.concatenate([t.column(i).to_numpy() for t in tables])
-        return slots
+        self._stamp[slots] = self._versions[self._bin[slots]]
 
     def _encode_rows(self, b: int, version: int, keys: pa.Array | None, cols: dict[str, np.ndarray]) -> bytes:
         header = {"num_bins": self._num_bins, "bin": b, "version": version,
