@@ -1,7 +1,7 @@
 """config.py: the options of a job's runtime: channel bounds, host resources, placement.
 
 Example:
-    >>> from actors.config import JobConfig
+    >>> from chiray.actors.config import JobConfig
     >>> JobConfig(channel_capacity=4).channel_capacity
     4
 """

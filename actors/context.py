@@ -7,14 +7,13 @@ Attachments are collected by the control processor around ``on_complete``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from control.message import InstanceId
-from operators.endpoints import SinkLogic, SourceLogic
-from operators.logic import InstanceInfo
+from chiray.control.message import InstanceId
+from chiray.operators.endpoints import SinkLogic, SourceLogic
+from chiray.operators.logic import InstanceInfo
 
-if TYPE_CHECKING:
-    from .instance import OperatorInstance
+from .instanceview import InstanceView
 
 __all__ = ["InstanceControlContext"]
 
@@ -22,7 +21,7 @@ __all__ = ["InstanceControlContext"]
 class InstanceControlContext:
     """What control handlers may see and change of one instance (lives as long as the instance)."""
 
-    def __init__(self, instance: "OperatorInstance", kind: str, downstream: list[InstanceId]):
+    def __init__(self, instance: InstanceView, kind: str, downstream: list[InstanceId]):
         self._instance = instance
         self._kind = kind
         self._downstream = downstream

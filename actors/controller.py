@@ -18,10 +18,10 @@ from typing import Any
 
 import ray
 
-from control.coordination import JobLifecycle, LifecycleSnapshot, OpCoordinator
-from control.message import ControlMessage, ControlReturn
-from control.oprun import OpFailedError, OpState
-from control.trees import Relay, Tree
+from chiray.control.coordination import JobLifecycle, LifecycleSnapshot, OpCoordinator
+from chiray.control.message import ControlMessage, ControlReturn
+from chiray.control.oprun import OpFailedError, OpState
+from chiray.control.trees import Relay, Tree
 
 from .errors import JobFailedError
 from .messages import Parcel
@@ -314,7 +314,7 @@ class JobController(_ControllerOps):
 
     async def checkpoint(self) -> str:
         """Start a checkpoint now; returns the op id (its result is the checkpoint id)."""
-        from control.ops.checkpoint import Checkpoint
+        from chiray.control.ops.checkpoint import Checkpoint
 
         if self.storage is None:
             raise RuntimeError(f"job {self.job_name!r} has no checkpoint storage")

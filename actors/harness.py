@@ -6,7 +6,7 @@ duplicated (as Ray may do), so channel ordering, credits, the mailbox loop
 and the control plane are exercised exactly as in the actors. A built-in controller runs control ops.
 
 Example:
-    >>> from operators import Dataflow, from_items
+    >>> from chiray.operators import Dataflow, from_items
     >>> flow = Dataflow("t"); flow.source(from_items([{"x": 1}])).collect(name="out")  # doctest: +SKIP
     >>> LocalRun(flow).run()["out"].to_pylist()                                        # doctest: +SKIP
 """
@@ -17,11 +17,11 @@ import dataclasses
 import random
 from typing import Any
 
-from control.coordination import OpCoordinator
-from control.oprun import OpRun, job_view
-from control.trees import Relay
-from operators.dataflow import Dataflow
-from operators.graph import OperatorKind, physical_plan
+from chiray.control.coordination import OpCoordinator
+from chiray.control.oprun import OpRun, job_view
+from chiray.control.trees import Relay
+from chiray.operators.dataflow import Dataflow
+from chiray.operators.graph import OperatorKind, physical_plan
 
 from .config import JobConfig
 from .mailbox import HostCore, Outbox, control_trees

@@ -24,7 +24,7 @@ from typing import Any
 
 import ray
 
-from operators.endpoints import SourceLogic
+from chiray.operators.endpoints import SourceLogic
 
 from .config import JobConfig
 from .errors import OperatorError, portable

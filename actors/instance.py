@@ -28,10 +28,10 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 import pyarrow as pa
 
-from control.message import CONTROLLER, ControlMessage, ControlReturn, InstanceId, instance_id
-from control.processor import Completion, ControlProcessor, extra_input
-from operators.endpoints import SinkLogic, SourceLogic
-from operators.logic import InstanceInfo, OperatorLogic, SideOutput
+from chiray.control.message import CONTROLLER, ControlMessage, ControlReturn, InstanceId, instance_id
+from chiray.control.processor import Completion, ControlProcessor, extra_input
+from chiray.operators.endpoints import SinkLogic, SourceLogic
+from chiray.operators.logic import InstanceInfo, OperatorLogic, SideOutput
 
 from .channel import InputChannel, OutputChannel
 from .context import InstanceControlContext
@@ -358,7 +358,7 @@ class OperatorInstance:
         self._held_key = key
 
     def _process_holding(self, batch: pa.RecordBatch, input_index: int) -> None:
-        from operators.hashing import bins_of
+        from chiray.operators.hashing import bins_of
 
         assert self._held_mask is not None and self._held_key is not None
         bins = bins_of(batch.column(self._held_key), self.info.num_bins)

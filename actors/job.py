@@ -2,8 +2,8 @@
 
 Example:
     >>> import ray
-    >>> from operators import Dataflow, from_items
-    >>> from actors import submit
+    >>> from chiray.operators import Dataflow, from_items
+    >>> from chiray.actors import submit
     >>> flow = Dataflow("tiny")
     >>> flow.source(from_items([{"x": 1}, {"x": 2}])).collect()    # doctest: +SKIP
     >>> job = submit(flow); job.wait(timeout=60)                    # doctest: +SKIP
@@ -26,10 +26,10 @@ from typing import Any
 
 import ray
 
-from control.coordination import JobState, LifecycleSnapshot
-from control.oprun import JobView, job_view
-from operators.dataflow import Dataflow
-from operators.graph import OperatorKind, PhysicalPlan, physical_plan
+from chiray.control.coordination import JobState, LifecycleSnapshot
+from chiray.control.oprun import JobView, job_view
+from chiray.operators.dataflow import Dataflow
+from chiray.operators.graph import OperatorKind, PhysicalPlan, physical_plan
 
 from .config import JobConfig
 from .controller import JobController, SideController
@@ -471,7 +471,7 @@ class Job:
 
     def metrics(self, timeout: float | None = 60.0) -> Any:
         """Run a non-blocking ``Monitor`` op in-band and return its result."""
-        from control.ops.monitor import Monitor
+        from chiray.control.ops.monitor import Monitor
 
         return self.run_control(Monitor()).result(timeout)
 

@@ -18,11 +18,11 @@ import itertools
 import time
 from typing import Any, Iterable
 
-from control.message import ControlMessage, ControlReturn, InstanceId, instance_id
-from control.trees import Relay, Tree, build_tree
-from operators.endpoints import SinkLogic, SourceLogic, assign_splits
-from operators.graph import OperatorKind, PhysicalPlan
-from operators.logic import InstanceInfo
+from chiray.control.message import ControlMessage, ControlReturn, InstanceId, instance_id
+from chiray.control.trees import Relay, Tree, build_tree
+from chiray.operators.endpoints import SinkLogic, SourceLogic, assign_splits
+from chiray.operators.graph import OperatorKind, PhysicalPlan
+from chiray.operators.logic import InstanceInfo
 
 from .channel import InputChannel, OutputChannel
 from .config import JobConfig

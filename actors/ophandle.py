@@ -7,7 +7,7 @@ from typing import Any
 
 import ray
 
-from control.oprun import OpFailedError, OpTimeoutError
+from chiray.control.oprun import OpFailedError, OpTimeoutError
 
 __all__ = ["OpHandle", "OpSender"]
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-from operators.graph import OperatorKind, PhysicalPlan
+from chiray.operators.graph import OperatorKind, PhysicalPlan
 
 __all__ = ["place"]
 

@@ -132,7 +132,7 @@ def release_warm_actors() -> int:
     """Kill the warm actors this driver keeps (``JobConfig.warm_hosts``); returns how many.
 
     Example:
-        >>> from actors import release_warm_actors
+        >>> from chiray.actors import release_warm_actors
         >>> release_warm_actors() >= 0                      # doctest: +SKIP
         True
     """

@@ -13,8 +13,8 @@ import collections
 import dataclasses
 from typing import Callable
 
-from control.message import ControlMessage, ControlReturn, InstanceId
-from control.trees import Relay, Tree
+from chiray.control.message import ControlMessage, ControlReturn, InstanceId
+from chiray.control.trees import Relay, Tree
 
 __all__ = ["RelayTable", "RelayOutput"]
 

@@ -56,10 +56,10 @@ from typing import Any, Mapping
 import numpy as np
 import ray
 
-from control.oprun import OpFailedError, job_view
-from control.ops.migrate import MigrateBins, ReplicateBins
-from control.planning import Assignment, plan as plan_assignment
-from operators.graph import OperatorKind, PhysicalPlan, rescaled_plan
+from chiray.control.oprun import OpFailedError, job_view
+from chiray.control.ops.migrate import MigrateBins, ReplicateBins
+from chiray.control.planning import Assignment, plan as plan_assignment
+from chiray.operators.graph import OperatorKind, PhysicalPlan, rescaled_plan
 
 from .ophandle import OpHandle
 
@@ -506,7 +506,7 @@ def start_rescale(job: Any, operator: str, parallelism: int | None, strategy: st
             raise ValueError(f"migrate: assignment for {operator!r} must give each of its {node.num_bins} bins "
                              f"an instance in 0..{parallelism - 1}")
     _check_knobs(strategy, knobs)
-    from control.planning import PLANNERS
+    from chiray.control.planning import PLANNERS
 
     if planner not in PLANNERS:
         raise ValueError(f"rescale of {operator!r}: unknown planner {planner!r}; planners: {sorted(PLANNERS)}")

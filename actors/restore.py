@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from control.ops.checkpoint import decode_offsets
+from chiray.control.ops.checkpoint import decode_offsets
 
 from .storage import CheckpointStorage
 

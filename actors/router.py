@@ -12,8 +12,8 @@ from typing import Sequence
 import numpy as np
 import pyarrow as pa
 
-from operators.graph import InputEdge, Partition
-from operators.hashing import bins_of
+from chiray.operators.graph import InputEdge, Partition
+from chiray.operators.hashing import bins_of
 
 __all__ = ["Router", "ForwardRouter", "RebalanceRouter", "HashRouter", "make_router", "KeyColumnError"]
 

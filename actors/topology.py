@@ -25,16 +25,14 @@ an instance's pending changes.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
 
-from control.message import InstanceId
-from operators.graph import PhysicalPlan
+from chiray.control.message import InstanceId
+from chiray.operators.graph import PhysicalPlan
 
 from .channel import InputChannel, OutputChannel
+from .instanceview import InstanceView
 from .router import HashRouter, make_router
 
-if TYPE_CHECKING:
-    from .instance import OperatorInstance
 
 __all__ = ["InstanceChange", "plan_instance_change"]
 
@@ -59,7 +57,7 @@ class InstanceChange:
     inputs: list[InputChannel]
     plan: PhysicalPlan
 
-    def open_outputs(self, inst: "OperatorInstance") -> None:
+    def open_outputs(self, inst: InstanceView) -> None:
         """Before the forward: the op goes on the old and the new channels."""
         for edge, chans in enumerate(self.outputs):
             old = inst.outputs[edge]
@@ -70,7 +68,7 @@ class InstanceChange:
                     old.append(ch)
                     olds_targets.append(target)
 
-    def close_outputs(self, inst: "OperatorInstance") -> None:
+    def close_outputs(self, inst: InstanceView) -> None:
         """After the forward: close the removed channels and rebuild the routers of changed edges."""
         from .messages import End
 
@@ -90,7 +88,7 @@ class InstanceChange:
         inst.ctx.set_downstream([t for ts in inst.targets for t in ts])
 
 
-def plan_instance_change(inst: "OperatorInstance", plan: PhysicalPlan, capacity: int,
+def plan_instance_change(inst: InstanceView, plan: PhysicalPlan, capacity: int,
                          capacity_bytes: int) -> InstanceChange | None:
     """The change ``plan`` brings to existing instance ``inst`` (None if its channels stay)."""
     name = inst.name

@@ -51,8 +51,8 @@ import numpy as np
 import pyarrow as pa
 
 from benchmarks.common import emit, start_ray
-from control.op import ControlOp, InstanceHandler
-from operators.logic import InstanceInfo, Sink, SinkWriter
+from chiray.control.op import ControlOp, InstanceHandler
+from chiray.operators.logic import InstanceInfo, Sink, SinkWriter
 
 RATES = (1, 10, 100)
 NUM_KEYS = 100_000
@@ -107,7 +107,7 @@ class TakeLatency(ControlOp):
 
 
 def build(rate: float | None, batch_size: int) -> Any:
-    from operators import Dataflow, generate
+    from chiray.operators import Dataflow, generate
 
     flow = Dataflow("control_overhead")
     (flow.source(generate(None, rate=rate, batch_size=batch_size, num_keys=NUM_KEYS, key_type="int",
@@ -138,7 +138,7 @@ def measure_capacity(batch_size: int, warmup_s: float, measure_s: float) -> floa
 
 def inject(job: Any, rate: int, blocking: bool, window_s: float) -> tuple[int, int, list[Any]]:
     """Fire NoOps at ``rate``/s for ``window_s`` without waiting; returns (start ns, end ns, handles)."""
-    from control.ops.noop import NoOp
+    from chiray.control.ops.noop import NoOp
 
     handles = []
     start_ns, t0 = time.time_ns(), time.perf_counter()

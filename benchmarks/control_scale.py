@@ -47,7 +47,7 @@ SIZES = (8, 64, 512, 2048)
 
 
 def build(num_sources: int) -> Any:
-    from operators import Dataflow, generate
+    from chiray.operators import Dataflow, generate
 
     flow = Dataflow(f"control_scale_{num_sources}")
     idle = generate(None, rate=0.01 * num_sources, batch_size=1, num_keys=64, key_type="int",
@@ -61,8 +61,8 @@ def build(num_sources: int) -> Any:
 
 def measure(num_sources: int, fanout: int | None, warmup: int, ops: int) -> dict[str, Any]:
     """Median completion (ms) of blocking and non-blocking NoOps on a fresh job."""
-    from actors import JobConfig
-    from control.ops.noop import NoOp
+    from chiray.actors import JobConfig
+    from chiray.control.ops.noop import NoOp
 
     config = JobConfig(num_hosts=NUM_HOSTS, control_fanout=fanout, host_num_cpus=0.25)
     t0 = time.perf_counter()

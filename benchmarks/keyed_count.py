@@ -24,7 +24,7 @@ from benchmarks.common import RssSampler, emit, start_ray
 
 
 def make_batches(records: int, keys: int, dist: str, batch_size: int, seed: int) -> list[pa.RecordBatch]:
-    from operators import generate
+    from chiray.operators import generate
 
     source = generate(records, num_keys=keys, dist=dist, batch_size=batch_size, seed=seed)
     out = []
@@ -50,7 +50,7 @@ def reference(batches: list[pa.RecordBatch], repeats: int = 3) -> float:
 def run_job(batches: list[pa.RecordBatch], parallelism: int) -> tuple[pa.Table, float, float]:
     import ray
 
-    from operators import Dataflow, from_arrow
+    from chiray.operators import Dataflow, from_arrow
 
     flow = Dataflow("keyed_count")
     (flow.source(from_arrow(batches), parallelism=1, name="source")

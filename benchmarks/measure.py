@@ -25,7 +25,7 @@ import os
 import time
 from typing import Any
 
-from control.ops.checkpoint import decode_offsets
+from chiray.control.ops.checkpoint import decode_offsets
 
 __all__ = ["build", "warm_up", "WarmState", "counted", "source_records", "state_bytes", "size_label",
            "loadavg", "PARALLELISM"]
@@ -37,7 +37,7 @@ def build(name: str, rate: float | None, keys: int, batch_size: int, sink: Any =
           num_bins: int | None = None) -> Any:
     """The keyed count: generate (p=2) -> key_by -> agg(count, max ts, updates) (p=2) -> sink (p=1)."""
     from benchmarks.control_overhead import LatencySink
-    from operators import Dataflow, generate
+    from chiray.operators import Dataflow, generate
 
     flow = Dataflow(name)
     (flow.source(generate(None, rate=rate, batch_size=batch_size, num_keys=keys, num_splits=PARALLELISM,
@@ -117,7 +117,7 @@ def source_records(manifest: dict[str, Any], batch_size: int) -> tuple[int, int]
     offset (offsets only grow). They differ when an instance reports a stale
     offset of a split it does not read (seen after a restore).
     """
-    from actors.restore import RestoreInfo
+    from chiray.actors.restore import RestoreInfo
 
     restored = RestoreInfo(None, manifest).source_offsets("source")  # type: ignore[arg-type]
     per_split: dict[str, int] = {}

@@ -62,7 +62,7 @@ from typing import Any
 
 import ray
 
-from actors.storage import MANIFEST, CheckpointStorage
+from chiray.actors.storage import MANIFEST, CheckpointStorage
 from benchmarks.common import emit, start_ray
 from benchmarks.measure import build, counted, loadavg, size_label, source_records
 

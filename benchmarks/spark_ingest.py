@@ -100,9 +100,9 @@ def driver_pids() -> tuple[int, list[int]]:
 
 def run_bridge(spark: Any, rows: int, partitions: int) -> dict[str, Any]:
     """One bridged keyed count (checked against Spark SQL): rows/s, submit time and peak driver RSS."""
-    from actors import wait_warm_actors
-    from operators import Dataflow
-    from spark_bridge import from_spark
+    from chiray.actors import wait_warm_actors
+    from chiray.operators import Dataflow
+    from chiray.spark_bridge import from_spark
 
     df = dataframe(spark, rows, partitions)
     wait_warm_actors(120)  # the previous run's end started them; Spark's executors are warm too
@@ -156,8 +156,8 @@ def main() -> None:
         args.rows, args.small_rows = 1_000_000, 200_000
     os.environ.setdefault("RAY_ENABLE_AUTO_CONNECT", "0")
     start_ray(num_cpus=4)
-    from actors import release_warm_actors
-    from spark_bridge import release_warm_coordinators, spark_session
+    from chiray.actors import release_warm_actors
+    from chiray.spark_bridge import release_warm_coordinators, spark_session
 
     spark = spark_session(2, app_name="spark_ingest", conf={"spark.sql.shuffle.partitions": "4"},
                           master=None if args.master == "local" else args.master)

@@ -38,7 +38,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from benchmarks.common import emit, start_ray
-from operators import Sink, SinkWriter, Source, SourceSplit, SplitReader
+from chiray.operators import Sink, SinkWriter, Source, SourceSplit, SplitReader
 
 WINDOW_MS = 10_000
 
@@ -157,7 +157,7 @@ def watermark_clock(delay_ms: int, log_path: str) -> Any:
 
 def run_job(batches: list[pa.RecordBatch], parallelism: int, disorder_ms: int, rate: float,
             log_path: str) -> tuple[Any, float, int]:
-    from operators import Dataflow, tumbling, watermarks_from
+    from chiray.operators import Dataflow, tumbling, watermarks_from
 
     flow = Dataflow("windows")
     (flow.source(PacedSource(batches, rate), name="source",

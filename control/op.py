@@ -37,7 +37,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Iterable, Mapping, Protocol, runtime_checkable
 
-from operators.logic import InstanceInfo
+from chiray.operators.logic import InstanceInfo
 
 from .message import CONTROLLER, InstanceId
 

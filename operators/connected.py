@@ -1,7 +1,7 @@
 """connected.py: two streams connected for a keyed two-input operator (co-process, joins).
 
 Example:
-    >>> from operators import Dataflow, from_items
+    >>> from chiray.operators import Dataflow, from_items
     >>> flow = Dataflow("j")
     >>> orders = flow.source(from_items([{"user": "a", "amount": 3}]), name="orders")
     >>> users = flow.source(from_items([{"id": "a", "city": "Oslo"}]), name="users")
@@ -10,18 +10,18 @@ Example:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import pyarrow as pa
 
 from .eventtime import check_time_field
 from .graph import OperatorKind, OperatorNode, Partition, describe_callable
+from .handles import StreamLike
 from .hashing import check_num_bins
 from .joins import CoProcessLogic, JoinLogic, WindowJoinLogic, join_tables
 from .windows import WindowSpec, window_output_schema
 
-if TYPE_CHECKING:
-    from .dataflow import Stream
+Stream = StreamLike  # the runtime type is dataflow.Stream
 
 __all__ = ["ConnectedStreams", "KeyedConnectedStreams"]
 
@@ -30,9 +30,7 @@ class ConnectedStreams:
     """Two streams of one dataflow, to be keyed together (``key_by``)."""
 
     def __init__(self, left: "Stream", right: "Stream") -> None:
-        from .dataflow import Stream
-
-        if not isinstance(right, Stream) or right.flow is not left.flow:
+        if not isinstance(right, type(left)) or right.flow is not left.flow:
             raise TypeError(f"connect() after operator {left.name!r}: expected a stream of the same Dataflow, "
                             f"got {type(right).__name__}")
         self.left, self.right = left, right

@@ -1,7 +1,7 @@
 """dataflow.py: the user API: ``Dataflow``, ``Stream`` and ``KeyedStream``, with build-time validation.
 
 Example:
-    >>> from operators import Dataflow, from_items, collect
+    >>> from chiray.operators import Dataflow, from_items, collect
     >>> flow = Dataflow("demo")
     >>> (flow.source(from_items([{"w": "a"}, {"w": "b"}, {"w": "a"}]))
     ...      .key_by("w").count(name="count")
@@ -16,7 +16,6 @@ with a message that names the operator.
 
 from __future__ import annotations
 
-import importlib
 import itertools
 from typing import Any, Callable
 
@@ -138,10 +137,29 @@ class Dataflow:
                 )
 
     def submit(self, **options: Any) -> Any:
-        """Deploy on Ray and start running; returns a ``Job`` (see ``actors.submit``)."""
-        # operators/ stays free of Ray: the runtime is looked up by name only here.
-        runtime = importlib.import_module("actors")
-        return runtime.submit(self, **options)
+        """Deploy on Ray and start running; the same as ``chiray.submit(flow, **options)``.
+
+        Returns:
+            The running ``Job``.
+
+        Raises:
+            RuntimeError: no runtime is registered (``operators`` was loaded without the ``chiray`` package).
+        """
+        if _RUNTIME is None:
+            raise RuntimeError("no runtime registered: use chiray.submit(flow, ...) (import chiray first)")
+        return _RUNTIME(self, **options)
+
+
+_RUNTIME: Callable[..., Any] | None = None
+
+
+def register_runtime(submit: Callable[..., Any]) -> None:
+    """Register the function that ``Dataflow.submit`` calls; the ``chiray`` facade registers the Ray runtime's.
+
+    ``operators`` stays a pure description: it never imports the runtime, the runtime is handed to it from above.
+    """
+    global _RUNTIME
+    _RUNTIME = submit
 
 
 class Stream:

@@ -20,8 +20,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from operators.logic import Source, SourceSplit, SplitReader
-from operators.validation import _require
+from chiray.operators.logic import Source, SourceSplit, SplitReader
+from chiray.operators.validation import _require
 
 __all__ = ["generate", "GenerateSource"]
 

@@ -28,7 +28,7 @@ How keyed state groups keys and gives them slots lives in :mod:`operators.keyind
 Measured on this machine (one core, ``bins_of``, best of 5): 1M string keys
 with 100K distinct values at about 12M rows/s; 1M ``int64`` keys at about
 120M rows/s. Re-measure with
-``python -c "from operators.hashing import _benchmark; print(_benchmark())"``.
+``python -c "from chiray.operators.hashing import _benchmark; print(_benchmark())"``.
 
 Example:
     >>> import pyarrow as pa

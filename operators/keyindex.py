@@ -24,7 +24,7 @@ from .hashing import _float_bits, _hash_array
 try:  # pandas' C hash table: internal, but stable for years; we fail loudly if it moves
     from pandas._libs.hashtable import Int64HashTable
 except ImportError as exc:  # pragma: no cover
-    raise ImportError(f"operators.keyindex needs pandas' Int64HashTable (pandas {pd.__version__}): {exc}") from exc
+    raise ImportError(f"chiray.operators.keyindex needs pandas' Int64HashTable (pandas {pd.__version__}): {exc}") from exc
 
 __all__ = ["encode_keys", "KeyIndex"]
 

@@ -13,7 +13,7 @@ never make output visible themselves (two-phase commit, see ``staging``):
   deletes whatever else was staged, since replay writes it again.
 
 Example:
-    >>> from operators.logic import InstanceInfo
+    >>> from chiray.operators.logic import InstanceInfo
     >>> sink = collect()
     >>> w = sink.create_writer(InstanceInfo("out", 0, 1))
     >>> w.write(pa.record_batch({"x": [1, 2]}))
@@ -31,8 +31,8 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from operators.logic import InstanceInfo, Sink, SinkWriter
-from operators.staging import StagingArea
+from chiray.operators.logic import InstanceInfo, Sink, SinkWriter
+from chiray.operators.staging import StagingArea
 
 __all__ = ["collect", "to_parquet", "CollectSink", "CollectWriter", "ParquetSink", "ParquetWriter"]
 

@@ -29,9 +29,9 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from operators.generator import GenerateSource, generate
-from operators.logic import Source, SourceSplit, SplitReader
-from operators.validation import _require
+from chiray.operators.generator import GenerateSource, generate
+from chiray.operators.logic import Source, SourceSplit, SplitReader
+from chiray.operators.validation import _require
 
 __all__ = [
     "from_items",

@@ -14,7 +14,7 @@ not due for that long (a paced or quiet source) marks itself idle, so it does
 not hold back the watermark of the operators it feeds.
 
 Example:
-    >>> from operators import Dataflow, from_items
+    >>> from chiray.operators import Dataflow, from_items
     >>> flow = Dataflow("w")
     >>> s = flow.source(from_items([{"t": 5}, {"t": 3}]), watermarks=bounded_out_of_orderness("t", 2))
 """

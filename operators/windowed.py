@@ -1,7 +1,7 @@
 """windowed.py: ``WindowedStream``, the user API of event-time windows over a keyed stream.
 
 Example:
-    >>> from operators import Dataflow, from_items, collect, tumbling, bounded_out_of_orderness
+    >>> from chiray.operators import Dataflow, from_items, collect, tumbling, bounded_out_of_orderness
     >>> flow = Dataflow("w")
     >>> (flow.source(from_items([{"k": "a", "t": 1}]), watermarks=bounded_out_of_orderness("t", 5))
     ...      .key_by("k").window(tumbling(10), on="t").count(name="counts")
@@ -11,17 +11,18 @@ Example:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import pyarrow as pa
 
 from .aggregates import aggregate_output_schema
 from .eventtime import Duration, check_time_field, ticks
 from .graph import describe_callable
+from .handles import KeyedStreamLike, StreamLike
 from .windows import LATE, FixedWindowLogic, WindowSpec, window_output_schema
 
-if TYPE_CHECKING:
-    from .dataflow import KeyedStream, Stream
+Stream = StreamLike  # the runtime types are dataflow.Stream and dataflow.KeyedStream
+KeyedStream = KeyedStreamLike
 
 __all__ = ["WindowedStream"]
 

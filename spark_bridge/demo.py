@@ -8,8 +8,7 @@ rescaled live to one more instance (non-disruptive: bins move while the
 stream runs) and then takes an aligned checkpoint; the result is checked
 against the same query run as Spark SQL.
 
-Loaded by ``actors/cli.py`` through ``importlib`` (``actors`` may not import
-``spark_bridge``).
+Run by ``chiray.cli`` (the facade, which sits above every layer).
 """
 
 from __future__ import annotations
@@ -48,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     """Run the demo; 0 when the dataflow's result equals Spark SQL's."""
     import ray
 
-    from operators import Dataflow
+    from chiray.operators import Dataflow
 
     from . import SparkSource, from_spark, spark_session
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from operators import SplitAddress, SplitReader
+from chiray.operators import SplitAddress, SplitReader
 
 from .messages import Commit, CommitEpoch, Destination, EndStream, Fail, Push
 from .push import decode

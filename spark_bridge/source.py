@@ -32,7 +32,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from operators import Source, SourceSplit, SplitReader
+from chiray.operators import Source, SourceSplit, SplitReader
 
 from .env import gcs_address, require_pyspark, worker_env
 from .push import SUMMARY_SCHEMA, PushTarget, push_ipc_partition, push_partition

@@ -32,7 +32,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from operators import Source, SourceSplit, SplitReader
+from chiray.operators import Source, SourceSplit, SplitReader
 
 from .push import rechunk
 

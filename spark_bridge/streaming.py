@@ -43,7 +43,7 @@ from typing import Any
 import pyarrow as pa
 import ray
 
-from operators import Source, SourceSplit, SplitReader
+from chiray.operators import Source, SourceSplit, SplitReader
 
 from .coordinator import NAMESPACE, StreamCoordinator, kill
 from .env import gcs_address, require_pyspark, worker_env

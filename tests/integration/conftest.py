@@ -32,7 +32,7 @@ def no_leaked_actors(request):
 def spark(ray_session):
     """One local SparkSession for the whole session, built after Ray (it inherits Ray's environment)."""
     pytest.importorskip("pyspark")
-    from spark_bridge import spark_session
+    from chiray.spark_bridge import spark_session
 
     session = spark_session(cores=2, conf={"spark.sql.shuffle.partitions": "4",
                                            "spark.sql.adaptive.enabled": "false"})

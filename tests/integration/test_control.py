@@ -12,10 +12,10 @@ import pyarrow.compute as pc
 import pytest
 import ray
 
-from control import ops
-from control.op import ControlOp, InstanceHandler
-from control.oprun import OpFailedError
-from operators import Dataflow, Sink, SinkWriter, Source, SourceSplit, SplitReader, generate
+from chiray.control import ops
+from chiray.control.op import ControlOp, InstanceHandler
+from chiray.control.oprun import OpFailedError
+from chiray.operators import Dataflow, Sink, SinkWriter, Source, SourceSplit, SplitReader, generate
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 

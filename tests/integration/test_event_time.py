@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 import pytest
 import ray
 
-from operators import Dataflow, bounded_out_of_orderness, generate, tumbling
+from chiray.operators import Dataflow, bounded_out_of_orderness, generate, tumbling
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pytest
 import ray
 
-from operators import Dataflow, Source, SourceSplit, SplitAddress, SplitReader
+from chiray.operators import Dataflow, Source, SourceSplit, SplitAddress, SplitReader
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 

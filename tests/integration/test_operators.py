@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from operators import Dataflow, from_arrow
+from chiray.operators import Dataflow, from_arrow
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 

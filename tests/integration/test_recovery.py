@@ -16,10 +16,10 @@ import pyarrow.parquet as pq
 import pytest
 import ray
 
-from actors import submit
-from actors.storage import CheckpointError, CheckpointStorage
-from control.ops.checkpoint import decode_offsets
-from operators import Dataflow, Source, generate, to_parquet
+from chiray.actors import submit
+from chiray.actors.storage import CheckpointError, CheckpointStorage
+from chiray.control.ops.checkpoint import decode_offsets
+from chiray.operators import Dataflow, Source, generate, to_parquet
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 

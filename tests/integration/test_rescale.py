@@ -15,8 +15,8 @@ import pyarrow as pa
 import pytest
 import ray
 
-from actors.rescale import RescaleError
-from operators import Dataflow, Source, SplitReader, generate
+from chiray.actors.rescale import RescaleError
+from chiray.operators import Dataflow, Source, SplitReader, generate
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 

@@ -10,8 +10,8 @@ import pyarrow.compute as pc
 import pytest
 import ray
 
-from actors import JobCancelledError, OperatorError
-from operators import Dataflow, Sink, SinkWriter, collect, from_items, generate
+from chiray.actors import JobCancelledError, OperatorError
+from chiray.operators import Dataflow, Sink, SinkWriter, collect, from_items, generate
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
@@ -172,7 +172,7 @@ def test_collect_to_driver_preserves_records_across_hosts():
 
 
 def test_a_job_ray_has_no_room_for_fails_fast_with_a_clear_error():
-    from actors import JobFailedError
+    from chiray.actors import JobFailedError
 
     flow = Dataflow("too-big")
     flow.source(from_items([{"x": 1}])).collect()
@@ -183,9 +183,9 @@ def test_a_job_ray_has_no_room_for_fails_fast_with_a_clear_error():
 
 
 def test_warm_hosts_serve_the_next_submit_and_are_released():
-    from actors import release_warm_actors, wait_warm_actors
-    from actors.pool import warm_pool
-    from actors.supervisor import CONTROLLER_POOL_KEY
+    from chiray.actors import release_warm_actors, wait_warm_actors
+    from chiray.actors.pool import warm_pool
+    from chiray.actors.supervisor import CONTROLLER_POOL_KEY
 
     def run(name: str, items: list[dict]) -> tuple[dict, list]:
         flow = Dataflow(name)

@@ -16,8 +16,8 @@ import pytest
 import ray
 from pyspark.sql import functions as F
 
-from operators import Dataflow
-from spark_bridge import from_spark, from_spark_stream, from_staged
+from chiray.operators import Dataflow
+from chiray.spark_bridge import from_spark, from_spark_stream, from_staged
 
 pytestmark = [
     pytest.mark.usefixtures("ray_session"),
@@ -70,8 +70,8 @@ def dataflow_counts(job) -> dict[str, int]:
 
 
 def test_keyed_count_equals_spark_sql_and_a_warm_coordinator_serves_the_next_source(spark):
-    from spark_bridge import release_warm_coordinators
-    from spark_bridge.coordinator import _warm
+    from chiray.spark_bridge import release_warm_coordinators
+    from chiray.spark_bridge.coordinator import _warm
 
     df = events(spark)
     try:
@@ -107,7 +107,7 @@ def test_rows_go_from_the_executors_to_the_source_hosts_never_through_the_coordi
 
 def test_the_mapinarrow_fallback_equals_spark_sql(spark, monkeypatch):
     """Where Spark has no executor-side Arrow RDD (Spark Connect), tasks push from ``mapInArrow``."""
-    import spark_bridge.source as source
+    import chiray.spark_bridge.source as source
 
     df = events(spark, rows=30_000, partitions=3)
     with from_spark(df) as src:  # the default path: Spark's own Arrow batches

@@ -1,4 +1,8 @@
-"""The layering rule, enforced: imports only go down (operators <- control <- actors; spark_bridge -> operators)."""
+"""The layering rule, enforced: imports only go down, by name or by string, and the import graph has no cycle.
+
+``chiray.operators`` <- ``chiray.control`` <- ``chiray.actors``; ``chiray.spark_bridge`` -> ``chiray.operators``;
+only the ``chiray`` facade (``chiray/``) sits above them all. ``TYPE_CHECKING`` imports count.
+"""
 
 from __future__ import annotations
 
@@ -16,18 +20,55 @@ ALLOWED = {
     "spark_bridge": {"spark_bridge", "operators"},
 }
 NO_RAY = {"operators", "control"}
+STRING_IMPORTERS = {"import_module", "__import__"}
 
 
-def imports_of(path: pathlib.Path, package: str) -> set[str]:
-    """Top-level names imported by a module, relative imports resolved to ``package``."""
+def _module_name(path: pathlib.Path) -> str:
+    """``actors/job.py`` -> ``chiray.actors.job``; ``chiray/cli.py`` -> ``chiray.cli``."""
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts if parts[0] == "chiray" else ["chiray", *parts])
+
+
+def _absolute(node: ast.ImportFrom, module: str, is_package: bool) -> str:
+    if not node.level:
+        return node.module or ""
+    base = module.split(".") if is_package else module.split(".")[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def imported_modules(path: pathlib.Path) -> set[str]:
+    """Absolute names of the modules a file imports: statements, ``importlib.import_module`` and ``__import__``."""
+    module = _module_name(path)
+    is_package = path.name == "__init__.py"
     tree = ast.parse(path.read_text(), filename=str(path))
     found: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            found.update(alias.name.split(".")[0] for alias in node.names)
+            found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
-            found.add(package if node.level else (node.module or "").split(".")[0])
+            base = _absolute(node, module, is_package)
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names)  # "from pkg import module"
+        elif isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+            if name in STRING_IMPORTERS and node.args and isinstance(node.args[0], ast.Constant):
+                found.add(str(node.args[0].value))
     return found
+
+
+def layer_of(name: str) -> str | None:
+    """The layer of an absolute module name (``chiray.actors.job`` -> ``actors``), ``None`` outside chiray.
+
+    A bare ``actors``/``operators``/... (the pre-``chiray`` names) counts as that layer too, so it is caught.
+    """
+    parts = name.split(".")
+    if parts[0] == "chiray":
+        return parts[1] if len(parts) > 1 and parts[1] in OURS else "chiray"
+    return parts[0] if parts[0] in OURS else None
 
 
 def modules():
@@ -36,16 +77,94 @@ def modules():
             yield package, path
 
 
-@pytest.mark.parametrize("package,path", list(modules()), ids=lambda v: str(v).split("chiray")[-1])
+@pytest.mark.parametrize("package,path", list(modules()), ids=lambda v: str(v).split("main")[-1])
 def test_no_upward_import(package, path):
-    imported = imports_of(path, package)
-    upward = (imported & OURS) - ALLOWED[package]
+    imported = imported_modules(path)
+    layers = {layer_of(name) for name in imported} - {None}
+    upward = layers - ALLOWED[package]
     assert not upward, f"{path.relative_to(ROOT)} ({package}) imports {sorted(upward)}: upward import"
+    bare = sorted(n for n in imported if n.split(".")[0] in OURS)
+    assert not bare, f"{path.relative_to(ROOT)} imports {bare}: say chiray.{bare[0]}"
     if package in NO_RAY:
-        assert "ray" not in imported, f"{path.relative_to(ROOT)}: {package} must not import ray"
+        assert not any(n == "ray" or n.startswith("ray.") for n in imported), \
+            f"{path.relative_to(ROOT)}: {package} must not import ray"
 
 
-def test_checker_catches_an_upward_import(tmp_path):
+def _graph() -> dict[str, set[str]]:
+    files = [p for _, p in modules()] + sorted((ROOT / "chiray").rglob("*.py"))
+    names = {_module_name(p): p for p in files}
+    graph: dict[str, set[str]] = {}
+    for name, path in names.items():
+        targets = set()
+        for imported in imported_modules(path):
+            # "from chiray.actors import job" names either a module or an attribute: keep it if it is a module
+            while imported and imported not in names:
+                imported = imported.rpartition(".")[0]
+            if imported and imported != name:
+                targets.add(imported)
+        graph[name] = targets
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of the graph as a list of nodes (first == last), or ``None``."""
+    colour: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        colour[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if colour.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in colour and (cycle := visit(nxt)):
+                return cycle
+        colour[node] = 2
+        stack.pop()
+        return None
+
+    for node in sorted(graph):
+        if node not in colour and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def _is_package_init_edge(a: str, b: str) -> bool:
+    """``pkg/__init__`` re-exporting its own submodule ``pkg.mod`` is not a cycle of the design."""
+    return b.startswith(a + ".")
+
+
+def test_import_graph_has_no_cycle():
+    graph = {a: {b for b in targets if not _is_package_init_edge(a, b) and not _is_package_init_edge(b, a)}
+             for a, targets in _graph().items()}
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_checker_catches_an_upward_import_by_name_or_string(tmp_path):
     bad = tmp_path / "bad.py"
-    bad.write_text("from actors.job import submit\nimport ray\n")
-    assert imports_of(bad, "operators") & OURS - ALLOWED["operators"] == {"actors"}
+    bad.write_text("from chiray.actors.job import submit\nimport ray\nimport importlib\n"
+                   "importlib.import_module('chiray.spark_bridge.demo')\n__import__('actors')\n")
+    layers = {layer_of(n) for n in imported_modules_outside(bad)} - {None}
+    assert layers == {"actors", "spark_bridge"}
+
+
+def imported_modules_outside(path: pathlib.Path) -> set[str]:
+    """``imported_modules`` for a file outside the tree (absolute imports only)."""
+    tree = ast.parse(path.read_text())
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            found.add(node.module or "")
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+            func = node.func
+            if (func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)) in STRING_IMPORTERS:
+                found.add(str(node.args[0].value))
+    return found
+
+
+def test_cycle_finder_finds_a_cycle():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None

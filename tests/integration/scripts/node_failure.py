@@ -14,7 +14,7 @@ import time
 import ray
 from ray.cluster_utils import Cluster
 
-from operators import Dataflow, generate
+from chiray.operators import Dataflow, generate
 
 N = 80_000
 

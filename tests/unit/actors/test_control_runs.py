@@ -17,12 +17,12 @@ import random
 import pyarrow as pa
 import pytest
 
-from actors.config import JobConfig
-from actors.harness import LocalRun
-from actors.messages import ControlRun, Data, Envelope, Parcel
-from control.message import Configs, ControlMessage
-from control.ops import NoOp
-from operators import Dataflow, from_items
+from chiray.actors.config import JobConfig
+from chiray.actors.harness import LocalRun
+from chiray.actors.messages import ControlRun, Data, Envelope, Parcel
+from chiray.control.message import Configs, ControlMessage
+from chiray.control.ops import NoOp
+from chiray.operators import Dataflow, from_items
 
 SOURCES = 24
 
@@ -114,7 +114,7 @@ def test_a_run_aligns_like_one_envelope_per_channel(blocking, seed):
 
 def test_copies_that_reach_an_instance_over_several_steps_of_its_senders_count_in_one_step():
     """Sources on the instance's own host forward an op one after another: the copies join one run."""
-    from operators import generate
+    from chiray.operators import generate
 
     flow = Dataflow("local_fan_in")
     (flow.source(generate(None, rate=0.01, batch_size=1, num_keys=4, key_type="int", num_splits=SOURCES),

@@ -12,11 +12,11 @@ import random
 
 import pytest
 
-from actors import mailbox
-from actors.config import JobConfig
-from actors.harness import LocalRun
-from actors.messages import Data, Parcel
-from operators import Dataflow, from_items
+from chiray.actors import mailbox
+from chiray.actors.config import JobConfig
+from chiray.actors.harness import LocalRun
+from chiray.actors.messages import Data, Parcel
+from chiray.operators import Dataflow, from_items
 
 ROWS = [{"x": i} for i in range(40)]
 

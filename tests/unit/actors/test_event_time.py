@@ -17,11 +17,11 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from actors.config import JobConfig
-from actors.harness import LocalRun
+from chiray.actors.config import JobConfig
+from chiray.actors.harness import LocalRun
 import pyarrow.compute  # noqa: F401 - pa.compute in filters
 
-from operators import (Dataflow, bounded_out_of_orderness, collect, from_items, generate, session, sliding, tumbling,
+from chiray.operators import (Dataflow, bounded_out_of_orderness, collect, from_items, generate, session, sliding, tumbling,
                        watermarks_from)
 
 STEP, JITTER = 3, 40

@@ -8,9 +8,9 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from actors.config import JobConfig
-from actors.harness import LocalRun
-from operators import Dataflow, bounded_out_of_orderness, from_items, tumbling
+from chiray.actors.config import JobConfig
+from chiray.actors.harness import LocalRun
+from chiray.operators import Dataflow, bounded_out_of_orderness, from_items, tumbling
 
 LEFT = pa.schema([("user", pa.string()), ("t", pa.int64()), ("amount", pa.int64())])
 RIGHT = pa.schema([("id", pa.string()), ("t", pa.int64()), ("score", pa.int64())])

@@ -20,12 +20,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from actors.config import JobConfig
-from actors.harness import LocalRun
-from actors.instance import OperatorFailure
-from actors.router import KeyColumnError
-from operators import Dataflow, Sink, SinkWriter, Stream, collect, from_arrow, from_items
-from operators.logic import InstanceInfo
+from chiray.actors.config import JobConfig
+from chiray.actors.harness import LocalRun
+from chiray.actors.instance import OperatorFailure
+from chiray.actors.router import KeyColumnError
+from chiray.operators import Dataflow, Sink, SinkWriter, Stream, collect, from_arrow, from_items
+from chiray.operators.logic import InstanceInfo
 
 SCHEMA = pa.schema([("k", pa.string()), ("v", pa.int64()), ("f", pa.float64())])
 SEEDS = range(10)
@@ -531,7 +531,7 @@ class _FlipReader:
 
 
 def test_a_source_that_becomes_due_between_two_questions_is_not_forgotten():
-    from operators.logic import Source, SourceSplit
+    from chiray.operators.logic import Source, SourceSplit
 
     batches = [pa.record_batch({"x": [i, i + 1]}) for i in range(0, 6, 2)]
 

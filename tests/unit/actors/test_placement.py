@@ -5,11 +5,11 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from actors.config import JobConfig
-from actors.harness import LocalRun
-from actors.placement import place
-from operators import Dataflow, collect, from_items
-from operators.graph import OperatorKind, PhysicalPlan, physical_plan
+from chiray.actors.config import JobConfig
+from chiray.actors.harness import LocalRun
+from chiray.actors.placement import place
+from chiray.operators import Dataflow, collect, from_items
+from chiray.operators.graph import OperatorKind, PhysicalPlan, physical_plan
 
 ROWS = [{"k": f"k{i % 5}", "v": i} for i in range(40)]
 

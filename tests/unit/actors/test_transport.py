@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from actors.mailbox import Outbox
-from actors.messages import Envelope, Grant, Parcel
-from actors.transport import Transport
-from control.message import ControlReturn
+from chiray.actors.mailbox import Outbox
+from chiray.actors.messages import Envelope, Grant, Parcel
+from chiray.actors.transport import Transport
+from chiray.control.message import ControlReturn
 
 
 class FakeRef:

@@ -22,11 +22,11 @@ from typing import Any, Callable, Iterable
 
 import pyarrow as pa
 
-from actors.harness import LocalRun
-from control.message import InstanceId
-from control.op import ControlOp, InstanceHandler
-from control.oprun import OpState
-from operators.logic import Source, SourceSplit, SplitReader
+from chiray.actors.harness import LocalRun
+from chiray.control.message import InstanceId
+from chiray.control.op import ControlOp, InstanceHandler
+from chiray.control.oprun import OpState
+from chiray.operators.logic import Source, SourceSplit, SplitReader
 
 SEQ_SCHEMA = pa.schema([("split", pa.int64()), ("seq", pa.int64()), ("value", pa.int64())])
 FAR_FUTURE = 1e18

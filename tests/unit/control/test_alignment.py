@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from control.alignment import Aligned, AlignmentState, Collecting, WaitingForFirst
-from control.tracker import Tracking
+from chiray.control.alignment import Aligned, AlignmentState, Collecting, WaitingForFirst
+from chiray.control.tracker import Tracking
 
 INPUTS = frozenset({"a", "b", "c"})
 

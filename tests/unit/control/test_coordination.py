@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from control.message import ControlMessage, ControlReturn
-from control.op import ControlOp
-from control.oprun import JobView, OpFailedError, OpState, OpTimeoutError
-from control.coordination import OpCoordinator
+from chiray.control.message import ControlMessage, ControlReturn
+from chiray.control.op import ControlOp
+from chiray.control.oprun import JobView, OpFailedError, OpState, OpTimeoutError
+from chiray.control.coordination import OpCoordinator
 
 SRC = [("src", 0), ("src", 1)]
 MID = [("m", 0)]
@@ -222,8 +222,8 @@ def test_a_repeated_extra_edge_is_rejected_or_merged():
 
 def test_restart_limit_keeps_a_user_error_that_takes_other_arguments():
     """An OperatorError (built from operator, index, cause) must survive the restart-limit message."""
-    from actors.errors import OperatorError
-    from control.coordination import JobLifecycle, JobState
+    from chiray.actors.errors import OperatorError
+    from chiray.control.coordination import JobLifecycle, JobState
 
     life = JobLifecycle([("out", 0)], max_restarts=1)
     cause = ValueError("bad row")

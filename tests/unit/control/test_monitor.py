@@ -17,12 +17,12 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from actors.config import JobConfig
-from actors.harness import LocalRun
-from control.oprun import OpState
-from control.ops import Monitor, MonitorResult
-from operators import Dataflow, collect
-from operators.hashing import bins_of
+from chiray.actors.config import JobConfig
+from chiray.actors.harness import LocalRun
+from chiray.control.oprun import OpState
+from chiray.control.ops import Monitor, MonitorResult
+from chiray.operators import Dataflow, collect
+from chiray.operators.hashing import bins_of
 
 from .support import SEQ_SCHEMA, SeqSource, all_instances, ops_done, run_until
 

@@ -16,13 +16,13 @@ from typing import Any
 
 import pytest
 
-from actors.config import JobConfig
-from actors.harness import LocalRun
-from actors.instance import OperatorFailure
-from control.op import ControlOp, InstanceHandler
-from control.oprun import OpFailedError, OpState, OpTimeoutError
-from control.ops import NoOp
-from operators import Dataflow, collect
+from chiray.actors.config import JobConfig
+from chiray.actors.harness import LocalRun
+from chiray.actors.instance import OperatorFailure
+from chiray.control.op import ControlOp, InstanceHandler
+from chiray.control.oprun import OpFailedError, OpState, OpTimeoutError
+from chiray.control.ops import NoOp
+from chiray.operators import Dataflow, collect
 
 from .support import SEQ_SCHEMA, SeqSource, ops_done, run_until
 
@@ -158,7 +158,7 @@ def test_an_instance_takes_the_control_messages_at_its_inputs_heads_in_one_step(
     """64 sources -> one count on one host: a NoOp costs one step per source plus one at the count
     (not one per input), and still completes only once it arrived on all 64 inputs; the paced
     sources it woke keep one timer each."""
-    from operators import generate
+    from chiray.operators import generate
 
     flow = Dataflow("fan_in")
     (flow.source(generate(None, rate=0.01, batch_size=1, num_keys=4, key_type="int", num_splits=64),

@@ -8,7 +8,7 @@ import random
 import numpy as np
 import pytest
 
-from control.planning import PlanningError, max_load_ratio, migration_bytes, plan
+from chiray.control.planning import PlanningError, max_load_ratio, migration_bytes, plan
 
 
 def brute_force(current, p, loads, sizes, theta):
@@ -106,7 +106,7 @@ def test_ssm_scale_out_of_a_uniform_table_moves_the_minimum():
 
 
 def test_ordered_search_is_feasible_and_never_better_than_exact():
-    from control import planning
+    from chiray.control import planning
 
     rng = random.Random(3)
     for _ in range(50):

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from control.message import CONTROLLER, Configs, ControlMessage
-from control.op import ControlOp, InstanceHandler
-from control.processor import Completion, ControlProcessor, extra_input
+from chiray.control.message import CONTROLLER, Configs, ControlMessage
+from chiray.control.op import ControlOp, InstanceHandler
+from chiray.control.processor import Completion, ControlProcessor, extra_input
 
 ME = ("op", 0)
 
@@ -311,8 +311,8 @@ def _refuse() -> None:
 
 
 def test_handles_nothing_only_for_the_base_handlers():
-    from control.op import handles_nothing
-    from control.ops import NoOp
+    from chiray.control.op import handles_nothing
+    from chiray.control.ops import NoOp
 
     assert handles_nothing(NoOp.Instance) and handles_nothing(InstanceHandler)
     assert not handles_nothing(Logged.Instance)
@@ -326,7 +326,7 @@ def test_handles_nothing_only_for_the_base_handlers():
 
 @pytest.mark.parametrize("blocking", [True, False])
 def test_an_op_that_handles_nothing_aligns_without_reading_its_config(blocking):
-    from control.ops import NoOp
+    from chiray.control.ops import NoOp
 
     proc = ControlProcessor(ME, [1, 2], is_source=False)
     configs = Configs({("elsewhere", 0): "theirs"}, default=_Unreadable())  # non-empty: ``message`` keeps it
@@ -356,7 +356,7 @@ def test_arrive_many_is_arrive_on_each_in_turn(seed):
     completions, blocked inputs, pending ops and (for an op with handlers) every on_next, in order."""
     import random
 
-    from control.ops import NoOp
+    from chiray.control.ops import NoOp
 
     rng = random.Random(seed)
     inputs = list(range(rng.randint(2, 40)))
@@ -393,7 +393,7 @@ def test_arrive_many_is_arrive_on_each_in_turn(seed):
 
 
 def test_arrive_many_twice_on_an_input_is_a_bug():
-    from control.ops import NoOp
+    from chiray.control.ops import NoOp
 
     proc = ControlProcessor(ME, [1, 2, 3], False)
     m = message(NoOp(blocking=True), 0)

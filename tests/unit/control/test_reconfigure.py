@@ -21,12 +21,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from actors.config import JobConfig
-from actors.harness import LocalRun
-from actors.instance import OperatorFailure
-from control.oprun import OpState
-from control.ops import Reconfigure
-from operators import Dataflow, collect
+from chiray.actors.config import JobConfig
+from chiray.actors.harness import LocalRun
+from chiray.actors.instance import OperatorFailure
+from chiray.control.oprun import OpState
+from chiray.control.ops import Reconfigure
+from chiray.operators import Dataflow, collect
 
 from .support import SEQ_SCHEMA, SeqSource, run_until, track
 

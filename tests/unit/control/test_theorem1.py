@@ -42,12 +42,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from actors.config import JobConfig
-from actors.harness import LocalRun
-from control.message import CONTROLLER, InstanceId
-from control.oprun import OpState
-from operators import Dataflow, Stream, collect
-from operators.endpoints import assign_splits
+from chiray.actors.config import JobConfig
+from chiray.actors.harness import LocalRun
+from chiray.control.message import CONTROLLER, InstanceId
+from chiray.control.oprun import OpState
+from chiray.operators import Dataflow, Stream, collect
+from chiray.operators.endpoints import assign_splits
 
 from .support import (
     SEQ_SCHEMA, Event, Recording, SeqSource, all_instances, completions, emitted_before, instance_edges,

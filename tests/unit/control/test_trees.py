@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from control.trees import Relay, Tree, build_tree
+from chiray.control.trees import Relay, Tree, build_tree
 
 
 def _leaves(n: int) -> list[tuple[str, int]]:

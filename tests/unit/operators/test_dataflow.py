@@ -12,9 +12,9 @@ import re
 import pyarrow as pa
 import pytest
 
-from operators import Dataflow, KeyedStream, Stream, collect, from_items
-from operators.graph import OperatorKind
-from operators.keyed import AggSpec, aggregate_output_schema
+from chiray.operators import Dataflow, KeyedStream, Stream, collect, from_items
+from chiray.operators.graph import OperatorKind
+from chiray.operators.keyed import AggSpec, aggregate_output_schema
 
 SCHEMA = pa.schema([
     ("k", pa.string()),

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from operators.endpoints import SourceLogic, assign_splits
-from operators.logic import InstanceInfo, Source, SourceSplit, SplitAddress, SplitReader
-from operators.sources import from_items
+from chiray.operators.endpoints import SourceLogic, assign_splits
+from chiray.operators.logic import InstanceInfo, Source, SourceSplit, SplitAddress, SplitReader
+from chiray.operators.sources import from_items
 
 
 def test_a_restored_instance_keeps_and_reports_only_its_own_splits_offsets():

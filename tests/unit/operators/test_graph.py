@@ -8,10 +8,10 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from operators import Dataflow, collect, from_items
-from operators.graph import OperatorKind, Partition, PhysicalPlan, initial_bin_table, physical_plan
-from operators.logic import Source, SourceSplit, SplitReader
-from operators.sources import ArrowSource
+from chiray.operators import Dataflow, collect, from_items
+from chiray.operators.graph import OperatorKind, Partition, PhysicalPlan, initial_bin_table, physical_plan
+from chiray.operators.logic import Source, SourceSplit, SplitReader
+from chiray.operators.sources import ArrowSource
 
 ROWS = [{"k": "a", "v": 1}, {"k": "b", "v": 2}]
 

@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from operators.hashing import (
+from chiray.operators.hashing import (
     DEFAULT_NUM_BINS,
     NULL_HASH,
     bins_from_hashes,
@@ -21,7 +21,7 @@ from operators.hashing import (
     check_num_bins,
     hash_keys,
 )
-from operators.keyindex import KeyIndex, encode_keys
+from chiray.operators.keyindex import KeyIndex, encode_keys
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -152,7 +152,7 @@ import json, sys
 import numpy as np
 import pyarrow as pa
 sys.path.insert(0, {repo!r})
-from operators.hashing import bins_of, hash_keys
+from chiray.operators.hashing import bins_of, hash_keys
 keys = pa.array([f"key-{{i}}" for i in range(2000)] + [None])
 print(json.dumps([bins_of(keys, 1024).tolist(), [str(h) for h in hash_keys(keys)], hash("key-1")]))
 """

@@ -9,9 +9,9 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from operators.hashing import bins_of
-from operators.joins import JoinLogic, WindowJoinLogic
-from operators.windows import tumbling
+from chiray.operators.hashing import bins_of
+from chiray.operators.joins import JoinLogic, WindowJoinLogic
+from chiray.operators.windows import tumbling
 
 NUM_BINS = 16
 

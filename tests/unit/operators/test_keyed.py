@@ -11,8 +11,8 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from operators.hashing import bins_of
-from operators.keyed import (
+from chiray.operators.hashing import bins_of
+from chiray.operators.keyed import (
     AggregateLogic,
     AggSpec,
     ProcessLogic,
@@ -20,7 +20,7 @@ from operators.keyed import (
     ValueState,
     aggregate_output_schema,
 )
-from operators.logic import InstanceInfo
+from chiray.operators.logic import InstanceInfo
 
 NUM_BINS = 16
 KEY_TYPES = {"string": pa.string(), "int": pa.int64()}
@@ -460,8 +460,8 @@ def test_process_value_state_none_clears_and_zero_rows_are_fine() -> None:
 
 def test_process_infers_row_outputs_over_all_keys_of_a_batch() -> None:
     """A null key first must not fix the output key column's type to null."""
-    from operators.keyed import ProcessLogic
-    from operators.logic import InstanceInfo
+    from chiray.operators.keyed import ProcessLogic
+    from chiray.operators.logic import InstanceInfo
 
     logic = ProcessLogic("k", lambda key, rows, state: [{"k": key, "n": rows.num_rows}], 16)
     logic.open(InstanceInfo("p", 0, 1, 16))

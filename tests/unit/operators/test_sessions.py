@@ -9,9 +9,9 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from operators.aggregates import AggSpec
-from operators.sessions import SessionWindowLogic, merge_sessions
-from operators.windows import session
+from chiray.operators.aggregates import AggSpec
+from chiray.operators.sessions import SessionWindowLogic, merge_sessions
+from chiray.operators.windows import session
 
 from .test_windows import JITTER, NUM_BINS, batches, pc_max, route
 

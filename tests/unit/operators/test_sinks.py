@@ -11,8 +11,8 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
-from operators.logic import InstanceInfo
-from operators.sinks import collect, to_parquet
+from chiray.operators.logic import InstanceInfo
+from chiray.operators.sinks import collect, to_parquet
 
 
 def batch(start: int, n: int) -> pa.RecordBatch:

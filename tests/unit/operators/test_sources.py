@@ -11,8 +11,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from operators.logic import Source, SourceSplit
-from operators.sources import from_arrow, from_items, from_parquet, generate
+from chiray.operators.logic import Source, SourceSplit
+from chiray.operators.sources import from_arrow, from_items, from_parquet, generate
 
 
 def read_split(source: Source, split: SourceSplit, offset=None, limit=None):
@@ -334,7 +334,7 @@ def test_generate_rejects_bad_arguments(kwargs, match):
 
 
 def test_zipf_sampler_equals_plain_inverse_cdf():
-    from operators.generator import _ZipfSampler
+    from chiray.operators.generator import _ZipfSampler
 
     num_keys, s = 5000, 1.3
     weights = np.arange(1, num_keys + 1, dtype=np.float64) ** -s

@@ -12,9 +12,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from operators.hashing import bins_of
-from operators.keyindex import encode_keys
-from operators.state import Accumulator, BinnedState, ColumnarAggState, DictState
+from chiray.operators.hashing import bins_of
+from chiray.operators.keyindex import encode_keys
+from chiray.operators.state import Accumulator, BinnedState, ColumnarAggState, DictState
 
 REPO = Path(__file__).resolve().parents[3]
 ACCS = [Accumulator("n", "sum", "int64"), Accumulator("lo", "min", "float64"), Accumulator("hi", "max", "int64")]
@@ -311,7 +311,7 @@ def test_states_implement_binned_state() -> None:
 _CHILD = """
 import sys, cloudpickle
 sys.path.insert(0, {repo!r})
-from operators.state import ColumnarAggState, DictState
+from chiray.operators.state import ColumnarAggState, DictState
 payloads = cloudpickle.loads(sys.stdin.buffer.read())
 c, d = ColumnarAggState(8), DictState(8)
 c.install_bins(payloads["columnar"])

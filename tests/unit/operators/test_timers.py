@@ -7,7 +7,7 @@ import random
 import numpy as np
 import pyarrow as pa
 
-from operators.timers import TimerProcessLogic
+from chiray.operators.timers import TimerProcessLogic
 
 from .test_windows import JITTER, NUM_BINS, batches, pc_max, route
 

@@ -7,9 +7,9 @@ import datetime
 import pyarrow as pa
 import pytest
 
-from operators import bounded_out_of_orderness, from_items, watermarks_from
-from operators.endpoints import SourceLogic
-from operators.watermarks import WatermarkedSource
+from chiray.operators import bounded_out_of_orderness, from_items, watermarks_from
+from chiray.operators.endpoints import SourceLogic
+from chiray.operators.watermarks import WatermarkedSource
 
 ROWS = [{"t": t} for t in [5, 3, 9, 7, 8, 20, 12, 15]]
 

@@ -16,9 +16,9 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from operators.aggregates import AggSpec
-from operators.hashing import bins_of
-from operators.windows import FixedWindowLogic, sliding, tumbling
+from chiray.operators.aggregates import AggSpec
+from chiray.operators.hashing import bins_of
+from chiray.operators.windows import FixedWindowLogic, sliding, tumbling
 
 NUM_BINS = 16
 JITTER = 30

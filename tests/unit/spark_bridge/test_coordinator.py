@@ -7,9 +7,9 @@ import pytest
 
 pytest.importorskip("ray")
 
-from spark_bridge.coordinator import row_bytes  # noqa: E402  (after the importorskip)
-from spark_bridge.messages import Destination, Push  # noqa: E402
-from spark_bridge.push import encode  # noqa: E402
+from chiray.spark_bridge.coordinator import row_bytes  # noqa: E402  (after the importorskip)
+from chiray.spark_bridge.messages import Destination, Push  # noqa: E402
+from chiray.spark_bridge.push import encode  # noqa: E402
 
 
 def test_row_bytes_finds_row_data_however_deeply_it_is_nested_and_nothing_else():

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from spark_bridge.epochs import EpochDirectory
-from spark_bridge.messages import CommitEpoch, Destination, EndStream, Fail, Forward
+from chiray.spark_bridge.epochs import EpochDirectory
+from chiray.spark_bridge.messages import CommitEpoch, Destination, EndStream, Fail, Forward
 
 
 def lane_reader(lane: int, token: str = "t") -> Destination:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from operators import SplitAddress
-from spark_bridge.messages import Commit, CommitEpoch, EndStream, Fail, Push
-from spark_bridge.push import encode
-from spark_bridge.readers import LaneReader, UnitReader
-from spark_bridge.units import SparkUnitFailed
+from chiray.operators import SplitAddress
+from chiray.spark_bridge.messages import Commit, CommitEpoch, EndStream, Fail, Push
+from chiray.spark_bridge.push import encode
+from chiray.spark_bridge.readers import LaneReader, UnitReader
+from chiray.spark_bridge.units import SparkUnitFailed
 
 SCHEMA = pa.schema([("k", pa.string()), ("v", pa.int64())])
 

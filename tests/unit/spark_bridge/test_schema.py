@@ -7,7 +7,7 @@ import pytest
 
 st = pytest.importorskip("pyspark.sql.types")
 
-from spark_bridge.schema import UnsupportedSparkType, conform, to_arrow_schema
+from chiray.spark_bridge.schema import UnsupportedSparkType, conform, to_arrow_schema
 
 
 def test_supported_types_map_to_one_arrow_type_each():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from spark_bridge.staging import AttemptStage
+from chiray.spark_bridge.staging import AttemptStage
 
 
 def test_commit_returns_the_attempts_batches_in_order_and_forgets_them():

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from spark_bridge.messages import Commit, Destination, Fail, Forward
-from spark_bridge.units import WAIT, UnitDirectory
+from chiray.spark_bridge.messages import Commit, Destination, Fail, Forward
+from chiray.spark_bridge.units import WAIT, UnitDirectory
 
 UNITS = [(0, p) for p in range(6)]
 

@@ -1,6 +1,6 @@
-"""cli.py: the ``chiray`` command line: ``chiray demo`` runs the main job on an embedded Ray.
+"""cli.py: the ``chiray`` command line (also ``python -m chiray``): ``chiray demo`` runs the main job on an embedded Ray.
 
-``demo`` is the full pipeline (``spark_bridge/demo.py``): Spark reads and
+``demo`` is the full pipeline (``chiray.spark_bridge.demo``): Spark reads and
 preprocesses real text files, its executors push the words into a keyed
 count on Ray, which is rescaled live and checkpointed mid-run, and the result
 is checked against Spark SQL.
@@ -15,7 +15,6 @@ result against pandas over the same records.
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import os
 import sys
@@ -48,7 +47,7 @@ def _oracle(source, num_records: int):
 def demo(args: argparse.Namespace) -> int:
     import ray
 
-    from operators import Dataflow, collect, generate
+    from chiray.operators import Dataflow, collect, generate
 
     os.environ.setdefault("RAY_ENABLE_AUTO_CONNECT", "0")
     print(f"chiray demo: keyed count + sum over {args.records:,} generated records, "
@@ -122,7 +121,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "text files)")
     args = parser.parse_args(argv)
     if args.command == "demo" and not args.generated:
-        return int(importlib.import_module("spark_bridge.demo").run(args))  # actors may not import spark_bridge
+        from chiray.spark_bridge import demo as spark_demo  # the facade sits above every layer
+
+        return int(spark_demo.run(args))
     if args.command == "demo":
         return demo(args)
     return 2

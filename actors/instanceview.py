@@ -1,0 +1,40 @@
+"""instanceview.py: what the control context and topology changes see of an operator instance, as a protocol.
+
+``OperatorInstance`` (``instance.py``) satisfies it; ``context.py`` and ``topology.py`` type against it
+instead of importing ``instance.py``, which imports them, so the import graph has no cycle.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, Sequence
+
+from chiray.control.message import InstanceId
+from chiray.operators.logic import InstanceInfo
+
+from .channel import InputChannel, OutputChannel
+
+__all__ = ["InstanceView"]
+
+
+class InstanceView(Protocol):
+    """An operator instance as its control context and its topology changes see it."""
+
+    info: InstanceInfo
+    name: InstanceId
+    logic: Any
+    inputs: list[InputChannel]
+    outputs: list[list[OutputChannel]]
+    routers: list[Any]
+    targets: list[list[InstanceId]]
+    acks: list[tuple[str, str, Any, bool]]
+    replicas: dict[tuple[str, int], tuple[int, bytes]]
+    closed_outputs: list[OutputChannel]
+    ctx: Any
+
+    def output_channels(self) -> list[OutputChannel]: ...
+
+    def hold_bins(self, bins: Sequence[int], key: str) -> None: ...
+
+    def release_bins(self, bins: Sequence[int]) -> None: ...
+
+    def statistics(self) -> Any: ...

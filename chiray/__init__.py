@@ -1,0 +1,116 @@
+"""chiray: stream processing on Ray with in-band control and live rescaling of stateful operators.
+
+The public API in one place::
+
+    import chiray
+
+    flow = chiray.Dataflow("wordcount")
+    (flow.source(chiray.from_items([{"word": "a"}, {"word": "b"}, {"word": "a"}]))
+         .key_by("word").count()
+         .sink(chiray.collect()))
+    job = chiray.submit(flow)
+    print(job.result().to_pandas())
+
+The layers below are ``chiray.operators`` (the dataflow description and the
+operator library, no Ray), ``chiray.control`` (control-plane semantics),
+``chiray.actors`` (the Ray runtime) and ``chiray.spark_bridge`` (Spark
+sources). ``from_spark`` and ``from_spark_stream`` are loaded on first use,
+so ``import chiray`` never imports pyspark.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from chiray.actors import (
+    ChirayError,
+    Job,
+    JobCancelledError,
+    JobConfig,
+    JobFailedError,
+    JobStatistics,
+    JobStatus,
+    OperatorError,
+    submit,
+)
+from chiray.actors.rescale import RescaleError
+from chiray.actors.storage import CheckpointError
+from chiray.control.op import ControlOp, InstanceHandler
+from chiray.control.oprun import OpFailedError, OpTimeoutError
+from chiray.operators import (
+    Dataflow,
+    KeyedStream,
+    Sink,
+    Source,
+    Stream,
+    WatermarkStrategy,
+    WindowedStream,
+    bounded_out_of_orderness,
+    collect,
+    from_arrow,
+    from_items,
+    from_parquet,
+    generate,
+    session,
+    sliding,
+    to_parquet,
+    tumbling,
+    watermarks_from,
+)
+from chiray.operators.dataflow import register_runtime
+
+register_runtime(submit)
+
+__version__ = "0.1.0"
+
+_SPARK = {"from_spark", "from_spark_stream", "from_staged", "spark_session"}
+
+
+def __getattr__(name: str) -> Any:
+    """Load the Spark sources on first use, so ``import chiray`` does not import pyspark."""
+    if name in _SPARK:
+        from chiray import spark_bridge
+
+        return getattr(spark_bridge, name)
+    raise AttributeError(f"module 'chiray' has no attribute {name!r}")
+
+
+__all__ = [
+    "Dataflow",
+    "Stream",
+    "KeyedStream",
+    "WindowedStream",
+    "Source",
+    "Sink",
+    "from_items",
+    "from_arrow",
+    "from_parquet",
+    "generate",
+    "from_spark",
+    "from_spark_stream",
+    "from_staged",
+    "spark_session",
+    "collect",
+    "to_parquet",
+    "tumbling",
+    "sliding",
+    "session",
+    "WatermarkStrategy",
+    "bounded_out_of_orderness",
+    "watermarks_from",
+    "submit",
+    "Job",
+    "JobConfig",
+    "JobStatus",
+    "JobStatistics",
+    "ControlOp",
+    "InstanceHandler",
+    "ChirayError",
+    "OperatorError",
+    "JobFailedError",
+    "JobCancelledError",
+    "CheckpointError",
+    "RescaleError",
+    "OpFailedError",
+    "OpTimeoutError",
+]
