@@ -31,6 +31,7 @@ from chiray.control.oprun import JobView, job_view
 from chiray.operators.dataflow import Dataflow
 from chiray.operators.graph import OperatorKind, PhysicalPlan, physical_plan
 
+from .autoscaler import start_autoscale
 from .config import JobConfig
 from .controller import JobController, SideController
 from .errors import JobCancelledError, JobFailedError
@@ -231,6 +232,7 @@ class Job:
         self._rescaling: set[str] = set()
         self._topology_lock = threading.Lock()
         self.started_at = time.time()
+        self.autoscaler: Any = None  # see autoscale()
 
     @property
     def checkpoint_dir(self) -> str | None:
@@ -474,6 +476,14 @@ class Job:
         from chiray.control.ops.monitor import Monitor
 
         return self.run_control(Monitor()).result(timeout)
+
+    def autoscale(self, enabled: bool = True, **options: Any) -> Any:
+        """Switch the DS2 autoscaler on (``latency_budget_ms=``, ``min_parallelism=``, ...) or off.
+
+        See ``chiray.actors.autoscaler.start_autoscale`` for the options; decisions are in
+        ``job.autoscaler.events``.
+        """
+        return start_autoscale(self, enabled, **options)
 
     # -- observing -------------------------------------------------------------------
 
