@@ -12,9 +12,11 @@ Example:
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
+import math
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -57,6 +59,37 @@ class _ZipfSampler:
         return ranks.astype(np.int64, copy=False)
 
 
+class RateSchedule:
+    """A piecewise-constant rate: ``steps`` of ``(seconds since the split opened, records/s)``.
+
+    ``offered(t)`` is how many records were due by ``t`` seconds; ``due(rows)`` the first time at which
+    ``rows`` records were due (its inverse).
+    """
+
+    def __init__(self, steps: Sequence[tuple[float, float]]) -> None:
+        self.starts = [float(t) for t, _ in steps]
+        self.rates = [float(r) for _, r in steps]
+        self.before = [0.0]  # records due at the start of each step
+        for i in range(1, len(steps)):
+            self.before.append(self.before[-1] + self.rates[i - 1] * (self.starts[i] - self.starts[i - 1]))
+
+    def scaled(self, factor: float) -> "RateSchedule":
+        return RateSchedule([(t, r * factor) for t, r in zip(self.starts, self.rates)])
+
+    def offered(self, elapsed: float) -> float:
+        i = max(0, bisect.bisect_right(self.starts, elapsed) - 1)
+        return self.before[i] + self.rates[i] * max(0.0, elapsed - self.starts[i])
+
+    def due(self, rows: float) -> float:
+        for i, (start, rate) in enumerate(zip(self.starts, self.rates)):  # a few steps: a plain walk
+            if self.before[i] >= rows:
+                return start
+            end = self.before[i + 1] if i + 1 < len(self.before) else math.inf
+            if rate > 0 and end >= rows:
+                return start + (rows - self.before[i]) / rate
+        return math.inf
+
+
 class _GenerateReader(SplitReader):
     """Emits the deterministic batches of one generator split; offset = batches emitted."""
 
@@ -68,15 +101,33 @@ class _GenerateReader(SplitReader):
         n, rem = divmod(source.num_records or 0, source.num_splits)
         self._total = None if source.num_records is None else n + (1 if split < rem else 0)
         self._rate = None if source.rate is None else source.rate / source.num_splits
+        self._schedule = None if source.rate_steps is None else RateSchedule(source.rate_steps).scaled(
+            1.0 / source.num_splits)
         self._t0 = source.clock()
         self._rows_since_open = 0
         self._keys = source.key_dictionary() if source.key_type == "string" else None
         self._zipf = _ZipfSampler(source.num_keys, source.zipf_s) if source.dist == "zipf" else None
 
     def ready_at(self) -> float | None:
+        if self._schedule is not None:
+            return self._t0 + self._schedule.due(self._rows_since_open)
         if self._rate is None:
             return None
         return self._t0 + self._rows_since_open / self._rate
+
+    def backlog(self) -> int | None:
+        """Records due by now (by the pacing) but not read yet; ``None`` when not paced."""
+        elapsed = self._src.clock() - self._t0
+        if self._schedule is not None:
+            due = self._schedule.offered(elapsed)
+        elif self._rate is not None:
+            due = self._rate * elapsed
+        else:
+            return None
+        if self._total is not None:
+            emitted = min(self._batch_index * self._src.batch_size, self._total)
+            due = min(due, self._total - emitted + self._rows_since_open)
+        return max(0, int(due) - self._rows_since_open)
 
     def _key_column(self, rng: np.random.Generator, n: int) -> pa.Array:
         if self._zipf is None:
@@ -116,8 +167,10 @@ class GenerateSource(Source):
     ``seq`` of batch ``b`` of split ``s`` depend only on ``(seed, s, b)``.
 
     Pacing is open loop: batch ``j`` after ``open_split`` is due at
-    ``t_open + rows_before_j / (rate / num_splits)``; a reader that fell behind
-    catches up at full speed. Fields are as in :func:`generate`.
+    ``t_open + rows_before_j / (rate / num_splits)`` (or when a rate schedule
+    had offered that many rows); a reader that fell behind catches up at full
+    speed, and ``backlog()`` says how far behind it is. Fields are as in
+    :func:`generate`.
     """
 
     num_records: int | None
@@ -130,6 +183,7 @@ class GenerateSource(Source):
     num_splits: int
     key_type: str
     clock: Callable[[], float] = time.monotonic
+    rate_steps: tuple[tuple[float, float], ...] | None = None
 
     def schema(self) -> pa.Schema:
         key_type = pa.string() if self.key_type == "string" else pa.int64()
@@ -161,7 +215,7 @@ class GenerateSource(Source):
 def generate(
     num_records: int | None,
     *,
-    rate: float | None = None,
+    rate: float | Sequence[tuple[float, float]] | None = None,
     batch_size: int = 10_000,
     num_keys: int = 100_000,
     dist: str = "uniform",
@@ -176,7 +230,9 @@ def generate(
     Args:
         num_records: total records over all splits; ``None``: unbounded.
         rate: records per second for the whole source (split evenly across
-            splits); ``None``: as fast as it is pulled.
+            splits); or a schedule, ``[(0, 1000), (30, 3000), (60, 1000)]``: from
+            each time (seconds since a split opened) on, that rate; ``None``: as
+            fast as it is pulled.
         batch_size: records per batch.
         num_keys: keys are drawn from ``num_keys`` distinct values.
         dist: ``"uniform"`` or ``"zipf"`` (rank ``r`` has weight ``(r+1)**-zipf_s``).
@@ -198,6 +254,10 @@ def generate(
         [10, 10, 5]
     """
     _require("generate: num_records", num_records, minimum=0, allow_none=True)
+    steps = None
+    if rate is not None and not isinstance(rate, (int, float)):
+        steps = _check_schedule(rate)
+        rate = steps[0][1]
     _require("generate: rate", rate, integer=False, allow_none=True)
     _require("generate: batch_size", batch_size)
     _require("generate: num_keys", num_keys)
@@ -210,5 +270,18 @@ def generate(
     return GenerateSource(
         None if num_records is None else int(num_records),
         None if rate is None else float(rate),
-        int(batch_size), int(num_keys), dist, float(zipf_s), int(seed), int(num_splits), key_type, clock,
+        int(batch_size), int(num_keys), dist, float(zipf_s), int(seed), int(num_splits), key_type, clock, steps,
     )
+
+
+def _check_schedule(rate: Any) -> tuple[tuple[float, float], ...]:
+    try:
+        steps = tuple((float(t), float(r)) for t, r in rate)
+    except (TypeError, ValueError):
+        raise TypeError(f"generate: rate must be a number or a list of (seconds, records/s) steps, "
+                        f"got {rate!r}") from None
+    if not steps or steps[0][0] != 0 or any(b[0] <= a[0] for a, b in zip(steps, steps[1:])) \
+            or any(r < 0 for _, r in steps):
+        raise ValueError(f"generate: a rate schedule starts at 0 s, its times increase and its rates are "
+                         f">= 0, got {list(rate)}")
+    return steps

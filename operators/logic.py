@@ -149,6 +149,13 @@ class SplitReader(abc.ABC):
         """
         return None
 
+    def backlog(self) -> int | None:
+        """Records offered to this split but not read yet, where the source can say (``None``: unknown).
+
+        Autoscaling reads it: a source that falls behind is offered more than the dataflow takes.
+        """
+        return None
+
     def bind(self, address: SplitAddress) -> None:
         """Called once, right after the split was opened inside a host: where this reader runs.
 
