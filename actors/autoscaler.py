@@ -39,6 +39,9 @@ __all__ = ["Autoscaler", "AutoscaleEvent", "start_autoscale"]
 
 log = logging.getLogger(__name__)
 
+#: What an event keeps of a rescale's result.
+OUTCOME_FIELDS = ("state", "parallelism", "steps", "bins_moved", "bytes_moved", "bytes_replicated", "elapsed_s")
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class AutoscaleEvent:
@@ -181,7 +184,8 @@ class Autoscaler(threading.Thread):
 
     def _carry_out(self, start: Callable[[], Any]) -> dict[str, Any]:
         try:
-            return dict(start().result(timeout=None))
+            result = start().result(timeout=None)
+            return {k: result[k] for k in OUTCOME_FIELDS if k in result}
         except Exception as exc:  # the decision and its failure are both events
             return {"error": f"{type(exc).__name__}: {exc}"}
 

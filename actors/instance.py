@@ -75,6 +75,7 @@ class InstanceStatistics:
         finished: all inputs ended and final output queued.
         watermark: its event-time watermark (None before the first).
         late_records: records its operator dropped as too late (event-time windows).
+        backlog: sources: records offered to it but not read yet, where its readers can say.
         outputs: per output channel, its ``ChannelStatistics``.
     """
 
@@ -95,6 +96,7 @@ class InstanceStatistics:
     control_completed: int = 0
     watermark: int | None = None
     late_records: int = 0
+    backlog: int = 0
 
 
 class OperatorInstance:
@@ -565,4 +567,5 @@ class OperatorInstance:
             self.control.completed,
             None if self.watermarks.output.timestamp == MIN_WATERMARK else self.watermarks.output.timestamp,
             int(getattr(self.logic, "late_records", 0)),
+            self.logic.backlog() if isinstance(self.logic, SourceLogic) and not self.finished else 0,
         )

@@ -96,6 +96,14 @@ class SourceLogic:
             self._position += 1
         return None
 
+    def backlog(self) -> int:
+        """Records offered to the open splits but not read yet, as far as their readers can say."""
+        total = 0
+        for reader in self._readers.values():
+            backlog = getattr(reader, "backlog", None)  # duck-typed readers may lack the optional parts
+            total += (backlog() or 0) if backlog is not None else 0
+        return total
+
     def receive(self, split_id: str, message: Any) -> Any:
         """Hand ``message`` to the open reader of split ``split_id``; its answer.
 

@@ -4,7 +4,7 @@ Each instance adds its own metrics to what its upstream instances attached
 and passes the lot to exactly one downstream instance, so every instance's
 metrics reach exactly one sink; sinks return them to the controller (merged at
 aggregation relays). Metrics: records in/out, rates since the job started,
-queued batches, back-pressured time, keyed state size and keys per bin, and
+queued batches, back-pressured time, a source's backlog, keyed state size and keys per bin, and
 the records per bin each instance routed to its hash edges (per-bin load).
 """
 
@@ -48,7 +48,7 @@ def instance_metrics(ctx: Any) -> dict[str, Any]:
         "records_in": stats.records_in, "records_out": stats.records_out,
         "batches_in": stats.batches_in, "queued_batches": stats.queued_batches,
         "queued_bytes": stats.queued_bytes, "backpressured_s": stats.backpressured_s,
-        "busy_s": stats.busy_s, "state_bytes": 0, "keys": 0,
+        "busy_s": stats.busy_s, "state_bytes": 0, "keys": 0, "backlog": getattr(stats, "backlog", 0),
     }
     state = ctx.state
     if state is not None:

@@ -77,7 +77,7 @@ class SimulatedJob:
         if knobs.get("priority") == "hot_first":
             self.hot = None  # the hot bins spread
         self.counters = {k: v for k, v in self.counters.items() if k[0] == "src"}
-        return _Handle({"elapsed_s": 0.1, "bytes_moved": 1})
+        return _Handle({"elapsed_s": 0.1, "bytes_moved": 1, "step_log": [{"step": 1}]})
 
     def status(self) -> _Status:
         return _Status(self.state)
@@ -109,7 +109,7 @@ def test_converges_up_and_down_with_few_decisions():
     assert job.parallelism == oracle(1000, 1000, 0.7)  # down to the dead band's edge: 2
     for e in scaler.events:  # every event says why, with its inputs and the prediction
         assert e.decision.reason and e.decision.target_rate > 0 and e.predicted_duration_s > 0
-        assert e.outcome == {"elapsed_s": 0.1, "bytes_moved": 1}
+        assert e.outcome == {"elapsed_s": 0.1, "bytes_moved": 1}  # the step log stays in the rescale history
 
 
 def test_steady_load_never_rescales():
