@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import logging
 import posixpath
 import re
 import shutil
@@ -41,11 +42,13 @@ from .ophandle import OpHandle, OpSender
 from .placement import place
 from .pool import warm_pool
 from .rescale import RescaleHandle, start_rescale
-from .restore import RestoreInfo
+from .restore import RestoreInfo, match_operators
 from .storage import CheckpointError, CheckpointStorage
 from .supervisor import CONTROLLER_POOL_KEY, Deployment, Supervisor
 
 __all__ = ["submit", "Job", "JobStatus", "JobStatistics", "restore_point"]
+
+log = logging.getLogger(__name__)
 
 
 def _check_timeout(timeout: float | None) -> None:
@@ -99,34 +102,50 @@ def _private_graph(flow: Dataflow) -> Any:
     return graph
 
 
-def restore_point(restore_from: str, plan: PhysicalPlan) -> RestoreInfo:
-    """The checkpoint ``restore_from`` names: a ``chk-N`` directory, or a checkpoint root (its newest).
+def restore_point(restore_from: str, plan: PhysicalPlan, allow_non_restored_state: bool = False) -> RestoreInfo:
+    """The checkpoint ``restore_from`` names (a ``chk-N`` directory, or a root: its newest), matched to ``plan``.
+
+    State goes to the operator with the same identity (``Stream.uid``, else the name) and kind.
 
     Raises:
-        CheckpointError: it is missing, incomplete or corrupt, or it does not fit the dataflow.
+        CheckpointError: it is missing, incomplete or corrupt, or it does not fit the dataflow: bins
+            differ, or some of its state has no operator to go to (unless ``allow_non_restored_state``).
     """
     path = str(restore_from).rstrip("/")
     match = re.match(r"^chk-(\d+)$", posixpath.basename(path))
     if match:
-        storage = CheckpointStorage(posixpath.dirname(path) or ".")
+        storage = CheckpointStorage(posixpath.dirname(path) or ".", create=False)
         manifest = storage.load(int(match.group(1)))
     else:
-        storage = CheckpointStorage(path)
+        storage = CheckpointStorage(path, create=False)
         latest = storage.latest()
         if latest is None:
             raise CheckpointError(f"no complete checkpoint under {path!r}")
         manifest = latest
+    nodes = plan.graph.nodes
+    renames, orphans, empty = match_operators(manifest, nodes)
     saved = manifest.get("job", {}).get("operators", {})
-    for node in plan.graph.nodes.values():
-        if node.kind is OperatorKind.KEYED and node.name in saved and saved[node.name]["num_bins"] != node.num_bins:
+    for name, old in renames.items():
+        node = nodes[name]
+        if node.kind is OperatorKind.KEYED and old is not None and saved[old]["num_bins"] != node.num_bins:
             raise CheckpointError(
-                f"cannot restore operator {node.name!r} from {path!r}: it was saved with "
-                f"{saved[node.name]['num_bins']} bins, the dataflow has {node.num_bins}")
-    return RestoreInfo(storage, manifest)
+                f"cannot restore operator {name!r} from {path!r}: it was saved with "
+                f"{saved[old]['num_bins']} bins, the dataflow has {node.num_bins}")
+    if orphans and not allow_non_restored_state:
+        held = ", ".join(f"{old!r} ({what}, uid {saved.get(old, {}).get('uid', old)!r})"
+                         for old, what in sorted(orphans.items()))
+        raise CheckpointError(
+            f"cannot restore from {path!r}: the checkpoint holds state of {held} that no operator of dataflow "
+            f"{plan.graph.name!r} takes" + (f"; operators {sorted(empty)} would start with none" if empty else "")
+            + ". Give a renamed operator its old identity (stream.uid('<old name>')), or pass "
+            "allow_non_restored_state=True to drop that state")
+    if orphans:
+        log.warning("restore from %r drops the state of %s (allow_non_restored_state=True)", path, sorted(orphans))
+    return RestoreInfo(storage, manifest, renames)
 
 
 def submit(flow: Dataflow, *, config: JobConfig | None = None, restore_from: str | None = None,
-           **options: Any) -> "Job":
+           allow_non_restored_state: bool = False, **options: Any) -> "Job":
     """Validate ``flow``, deploy its controller and host actors, and start it.
 
     Args:
@@ -134,7 +153,10 @@ def submit(flow: Dataflow, *, config: JobConfig | None = None, restore_from: str
         config: runtime options; or pass ``JobConfig`` fields as keywords.
         restore_from: start from a checkpoint (a ``.../chk-N`` directory or a
             checkpoint root, meaning its newest complete checkpoint), like a
-            savepoint restore; keyed operators may have another parallelism.
+            savepoint restore; keyed operators may have another parallelism. State
+            goes to the operator of the same identity (``Stream.uid``, else its name).
+        allow_non_restored_state: drop checkpoint state that no operator takes
+            (refused otherwise).
 
     Returns:
         The running job's handle.
@@ -151,7 +173,8 @@ def submit(flow: Dataflow, *, config: JobConfig | None = None, restore_from: str
     if not ray.is_initialized():
         ray.init()
     plan = physical_plan(_private_graph(flow))
-    restore = restore_point(restore_from, plan) if restore_from is not None else None
+    restore = (restore_point(restore_from, plan, allow_non_restored_state)
+               if restore_from is not None else None)
     num_hosts, placement = place(plan, config.num_hosts, config.placement)
     own_dir = config.checkpoint_dir is None
     root = tempfile.mkdtemp(prefix=f"chiray-{flow.name}-") if config.checkpoint_dir is None else config.checkpoint_dir
@@ -180,7 +203,12 @@ def submit(flow: Dataflow, *, config: JobConfig | None = None, restore_from: str
             return warm[0]
         return JobController.remote(*args)  # type: ignore[attr-defined]
 
-    controller = make_controller()
+    try:
+        controller = make_controller()
+    except BaseException:
+        if own_dir:
+            shutil.rmtree(root, ignore_errors=True)
+        raise
     job = Job(flow.name, plan, controller, [], view)
     job._own_dir = root if own_dir else None
     job._placement = dict(placement)
@@ -192,6 +220,8 @@ def submit(flow: Dataflow, *, config: JobConfig | None = None, restore_from: str
         ray.get([h.start.remote() for h in job._hosts])
     except BaseException:
         job._shutdown()
+        if own_dir:  # a job that never ran leaves no temporary checkpoint directory behind
+            shutil.rmtree(root, ignore_errors=True)
         raise
     job._deployment = deployment
     deployment.start_spares()

@@ -3,18 +3,23 @@
 Used both for recovery (the same job, rolled back) and for restoring into a
 new job, possibly with a different parallelism: a keyed instance loads the
 bins its *new* routing table assigns it, from whichever state files hold them.
+
+A restore into a new dataflow matches state to operators by identity (an
+operator's ``uid``, else its name; ``match_operators``): an operator renamed
+since the checkpoint but given its old uid finds its state, and state that
+no operator of the new dataflow claims is refused unless dropped explicitly.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Mapping
 
 from chiray.control.ops.checkpoint import decode_offsets
 
 from .storage import CheckpointStorage
 
-__all__ = ["RestoreInfo"]
+__all__ = ["RestoreInfo", "match_operators"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,6 +33,11 @@ class RestoreInfo:
 
     storage: CheckpointStorage
     manifest: dict[str, Any]
+    renames: Mapping[str, str | None] | None = None
+
+    def _saved(self, operator: str) -> str | None:
+        """The checkpoint's name of the operator the dataflow calls ``operator`` (``None``: no state)."""
+        return operator if self.renames is None else self.renames.get(operator)
 
     @property
     def checkpoint_id(self) -> int:
@@ -36,6 +46,7 @@ class RestoreInfo:
     def source_offsets(self, operator: str) -> dict[str, Any]:
         """Split id -> offset, over every instance of the source (splits may be re-assigned)."""
         offsets: dict[str, Any] = {}
+        operator = self._saved(operator)  # type: ignore[assignment]
         for key, text in self.manifest.get("sources", {}).items():
             if key.split("/")[0] == operator:
                 offsets.update(decode_offsets(text) or {})
@@ -45,6 +56,7 @@ class RestoreInfo:
         """The serialised bins that ``table`` (bin -> instance) gives instance ``index``."""
         mine = {b for b, owner in enumerate(table) if owner == index}
         out: dict[int, bytes] = {}
+        operator = self._saved(operator)  # type: ignore[assignment]
         for key, rel in self.manifest.get("state_files", {}).items():
             if key.rsplit("/", 1)[0] != operator:
                 continue
@@ -55,4 +67,42 @@ class RestoreInfo:
 
     def sink_staged(self, operator: str) -> list[Any]:
         """What the checkpoint committed for a sink's instances (to finish an interrupted commit)."""
+        operator = self._saved(operator)  # type: ignore[assignment]
         return [v for k, v in sorted(self.manifest.get("sinks", {}).items()) if k.rsplit("/", 1)[0] == operator]
+
+
+def _holding_state(manifest: Mapping[str, Any]) -> dict[str, str]:
+    """Operators of a checkpoint that hold state, by their checkpoint name -> what they hold."""
+    held: dict[str, str] = {}
+    for key in manifest.get("state_files", {}):
+        held[key.rsplit("/", 1)[0]] = "keyed state"
+    for key, text in manifest.get("sources", {}).items():
+        if decode_offsets(text):
+            held.setdefault(key.split("/")[0], "source offsets")
+    return held
+
+
+def match_operators(manifest: Mapping[str, Any], nodes: Mapping[str, Any]) -> tuple[dict[str, str | None],
+                                                                                    dict[str, str], list[str]]:
+    """Match a checkpoint's operators to a dataflow's by identity (uid, else name) and kind.
+
+    Args:
+        manifest: the checkpoint's manifest.
+        nodes: the dataflow's operators (name -> ``OperatorNode``).
+
+    Returns:
+        (renames, orphans, empty): each operator of the dataflow -> the checkpoint operator whose state
+        it takes (``None``: none); the checkpoint's operators whose state nothing takes -> what they
+        hold; and the dataflow's stateful operators (keyed, sources) that get no state.
+    """
+    saved = manifest.get("job", {}).get("operators", {})
+    by_uid = {info.get("uid", name): name for name, info in saved.items()}
+    renames: dict[str, str | None] = {}
+    for name, node in nodes.items():
+        old = by_uid.get(node.state_id)
+        renames[name] = old if old is not None and saved[old].get("kind") == node.kind.value else None
+    taken = {old for old in renames.values() if old is not None}
+    orphans = {old: what for old, what in _holding_state(manifest).items() if old not in taken}
+    empty = [name for name, node in nodes.items()
+             if node.kind.value in ("keyed", "source") and renames[name] is None]
+    return renames, orphans, empty

@@ -43,18 +43,25 @@ class CheckpointStorage:
 
     Args:
         root: a local directory or a ``pyarrow.fs`` URI.
+        create: create ``root`` if missing; ``False`` (reading a checkpoint to restore) raises instead.
+
+    Raises:
+        CheckpointError: ``create`` is false and ``root`` is not a directory.
 
     Safe to use from several processes: every file is written under a temporary
     name and moved into place; the manifest is written last.
     """
 
-    def __init__(self, root: str):
+    def __init__(self, root: str, create: bool = True):
         self.root_uri = root
         self.fs: pafs.FileSystem
         self.root: str
         self.fs, self.root = pafs.FileSystem.from_uri(root) if "://" in root else (
             pafs.LocalFileSystem(), root)
-        self.fs.create_dir(self.root, recursive=True)
+        if create:
+            self.fs.create_dir(self.root, recursive=True)
+        elif self.fs.get_file_info(self.root).type != pafs.FileType.Directory:
+            raise CheckpointError(f"no checkpoint directory {root!r}")
 
     def __reduce__(self):
         return (CheckpointStorage, (self.root_uri,))

@@ -109,7 +109,7 @@ class ControllerContext(Protocol):
 
     @property
     def operators(self) -> dict[str, dict[str, Any]]:
-        """Operator name -> {"kind", "parallelism", "key", "num_bins"}."""
+        """Operator name -> {"kind", "parallelism", "key", "num_bins", "uid"}."""
 
     @property
     def instances(self) -> list[InstanceId]: ...

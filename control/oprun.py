@@ -61,7 +61,7 @@ def job_view(name: str, plan: Any) -> JobView:
     return JobView(
         name,
         {n.name: {"kind": n.kind.value, "parallelism": n.parallelism, "key": n.key,
-                  "num_bins": n.num_bins} for n in nodes.values()},
+                  "num_bins": n.num_bins, "uid": n.state_id} for n in nodes.values()},
         list(plan.instances),
         [i for i in plan.instances if kinds[i[0]] == "source"],
         [i for i in plan.instances if kinds[i[0]] == "sink"],

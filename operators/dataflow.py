@@ -129,6 +129,12 @@ class Dataflow:
             raise ValueError(f"dataflow {self.name!r} has no source; add one with flow.source(...)")
         if not any(n.kind is OperatorKind.SINK for n in nodes):
             raise ValueError(f"dataflow {self.name!r} has no sink; end a stream with .sink(...) or .collect()")
+        seen: dict[str, str] = {}
+        for node in nodes:
+            if node.state_id in seen:
+                raise ValueError(f"dataflow {self.name!r}: operators {seen[node.state_id]!r} and {node.name!r} "
+                                 f"share the identity {node.state_id!r} (a uid or a name); give one another uid")
+            seen[node.state_id] = node.name
         for node in nodes:
             if node.kind is not OperatorKind.SINK and not self.graph.consumers(node.name):
                 raise ValueError(
@@ -194,6 +200,29 @@ class Stream:
     @property
     def name(self) -> str:
         return self.node.name
+
+    def uid(self, uid: str) -> "Stream":
+        """Fix this operator's identity in checkpoints, so a restore finds its state after a rename.
+
+        A checkpoint files each operator's state (keyed state, source offsets) under its uid, which is
+        its name unless set here. ``restore_from=`` matches state to operators by uid and refuses a
+        checkpoint whose state has no operator to go to.
+
+        Example::
+
+            flow.source(src).key_by("k").count(name="count_v2").uid("count")  # was named "count"
+
+        Raises:
+            ValueError: ``uid`` is empty or another operator of the dataflow has it.
+        """
+        if not isinstance(uid, str) or not uid:
+            raise ValueError(f"operator {self.name!r}: uid must be a non-empty string, got {uid!r}")
+        taken = [n.name for n in self.flow.graph.nodes.values() if n is not self.node and n.state_id == uid]
+        if taken:
+            raise ValueError(f"operator {self.name!r}: uid {uid!r} is already the identity of operator "
+                             f"{taken[0]!r}; uids must be unique in a dataflow")
+        self.node.uid = uid
+        return self
 
     @property
     def schema(self) -> pa.Schema | None:

@@ -84,6 +84,7 @@ class OperatorNode:
         num_bins: the number of key bins (keyed operators).
         origin: the user function and where it was defined, for messages.
         side_outputs: the operator's named side outputs and their schemas (if known).
+        uid: the operator's stable identity for checkpoints (``Stream.uid``); its name if not set.
     """
 
     name: str
@@ -98,6 +99,12 @@ class OperatorNode:
     num_bins: int = 0
     origin: str = ""
     side_outputs: dict[str, pa.Schema | None] = dataclasses.field(default_factory=dict)
+    uid: str | None = None
+
+    @property
+    def state_id(self) -> str:
+        """What a checkpoint files this operator's state under: its ``uid``, else its name."""
+        return self.uid if self.uid is not None else self.name
 
     @property
     def stateful(self) -> bool:

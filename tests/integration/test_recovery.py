@@ -221,3 +221,56 @@ def test_restore_errors_are_clear(tmp_path):
     os.makedirs(storage.chk_dir(4))  # an incomplete checkpoint: no manifest
     with pytest.raises(CheckpointError, match="incomplete"):
         submit(build("incomplete", src), restore_from=storage.chk_dir(4))
+
+
+def _renamed(name: str, src, count_name: str, uid: str | None = None) -> Dataflow:
+    flow = Dataflow(name)
+    counted = flow.source(src, parallelism=SPLITS, name="src").key_by("key").count(name=count_name)
+    (counted.uid(uid) if uid else counted).collect(name="out")
+    return flow
+
+
+def test_restore_matches_state_by_identity_and_refuses_state_with_nowhere_to_go(tmp_path):
+    """A renamed keyed operator must not silently start empty while the sources resume from their offsets."""
+    src = source(rate=50_000)
+    chk = str(tmp_path / "chk")
+    first = build("before", src).submit(checkpoint_dir=chk)
+    try:
+        wait_progress(first, 0.4)
+        checkpoint_id = first.checkpoint(timeout=60)
+    finally:
+        first.cancel()
+    path = f"{chk}/chk-{checkpoint_id:06d}"
+    with pytest.raises(CheckpointError, match=r"'count' \(keyed state.*count_v2.*uid"):
+        submit(_renamed("renamed", src, "count_v2"), restore_from=path)
+    other = Dataflow("other")
+    other.source(src, parallelism=SPLITS, name="events").map(lambda b: b, name="m").collect(name="out")
+    with pytest.raises(CheckpointError, match="'count'.*'src'|'src'.*'count'"):
+        submit(other, restore_from=path)
+    # the renamed operator given its old identity takes its state: the result is exact
+    restored = submit(_renamed("renamed", src, "count_v2", uid="count"), restore_from=path)
+    try:
+        restored.wait(timeout=180)
+    finally:
+        restored.cancel()
+    assert_exact(restored, src)
+    # dropping the state is explicit, and then the dropped counts are really gone
+    dropped = submit(_renamed("dropped", src, "count_v2"), restore_from=path, allow_non_restored_state=True)
+    try:
+        dropped.wait(timeout=180)
+    finally:
+        dropped.cancel()
+    got = {r["key"]: r["count"] for r in dropped.result("out").to_pylist()}
+    assert sum(got.values()) < N and sum(got.values()) > 0
+
+
+def test_a_failed_restore_neither_creates_the_path_nor_leaves_a_temporary_directory(tmp_path):
+    import glob
+    import tempfile
+
+    before = set(glob.glob(os.path.join(tempfile.gettempdir(), "chiray-missing-*")))
+    missing = tmp_path / "not" / "there"
+    with pytest.raises(CheckpointError, match="no checkpoint directory"):
+        submit(build("missing", source()), restore_from=str(missing))
+    assert not (tmp_path / "not").exists()
+    assert set(glob.glob(os.path.join(tempfile.gettempdir(), "chiray-missing-*"))) == before
