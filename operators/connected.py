@@ -99,8 +99,10 @@ class KeyedConnectedStreams:
         if schema is not None and time_type is not None:
             schema = window_output_schema(time_type, schema.field(0), list(schema)[1:])
         keys, bins = self.keys, self.num_bins
-        return self._add("window_join", lambda: WindowJoinLogic(keys, times, spec, bins, time_type),  # type: ignore[arg-type]
-                         op_name, parallelism, schema)
+        stream = self._add("window_join", lambda: WindowJoinLogic(keys, times, spec, bins, time_type),  # type: ignore[arg-type]
+                           op_name, parallelism, schema)
+        stream.node.event_time = True
+        return stream
 
     def process(self, fn: Callable[..., Any], *, on_timer: Callable[..., Any] | None = None,
                 name: str | None = None, parallelism: int | None = None, schema: pa.Schema | None = None) -> "Stream":
@@ -109,7 +111,9 @@ class KeyedConnectedStreams:
             if f is not None and not callable(f):
                 raise TypeError(f"connect().key_by().process(): {verb} must be a function, got {type(f).__name__}")
         keys, bins = self.keys, self.num_bins
-        return self._add("co_process", lambda: CoProcessLogic(keys, fn, bins, on_timer, schema), name,
-                         parallelism, schema, describe_callable(fn))
+        stream = self._add("co_process", lambda: CoProcessLogic(keys, fn, bins, on_timer, schema), name,
+                           parallelism, schema, describe_callable(fn))
+        stream.node.event_time = on_timer is not None  # timers fire on watermarks
+        return stream
 
 

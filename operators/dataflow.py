@@ -129,6 +129,7 @@ class Dataflow:
             raise ValueError(f"dataflow {self.name!r} has no source; add one with flow.source(...)")
         if not any(n.kind is OperatorKind.SINK for n in nodes):
             raise ValueError(f"dataflow {self.name!r} has no sink; end a stream with .sink(...) or .collect()")
+        self._check_watermarks()
         seen: dict[str, str] = {}
         for node in nodes:
             if node.state_id in seen:
@@ -141,6 +142,27 @@ class Dataflow:
                     f"dataflow {self.name!r}: the output of {node.describe()} is not consumed by "
                     "any operator or sink; add a .sink(...) or remove it"
                 )
+
+    def _check_watermarks(self) -> None:
+        """Every source upstream of an event-time operator (window, window join, timers) makes watermarks."""
+        nodes = self.graph.nodes
+        for node in nodes.values():
+            if not node.event_time:
+                continue
+            pending, seen = [e.upstream for e in node.inputs], set()
+            while pending:
+                name = pending.pop()
+                if name in seen:
+                    continue
+                seen.add(name)
+                up = nodes[name]
+                pending.extend(e.upstream for e in up.inputs)
+                if up.kind is OperatorKind.SOURCE and not isinstance(up.source, WatermarkedSource):
+                    raise ValueError(
+                        f"dataflow {self.name!r}: {node.describe()} acts on event time, but source {name!r} "
+                        "makes no watermarks, so it would never fire on unbounded input; add them where the "
+                        f"source is added: flow.source(..., name={name!r}, "
+                        "watermarks=bounded_out_of_orderness('<time column>', <max delay>))")
 
     def submit(self, **options: Any) -> Any:
         """Deploy on Ray and start running; the same as ``chiray.submit(flow, **options)``.
@@ -468,7 +490,9 @@ class KeyedStream:
         key, bins = self.key, self.num_bins
         if on_timer is not None:
             _check_callable("process(on_timer=...)", on_timer, name)
-            return self._keyed("process", lambda: TimerProcessLogic(key, fn, on_timer, bins, schema), name=name,
-                               parallelism=parallelism, schema=schema, origin=describe_callable(fn))
+            stream = self._keyed("process", lambda: TimerProcessLogic(key, fn, on_timer, bins, schema), name=name,
+                                 parallelism=parallelism, schema=schema, origin=describe_callable(fn))
+            stream.node.event_time = True  # timers fire on watermarks
+            return stream
         return self._keyed("process", lambda: keyed.ProcessLogic(key, fn, bins, schema), name=name,
                            parallelism=parallelism, schema=schema, origin=describe_callable(fn))

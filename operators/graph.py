@@ -85,6 +85,8 @@ class OperatorNode:
         origin: the user function and where it was defined, for messages.
         side_outputs: the operator's named side outputs and their schemas (if known).
         uid: the operator's stable identity for checkpoints (``Stream.uid``); its name if not set.
+        event_time: it acts on watermarks (windows, window joins, timers): every source upstream of it
+            must make watermarks.
     """
 
     name: str
@@ -100,6 +102,7 @@ class OperatorNode:
     origin: str = ""
     side_outputs: dict[str, pa.Schema | None] = dataclasses.field(default_factory=dict)
     uid: str | None = None
+    event_time: bool = False
 
     @property
     def state_id(self) -> str:

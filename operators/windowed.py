@@ -117,4 +117,5 @@ class WindowedStream:
                                    origin=origin)
         if self.late_side_output:
             stream.node.side_outputs[LATE] = self.keyed.stream.schema
+        stream.node.event_time = True
         return stream

@@ -273,3 +273,37 @@ def test_timers_fire_once_in_event_time_order_per_key(p):
     assert (fired_early["at"] <= fired_early["wm"]).all() and len(fired_early) > 0  # by the watermark
     pd.testing.assert_frame_equal(got[["k", "at", "n"]].sort_values(["k", "at"]).reset_index(drop=True),
                                   expected.sort_values(["k", "at"]).reset_index(drop=True))
+
+
+@pytest.mark.parametrize("build", ["window", "union_window", "window_join", "timers", "co_timers"])
+def test_event_time_after_a_source_without_watermarks_is_refused_at_submit(build):
+    """Without watermarks such an operator never fires on unbounded input: refuse it, naming the source."""
+    flow = Dataflow("nowm")
+    marked = flow.source(from_items(rows(0), schema=SCHEMA), name="marked",
+                         watermarks=bounded_out_of_orderness("t", JITTER))
+    plain = flow.source(from_items(rows(1), schema=SCHEMA), name="plain")
+    if build == "window":
+        out = plain.key_by("k").window(tumbling(10), on="t").count(name="win")
+    elif build == "union_window":  # one source of two lacks watermarks: the min never moves
+        out = marked.union(plain, name="u").key_by("k").window(tumbling(10), on="t").count(name="win")
+    elif build == "window_join":
+        out = marked.connect(plain).key_by("k").window_join(tumbling(10), on="t", name="win")
+    elif build == "timers":
+        out = plain.key_by("k").process(lambda k, r, s: None, on_timer=lambda k, t, s: None, name="win",
+                                        schema=SCHEMA)
+    else:
+        out = marked.connect(plain).key_by("k").process(lambda k, r, s, i: None, on_timer=lambda k, t, s: None,
+                                                        name="win", schema=SCHEMA)
+    out.sink(collect(), name="out")
+    with pytest.raises(ValueError, match=r"operator 'win'.*source 'plain' makes no watermarks.*"
+                                         r"flow.source\(\.\.\., name='plain', watermarks=bounded_out_of_orderness"):
+        flow.validate()
+
+
+def test_event_time_with_watermarks_on_every_source_is_accepted():
+    flow = Dataflow("wm")
+    a = flow.source(from_items(rows(0), schema=SCHEMA), name="a", watermarks=bounded_out_of_orderness("t", JITTER))
+    b = flow.source(from_items(rows(1), schema=SCHEMA), name="b", watermarks=bounded_out_of_orderness("t", JITTER))
+    a.union(b, name="u").map(lambda x: x, name="m", schema=SCHEMA).key_by("k").window(
+        tumbling(10), on="t").count(name="win").sink(collect(), name="out")
+    flow.validate()
