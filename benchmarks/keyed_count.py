@@ -53,7 +53,7 @@ def run_job(batches: list[pa.RecordBatch], parallelism: int) -> tuple[pa.Table, 
     from chiray.operators import Dataflow, from_arrow
 
     flow = Dataflow("keyed_count")
-    (flow.source(from_arrow(batches), parallelism=1, name="source")
+    (flow.source(from_arrow(batches, batch_size=None), parallelism=1, name="source")  # the batches as made
          .key_by("key")
          .agg(count=(None, "count"), total=("value", "sum"), parallelism=parallelism, name="count")
          .collect(name="out"))

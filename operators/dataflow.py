@@ -105,6 +105,10 @@ class Dataflow:
                 f"generate, from_spark...), got {type(source).__name__}"
             )
         op_name = self._name("source", name)
+        for_parallelism = getattr(source, "for_parallelism", None)  # duck-typed sources may lack it
+        if for_parallelism is not None:
+            _check_parallelism(op_name, parallelism)
+            source = for_parallelism(parallelism)
         if watermarks is not None:
             if not isinstance(watermarks, WatermarkStrategy):
                 raise TypeError(f"operator {op_name!r}: watermarks must be a WatermarkStrategy "

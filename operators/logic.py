@@ -199,6 +199,14 @@ class Source(abc.ABC):
     def open_split(self, split: SourceSplit, offset: Any = None) -> SplitReader:
         """Open ``split`` positioned at ``offset`` (``None``: from the start)."""
 
+    def for_parallelism(self, parallelism: int) -> "Source":
+        """This source as read by ``parallelism`` instances (``Dataflow.source`` asks once).
+
+        A source whose splits are cut for the job (``from_arrow`` without ``num_splits``: one row
+        range per instance) returns a copy cut so; the default is the source itself.
+        """
+        return self
+
     def read_ahead(self) -> int:
         """How many splits after the one it reads an instance opens early (default 0).
 

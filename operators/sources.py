@@ -24,7 +24,6 @@ import itertools
 import os
 from typing import Any, Iterable, Iterator, Sequence
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
@@ -42,6 +41,10 @@ __all__ = [
     "ParquetSource",
     "GenerateSource",
 ]
+
+
+DEFAULT_BATCH_ROWS = 65_536
+"""``from_arrow``'s rows per batch unless told otherwise."""
 
 
 def _row_ranges(total: int, num_splits: int) -> list[tuple[int, int]]:
@@ -103,13 +106,22 @@ class ArrowSource(Source):
         spans: Sequence[tuple[int, int]],
         batch_size: int | None,
         name: str,
+        per_instance: bool = False,
     ) -> None:
         self._batches = list(batches)
         self._schema = schema
         self._spans = list(spans)
         self._batch_size = batch_size
         self._name = name
+        self._per_instance = per_instance
         self._starts = list(itertools.accumulate((b.num_rows for b in self._batches), initial=0))
+
+    def for_parallelism(self, parallelism: int) -> "ArrowSource":
+        """Cut into one contiguous row range per instance (when no ``num_splits`` was given)."""
+        if not self._per_instance:
+            return self
+        return ArrowSource(self._batches, self._schema, _row_ranges(self._starts[-1], parallelism),
+                           self._batch_size, self._name)
 
     def schema(self) -> pa.Schema:
         return self._schema
@@ -197,20 +209,23 @@ def from_arrow(
     data: pa.Table | pa.RecordBatch | Sequence[pa.RecordBatch],
     *,
     num_splits: int | None = None,
-    batch_size: int | None = None,
+    batch_size: int | None = DEFAULT_BATCH_ROWS,
 ) -> Source:
     """A zero-copy source over Arrow data.
 
-    By default each input batch is its own split, so parallelism up to the
-    number of batches is usable. With ``num_splits`` the batches are grouped
-    into that many contiguous runs (or, if there are fewer batches than
-    splits, the rows are divided into contiguous ranges).
+    The rows are cut into contiguous row ranges: by default one per source
+    instance (``flow.source(from_arrow(t), parallelism=p)`` reads p ranges),
+    or ``num_splits`` of them. Batches are cut at every ``batch_size`` rows of
+    a range, so what the dataflow sees, event-time results included, does not
+    depend on how the input was chunked (a table from ``pd.concat``,
+    ``pa.concat_tables`` or a multi-row-group read has many chunks); a batch is
+    a zero-copy slice unless it spans two input chunks.
 
     Args:
         data: a Table, a RecordBatch or a sequence of RecordBatches.
-        num_splits: number of splits; ``None``: one per batch.
-        batch_size: re-chunk the output to this many rows per batch;
-            ``None``: emit the batches as given.
+        num_splits: number of splits; ``None``: one per source instance.
+        batch_size: rows per emitted batch (default 65,536); ``None``: the
+            input chunks as given (then batch boundaries follow the chunking).
 
     Returns:
         A source whose split offsets count rows already emitted.
@@ -228,14 +243,10 @@ def from_arrow(
     _require("from_arrow: num_splits", num_splits, allow_none=True)
     _require("from_arrow: batch_size", batch_size, allow_none=True)
     batches = _arrow_batches(data)
-    bounds = list(itertools.accumulate((b.num_rows for b in batches), initial=0))
+    total = sum(b.num_rows for b in batches)
     if num_splits is None:
-        spans = list(zip(bounds[:-1], bounds[1:]))
-    elif num_splits <= len(batches):
-        groups = np.array_split(np.arange(len(batches)), int(num_splits))
-        spans = [(bounds[g[0]], bounds[g[-1] + 1]) for g in groups]
-    else:
-        spans = _row_ranges(bounds[-1], int(num_splits))
+        return ArrowSource(batches, batches[0].schema, [(0, total)], batch_size, "from_arrow", per_instance=True)
+    spans = _row_ranges(total, int(num_splits))
     return ArrowSource(batches, batches[0].schema, spans, batch_size, "from_arrow")
 
 

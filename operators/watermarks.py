@@ -7,9 +7,12 @@ read so far (bounded disorder on a time column), or a user function
 is part of the split's offset, so a checkpoint holds it and a replay starts
 from it: a source's watermark never goes backwards, also across recovery.
 
-A source instance reads its splits one after the other, so its watermark is
-that of its last split while reading it, and nothing before (an unread split
-may still hold old records). ``idle_after_s``: a source whose next batch is
+A source instance reads its splits one after the other. Its watermark is the
+minimum over the splits assigned to it that have not finished: a finished
+split no longer holds it back, and a split not started yet holds it at the
+start (it may still hold old records), so the watermark appears once the
+instance reads its last split. ``from_arrow`` cuts one split per instance by
+default, so each instance's watermark moves from its first batch on. ``idle_after_s``: a source whose next batch is
 not due for that long (a paced or quiet source) marks itself idle, so it does
 not hold back the watermark of the operators it feeds.
 
@@ -116,6 +119,9 @@ class _WatermarkedReader(SplitReader):
         ready = self.inner.ready_at()
         return after is not None and ready is not None and ready - time.monotonic() >= after
 
+    def backlog(self) -> int | None:
+        return self.inner.backlog()
+
     def bind(self, address: SplitAddress) -> None:
         self.inner.bind(address)
 
@@ -145,6 +151,10 @@ class WatermarkedSource(Source):
 
     def read_ahead(self) -> int:
         return self.source.read_ahead()
+
+    def for_parallelism(self, parallelism: int) -> Source:
+        inner = self.source.for_parallelism(parallelism)
+        return self if inner is self.source else WatermarkedSource(inner, self.strategy)
 
     def checkpoint_complete(self, checkpoint_id: int, offsets: dict[str, Any]) -> None:
         """The inner source learns its own offsets (without the watermarks)."""

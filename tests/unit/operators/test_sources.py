@@ -114,16 +114,30 @@ def test_from_arrow_full_read_equals_input(num_splits, batch_size):
     source = from_arrow(batches, num_splits=num_splits, batch_size=batch_size)
     expected = pa.Table.from_batches(batches).to_pandas()
     pd.testing.assert_frame_equal(read_all(source), expected)
-    assert len(source.splits()) == (len(batches) if num_splits is None else num_splits)
+    assert len(source.splits()) == (1 if num_splits is None else num_splits)
 
 
 def test_from_arrow_emits_batches_as_given_and_zero_copy():
     batches = arrow_batches([4, 6, 3])
-    source = from_arrow(batches)
-    got = [read_split(source, s)[0] for s in source.splits()]
-    assert [[b.num_rows for b in g] for g in got] == [[4], [6], [3]]
-    for want, (have,) in zip(batches, got):
+    source = from_arrow(batches, batch_size=None)
+    (got,) = [read_split(source, s)[0] for s in source.splits()]
+    assert [b.num_rows for b in got] == [4, 6, 3]
+    for want, have in zip(batches, got):
         assert have.column(0).buffers()[1].address == want.column(0).buffers()[1].address
+
+
+@pytest.mark.parametrize("parallelism", [1, 2, 3])
+def test_from_arrow_cuts_one_row_range_per_instance_whatever_the_chunking(parallelism):
+    table = pa.Table.from_batches(arrow_batches([10, 7, 13]))
+    one_chunk = pa.Table.from_batches([table.combine_chunks().to_batches()[0]])
+    cuts = []
+    for data in (table, one_chunk):
+        source = from_arrow(data, batch_size=4).for_parallelism(parallelism)
+        splits = source.splits()
+        assert [s.payload for s in splits] == [(30 * i // parallelism, 30 * (i + 1) // parallelism)
+                                               for i in range(parallelism)]
+        cuts.append([[b.to_pydict() for b in read_split(source, s)[0]] for s in splits])
+    assert cuts[0] == cuts[1]  # the same batches, row for row
 
 
 def test_from_arrow_rechunks_to_batch_size_across_input_batches():
