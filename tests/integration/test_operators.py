@@ -44,7 +44,7 @@ def make_input(shape: str, seed: int) -> list[pa.RecordBatch]:
 
 def build(batches: list[pa.RecordBatch], p: int) -> Dataflow:
     flow = Dataflow(f"ops-p{p}")
-    src = flow.source(from_arrow(batches, num_splits=max(p, 1)), parallelism=p, name="src")
+    src = flow.source(from_arrow(batches, num_splits=max(p, 1), batch_size=None), parallelism=p, name="src")
     src.map(lambda b: b.append_column("v2", pc.multiply(b.column("v"), 2)), name="map").collect(name="o_map")
     src.filter(lambda b: pc.equal(pc.bit_wise_and(pc.fill_null(b.column("v"), 1), 1), 0),
                name="filter").collect(name="o_filter")
@@ -134,7 +134,13 @@ def test_operators_against_pandas(shape, p):
     exp_map = df.assign(v2=df["v"] * 2)
     same_rows(frame(r["map"], ["k", "v", "x", "v2"]), frame(pa.Table.from_pandas(exp_map, preserve_index=False)))
     same_rows(frame(r["filter"], ["k", "v", "x"]), df[df["v"].fillna(1) % 2 == 0])
-    firsts = [b.slice(0, 1).to_pandas() for b in batches if b.num_rows]
+    source = from_arrow(batches, num_splits=max(p, 1), batch_size=None)  # the batches the source emits
+    emitted = []
+    for split in source.splits():
+        reader = source.open_split(split)
+        while (batch := reader.read()) is not None:
+            emitted.append(batch)
+    firsts = [b.slice(0, 1).to_pandas() for b in emitted if b.num_rows]
     same_rows(frame(r["flat_map"], ["k", "v", "x"]), pd.concat([df, *firsts]) if firsts else df)
     same_rows(frame(r["map_records"], ["k", "x3"]), df.assign(x3=df["x"] * 3)[["k", "x3"]])
     same_rows(frame(r["filter_records"], ["k", "v", "x"]), df[df["x"] > 0])
