@@ -210,8 +210,9 @@ class ReduceLogic(_KeyedLogic):
     it ``fn(acc, r)``. Accumulators live in a :class:`~operators.state.DictState`.
     With ``emit="final"`` ``finish`` emits one row per key (the accumulators);
     with ``emit="updates"`` each ``process`` emits the accumulators of the keys
-    the batch touched. Output batches take the input schema when the
-    accumulators fit it (same columns, convertible values), else an inferred one.
+    the batch touched. The accumulator keeps the record's columns: a function
+    that returns other columns fails at that call (the output has the input's
+    schema; use ``process`` with ``schema=`` to emit something else).
 
     Example:
         >>> logic = ReduceLogic("k", lambda acc, row: {**acc, "v": acc["v"] + row["v"]}, 8)
@@ -241,6 +242,7 @@ class ReduceLogic(_KeyedLogic):
         bins = bins_of(column, self.num_bins).tolist()
         state, fn, key = self._state, self.fn, self.key
         touched: dict[tuple[Any, int], None] = {}
+        columns = batch.schema.names
         for row, b in zip(batch.to_pylist(), bins):
             k = row[key]
             acc = state.get(k, b, _MISSING)
@@ -248,6 +250,8 @@ class ReduceLogic(_KeyedLogic):
                 row = fn(acc, row)
                 if not isinstance(row, dict):
                     raise TypeError(f"reduce function {_fn_name(fn)} returned {type(row).__name__}, expected a dict")
+                if row.keys() != set(columns):
+                    raise TypeError(_changed_columns(fn, columns, row))
             state.put(k, b, row)
             touched[(k, b)] = None
         if self.emit == "updates":
@@ -270,6 +274,36 @@ class ReduceLogic(_KeyedLogic):
                 pass
         names = dict.fromkeys(name for acc in accs for name in acc)  # every field any accumulator has
         return [pa.RecordBatch.from_pydict({name: [acc.get(name) for acc in accs] for name in names})]
+
+
+def _changed_columns(fn: Any, columns: Sequence[str], row: dict) -> str:
+    added = sorted(set(row) - set(columns))
+    missing = [c for c in columns if c not in row]
+    what = "; ".join(part for part in (f"added {added}" if added else "",
+                                      f"dropped {missing}" if missing else "") if part)
+    return (f"reduce function {_fn_name(fn)} returned columns {sorted(row)}; expected the record's columns "
+            f"{list(columns)} ({what}). A reduce keeps the record's schema: use process(fn, schema=...) "
+            "to emit other columns")
+
+
+def _only_nulls_differ(first: pa.Schema, other: pa.Schema) -> bool:
+    """Same fields in the same order, and where a type differs ``other``'s is null (all values missing:
+    rows inferred from ``None``s), so casting to ``first`` loses nothing."""
+    return other.names == first.names and all(
+        f.type == g.type or pa.types.is_null(g.type) for f, g in zip(first, other))
+
+
+def _schema_difference(first: pa.Schema, other: pa.Schema) -> str:
+    """How ``other`` differs from ``first``, field by field, for a person."""
+    parts = []
+    for field in other:
+        if field.name not in first.names:
+            parts.append(f"field {field.name!r} ({field.type}) that the first output did not have")
+        elif first.field(field.name).type != field.type:
+            parts.append(f"field {field.name!r} as {field.type} where the first output had "
+                         f"{first.field(field.name).type}")
+    parts += [f"no field {f.name!r} ({f.type})" for f in first if f.name not in other.names]
+    return "; ".join(parts) or f"the fields in another order ({other.names}, first {first.names})"
 
 
 class ValueState:
@@ -309,8 +343,9 @@ class ProcessLogic(_KeyedLogic):
     key (a Python value), that key's rows of the batch in arrival order (a
     RecordBatch) and its :class:`ValueState`. ``fn`` returns ``None``, a
     RecordBatch or Table, or a list of row dicts; the outputs are concatenated
-    in order. They must share one schema: ``output_schema`` if given (results
-    are cast to it), else the first output's.
+    in order. They must share one schema: the declared one (``schema=`` of
+    ``process()``; results are cast to it), else the first output's exactly (a
+    later output with other fields or types is an error, never cast).
 
     Example:
         >>> def running(key, rows, state):
@@ -376,18 +411,27 @@ class ProcessLogic(_KeyedLogic):
             if row.keys() != fields:
                 raise TypeError(
                     f"process function {_fn_name(self.fn)} returned rows with fields {sorted(row)}; "
-                    f"expected {sorted(fields)} (pass output_schema= to fix the schema)")
+                    f"expected {sorted(fields)} (declare the output with process(..., schema=...))")
 
     def _conform(self, batch: pa.RecordBatch) -> pa.RecordBatch:
-        """Give an output batch the operator's output schema (the first output's if none given)."""
+        """Give an output batch the operator's output schema.
+
+        With a declared schema, outputs are cast to it. Without one the first output fixes it, and a later
+        output that does not have exactly its fields and types is an error (never a silent cast or drop).
+        """
         if self._schema is None:
             self._schema = batch.schema
         if batch.schema.equals(self._schema):
             return batch
+        if self.output_schema is None and not _only_nulls_differ(self._schema, batch.schema):
+            raise TypeError(
+                f"process function {_fn_name(self.fn)} returned {_schema_difference(self._schema, batch.schema)}; "
+                f"its first output fixed the schema ({self._schema.to_string(show_schema_metadata=False)}). "
+                "Declare the output with process(..., schema=pa.schema([...])) (outputs are then cast to it)")
         try:
             return batch.select(self._schema.names).cast(self._schema)
         except (KeyError, ValueError, pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
             raise TypeError(
                 f"process function {_fn_name(self.fn)} returned a batch with schema {batch.schema}; "
-                f"expected {self._schema} (pass output_schema= to fix the schema): {exc}"
+                f"it does not cast to the declared schema= {self._schema}: {exc}"
             ) from None

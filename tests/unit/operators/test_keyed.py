@@ -344,14 +344,20 @@ def test_reduce_updates_replay_to_the_final_result_and_bins_move() -> None:
     assert table == _reduce_oracle(batches, _add)
 
 
-def test_reduce_infers_a_schema_when_accumulators_do_not_fit() -> None:
+def test_reduce_that_changes_the_columns_fails_at_that_call() -> None:
+    """Keys that saw one row keep the record's columns, others would not: the sink got mixed schemas."""
+    calls = []
+
     def count(acc: dict, row: dict) -> dict:
+        calls.append(row)
         return {"k": acc["k"], "count": acc.get("count", 1) + 1}
 
-    batch = pa.record_batch({"k": ["a", "b", "a"], "v": [1, 2, 3]})
-    out = _run(ReduceLogic("k", count, NUM_BINS), [batch])
-    rows = sorted((r for b in out for r in b.to_pylist()), key=lambda r: r["k"])
-    assert rows == [{"k": "a", "count": 2, "v": None}, {"k": "b", "v": 2, "count": None}]
+    batch = pa.record_batch({"k": ["a", "b", "a", "a"], "v": [1, 2, 3, 4]})
+    with pytest.raises(TypeError, match=r"reduce function .*count.* returned columns \['count', 'k'\]; "
+                                        r"expected the record's columns \['k', 'v'\] \(added \['count'\]; "
+                                        r"dropped \['v'\]\).*process\(fn, schema=...\)"):
+        _run(ReduceLogic("k", count, NUM_BINS), [batch])
+    assert len(calls) == 1  # the first call that changed them, not the end of the job
 
 
 def test_reduce_rejects_a_function_that_returns_no_dict() -> None:
@@ -441,8 +447,34 @@ def test_process_rejects_outputs_of_another_schema() -> None:
     def odd(key: Any, rows: pa.RecordBatch, state: ValueState) -> list[dict]:
         return [{"k": key}] if key == "a" else [{"other": 1.5}]
 
-    with pytest.raises(TypeError, match="output_schema"):
+    with pytest.raises(TypeError, match=r"process\(\.\.\., schema=") as info:
         ProcessLogic("k", odd, NUM_BINS).process(pa.record_batch({"k": ["a", "b"]}), 0)
+    assert "output_schema" not in str(info.value)  # the parameter is schema=
+
+
+def test_process_without_a_schema_never_casts_or_drops_silently() -> None:
+    """The first output fixes the schema; 2.0 after 1 and an extra 'note' field are errors, not 2 and a drop."""
+    def scores(key: Any, rows: pa.RecordBatch, state: ValueState) -> pa.RecordBatch:
+        state.value = (state.value or 0) + 1
+        if state.value == 1:
+            return pa.record_batch({"k": [key], "score": [1]})
+        return pa.record_batch({"k": [key], "score": [2.0], "note": ["again"]})
+
+    logic = ProcessLogic("k", scores, NUM_BINS)
+    assert logic.process(pa.record_batch({"k": ["a"]}), 0)[0].to_pylist() == [{"k": "a", "score": 1}]
+    with pytest.raises(TypeError) as info:
+        logic.process(pa.record_batch({"k": ["a"]}), 0)
+    message = str(info.value)
+    assert "scores" in message and "field 'score' as double where the first output had int64" in message
+    assert "field 'note' (string) that the first output did not have" in message
+
+    def plain(key: Any, rows: pa.RecordBatch, state: ValueState) -> pa.RecordBatch:
+        state.value = (state.value or 0) + 1
+        return pa.record_batch({"k": [key], "score": [1 if state.value == 1 else 2.5]})
+
+    declared = ProcessLogic("k", plain, NUM_BINS, pa.schema([("k", pa.string()), ("score", pa.float64())]))
+    outs = [declared.process(pa.record_batch({"k": ["a"]}), 0)[0].to_pylist() for _ in range(2)]
+    assert outs == [[{"k": "a", "score": 1.0}], [{"k": "a", "score": 2.5}]]  # declared: cast, exactly
 
 
 def test_process_value_state_none_clears_and_zero_rows_are_fine() -> None:
