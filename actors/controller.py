@@ -293,8 +293,13 @@ class JobController(_ControllerOps):
         self.lifecycle.fail(error, reason)
         self._notify()
 
-    async def begin_recovery(self, reason: str) -> None:
-        """Roll the job back (the supervisor restarts its hosts), e.g. after the controller died."""
+    async def begin_recovery(self, reason: str, events: tuple[str, ...] = (), restarts: int = 0) -> None:
+        """Roll the job back (the supervisor restarts its hosts), e.g. after the controller died.
+
+        ``events`` and ``restarts``: the history of the controller this one replaces, kept, so that
+        ``max_restarts`` bounds a job whose controller keeps dying.
+        """
+        self.lifecycle.inherit(events, restarts)
         self.lifecycle.lost(JobFailedError(f"job {self.job_name!r}: {reason}"), reason)
         self._notify()
 

@@ -169,6 +169,7 @@ class Supervisor(threading.Thread):
         self.incarnation = 0
         self._failed_attempts = 0
         self._stop = threading.Event()
+        self._history: tuple[tuple[str, ...], int] = ((), 0)  # the controller's events and restarts, last seen
 
     def stop(self) -> None:
         self._stop.set()
@@ -177,6 +178,7 @@ class Supervisor(threading.Thread):
         while not self._stop.is_set():
             try:
                 snap = ray.get(self.job._controller.wait_event.remote(0.5))
+                self._history = (snap.events, snap.restarts)
             except ray.exceptions.RayActorError:
                 if not self._stop.is_set():
                     self._replace_controller()
@@ -230,6 +232,8 @@ class Supervisor(threading.Thread):
         checkpoint_id = restore.checkpoint_id if restore is not None else None
         ray.get(controller.resume.remote(dict(zip(dep.host_ids, hosts)), self.incarnation, checkpoint_id, time.monotonic() - started))
         ray.get([h.start.remote() for h in hosts])
+        snap = ray.get(controller.snapshot.remote())
+        self._history = (snap.events, snap.restarts)  # a controller that dies next keeps this recovery too
         log.warning("job %s recovered from %s in %.2f s", dep.name,
                     f"checkpoint {checkpoint_id}" if checkpoint_id else "the start", time.monotonic() - started)
 
@@ -244,5 +248,6 @@ class Supervisor(threading.Thread):
         controller = self.make_controller()
         with self.job._lock:
             self.job._controller = controller
-        ray.get(controller.begin_recovery.remote("the job controller died"))
+        events, restarts = self._history  # the new controller keeps the job's history and its restart count
+        ray.get(controller.begin_recovery.remote("the job controller died", events, restarts))
         log.warning("job %s: the controller died; a new one rolls the job back", self.deployment.name)

@@ -46,6 +46,7 @@ class LifecycleSnapshot:
     pending_sinks: tuple[tuple[str, int], ...]
     error: BaseException | None
     events: tuple[str, ...]
+    restarts: int = 0
 
 
 class JobLifecycle:
@@ -68,6 +69,11 @@ class JobLifecycle:
         self.max_restarts = max_restarts
         self.restarts = 0
         self.recovery_reason: str | None = None
+
+    def inherit(self, events: Iterable[str], restarts: int) -> None:
+        """Take over the history of a job whose controller this one replaces (its events, restarts so far)."""
+        self.events = [*events, *self.events]
+        self.restarts = max(self.restarts, int(restarts))
 
     def lost(self, error: BaseException, reason: str, recoverable: bool = True) -> None:
         """Something died: recover if allowed and restarts are left, else fail."""
@@ -126,7 +132,7 @@ class JobLifecycle:
 
     def snapshot(self) -> LifecycleSnapshot:
         return LifecycleSnapshot(self.state, tuple(self._finished), tuple(sorted(self._pending)),
-                                 self.error, tuple(self.events))
+                                 self.error, tuple(self.events), self.restarts)
 
 
 def check_extra_edges(op_id: str, edges: Iterable[Any], view: Any) -> tuple:

@@ -195,6 +195,30 @@ def test_controller_death_is_survived(tmp_path):
     assert_exact(job, src)
 
 
+def test_a_replaced_controller_keeps_the_job_history_and_its_restart_count(tmp_path):
+    """max_restarts bounds a job whose controller keeps dying; status() keeps every earlier recovery."""
+    src = source(rate=15_000)
+    job = build("controller-dies-twice", src).submit(poll_interval_s=0.2, checkpoint_dir=str(tmp_path),
+                                                      max_restarts=1)
+    try:
+        wait_progress(job, 0.1)
+        ray.kill(job._controller, no_restart=True)
+        deadline = time.monotonic() + 60
+        while not any(e.startswith("recovered") for e in job.status().events):
+            assert time.monotonic() < deadline, "the job did not recover from the controller's death"
+            time.sleep(0.05)
+        assert any("restart 1 of 1" in e for e in job.status().events)
+        wait_progress(job, 0.2)  # running again
+        ray.kill(job._controller, no_restart=True)  # the second death is one restart too many
+        with pytest.raises(Exception, match="limit"):
+            job.wait(timeout=60)
+        events = job.status().events
+        assert job.status().state.value == "FAILED"
+        assert any("restart 1 of 1" in e for e in events) and any(e.startswith("recovered") for e in events), events
+    finally:
+        job.cancel()
+
+
 @pytest.mark.parametrize("new_p", [1, 3])
 def test_restore_into_a_new_job_with_another_parallelism(tmp_path, new_p):
     src = source(rate=50_000)
