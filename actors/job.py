@@ -28,7 +28,7 @@ from typing import Any
 import ray
 
 from chiray.control.coordination import JobState, LifecycleSnapshot
-from chiray.control.oprun import JobView, job_view
+from chiray.control.oprun import JobView, OpFailedError, job_view
 from chiray.operators.dataflow import Dataflow
 from chiray.operators.graph import OperatorKind, PhysicalPlan, physical_plan
 
@@ -495,11 +495,27 @@ class Job:
     def checkpoint(self, timeout: float | None = 120.0) -> int:
         """Take an aligned, durable checkpoint now; returns its id once committed.
 
+        If the job controller dies while the checkpoint runs, the answer comes from storage: a complete
+        checkpoint newer than any before the call is returned (it became durable), else it failed.
+
         Raises:
             OpFailedError / OpTimeoutError: the checkpoint failed (a host died, the input ended).
         """
+        storage = self._deployment.storage if self._deployment is not None else None
+        before = max(storage.committed(), default=0) if storage is not None else 0
         op_id = self._call("checkpoint")
-        return OpHandle(op_id, self._controller, timeout).result(timeout)
+        try:
+            return OpHandle(op_id, self._controller, timeout).result(timeout)
+        except OpFailedError as exc:
+            if storage is None or not isinstance(exc.__cause__, ray.exceptions.RayActorError):
+                raise
+            durable = max(storage.committed(), default=0)
+            if durable > before:
+                log.warning("job %s: the controller died after checkpoint %d became durable", self.name, durable)
+                return durable
+            raise OpFailedError(f"job {self.name!r}: the checkpoint did not complete: the job controller died "
+                                f"before it was durable (the newest complete checkpoint is still "
+                                f"{before or 'none'})") from exc
 
     def metrics(self, timeout: float | None = 60.0) -> Any:
         """Run a non-blocking ``Monitor`` op in-band and return its result."""

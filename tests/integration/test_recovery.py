@@ -298,3 +298,36 @@ def test_a_failed_restore_neither_creates_the_path_nor_leaves_a_temporary_direct
         submit(build("missing", source()), restore_from=str(missing))
     assert not (tmp_path / "not").exists()
     assert set(glob.glob(os.path.join(tempfile.gettempdir(), "chiray-missing-*"))) == before
+
+
+class SlowToHear(Notified):
+    """Hears of a complete checkpoint only after a long while: the manifest is durable, the op not done."""
+
+    def checkpoint_complete(self, checkpoint_id, offsets):
+        super().checkpoint_complete(checkpoint_id, offsets)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # the test kills the controller meanwhile
+            time.sleep(0.05)
+
+
+def test_checkpoint_whose_controller_dies_after_it_was_durable_returns_it(tmp_path):
+    import threading
+
+    log = str(tmp_path / "heard.jsonl")
+    src = SlowToHear(source(rate=20_000), log)
+    job = build("durable-then-dies", src).submit(poll_interval_s=0.2, checkpoint_dir=str(tmp_path / "chk"))
+    try:
+        wait_progress(job, 0.1)
+        answer: list = []
+        caller = threading.Thread(target=lambda: answer.append(job.checkpoint(timeout=60)))
+        caller.start()
+        deadline = time.monotonic() + 60
+        while not os.path.exists(log):  # the manifest is written before the source hears of it
+            assert time.monotonic() < deadline, "the checkpoint never completed"
+            time.sleep(0.02)
+        ray.kill(job._controller, no_restart=True)
+        caller.join(timeout=90)
+        durable = CheckpointStorage(str(tmp_path / "chk")).committed()
+        assert answer == [durable[-1]], (answer, durable)  # not "failed: its controller died"
+    finally:
+        job.cancel()
