@@ -230,7 +230,8 @@ class RescaleRun(threading.Thread):
         except RescaleError as exc:
             self.error, self.state = self._ended_first(exc) or exc, "FAILED"
         except Exception as exc:  # report, never leave the caller waiting
-            error = self._ended_first(exc) or RescaleError(f"rescale of {self.operator!r} failed: {exc!r}")
+            error = (self._ended_first(exc) or self._recovering(exc)
+                     or RescaleError(f"rescale of {self.operator!r} failed: {exc!r}"))
             error.__cause__ = exc
             self.error, self.state = error, "FAILED"
         finally:
@@ -239,8 +240,32 @@ class RescaleRun(threading.Thread):
 
     # -- the steps -------------------------------------------------------------------
 
+    def _wait_running(self) -> None:
+        """A job that is recovering is rescaled once it runs again (within ``step_timeout_s``)."""
+        deadline = time.monotonic() + self.knobs.get("step_timeout_s", 120.0)
+        while True:
+            snap = ray.get(self.job._controller.snapshot.remote(), timeout=30)
+            if snap.state.value != "RECOVERING":
+                return
+            if time.monotonic() > deadline:
+                raise RescaleError(f"cannot rescale {self.operator!r}: the job is still recovering "
+                                   f"({snap.events[-1] if snap.events else 'a restart'}); rescale once it runs")
+            time.sleep(0.1)
+
+    def _recovering(self, exc: BaseException) -> RescaleError | None:
+        """The clearer error when an actor died under the rescale because the job is recovering."""
+        if not isinstance(exc, ray.exceptions.RayActorError):
+            return None
+        error = RescaleError(
+            f"rescale of {self.operator!r} did not complete: an actor of the job died after {self.steps_done} "
+            f"of {self.steps_total} steps, and the job rolls back to its last checkpoint (recovering); "
+            "rescale again once it runs")
+        error.__cause__ = exc
+        return error
+
     def _run(self) -> None:
         job = self.job
+        self._wait_running()
         self.state = "PLANNING"
         plan: PhysicalPlan = job.plan
         node = plan.graph.nodes[self.operator]

@@ -331,3 +331,27 @@ def test_checkpoint_whose_controller_dies_after_it_was_durable_returns_it(tmp_pa
         assert answer == [durable[-1]], (answer, durable)  # not "failed: its controller died"
     finally:
         job.cancel()
+
+
+def test_rescale_called_while_the_job_recovers_waits_for_it(tmp_path):
+    from chiray.actors.rescale import RescaleError
+
+    src = source(rate=30_000)
+    job = build("rescale-recovering", src).submit(poll_interval_s=0.2, checkpoint_interval_s=0.5,
+                                                 checkpoint_dir=str(tmp_path))
+    try:
+        wait_progress(job, 0.25)
+        ray.kill(job.actors[0], no_restart=True)  # count[0]'s host: the job rolls back
+        deadline = time.monotonic() + 30
+        while job.status().state.value == "RUNNING":  # the controller noticed
+            assert time.monotonic() < deadline, "the host's death went unnoticed"
+            time.sleep(0.02)
+        try:
+            done = job.rescale("count", 3, strategy="all_at_once").result(timeout=120)
+            assert done["parallelism"] == 3
+        except RescaleError as exc:  # a clear word, never a bare ActorDiedError
+            assert "recovering" in str(exc) or "ended" in str(exc), exc
+        job.wait(timeout=180)
+    finally:
+        job.cancel()
+    assert_exact(job, src)
