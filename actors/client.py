@@ -178,7 +178,7 @@ class AttachedJob:
         return self._call("stop", savepoint, timeout)
 
     def cancel(self) -> None:
-        """Stop now; output after the last checkpoint is discarded. Idempotent."""
+        """Stop now; output after the last checkpoint is discarded (an ended job: ``ChirayError``)."""
         self._call("cancel")
 
     def run_control(self, op: Any, controller: str | None = None) -> Any:

@@ -452,8 +452,6 @@ class JobManagerCore:
 
     def cancel(self) -> None:
         with self._lock:
-            if self.record.terminal:
-                return
             job = self._running("cancel")
             job.cancel()
             self._job = None
