@@ -4,7 +4,7 @@ from .client import AttachedJob, JobNotFoundError, ManagerRestartedError, attach
 from .config import JobConfig
 from .errors import ChirayError, JobCancelledError, JobFailedError, OperatorError
 from .job import Job, JobStatistics, JobStatus, submit
-from .manager import submit_detached  # registers the job manager for submit(detached=True)
+from .detached import submit_detached  # registers the job manager for submit(detached=True)
 from .pool import release_warm_actors, wait_warm_actors
 
 __all__ = [

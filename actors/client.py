@@ -10,6 +10,7 @@ checkpoint without it, so it is safe to run again.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from typing import Any
@@ -43,7 +44,7 @@ def connect(address: str | None = None) -> None:
         return
     os.environ.setdefault("RAY_ENABLE_AUTO_CONNECT", "0")
     ray.init(address=address or os.environ.get("RAY_ADDRESS") or "auto", namespace=NAMESPACE,
-             logging_level="ERROR", log_to_driver=False)
+             logging_level=logging.ERROR, log_to_driver=False)
 
 
 def find_manager(name: str) -> Any | None:

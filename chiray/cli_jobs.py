@@ -273,7 +273,7 @@ def add_job_verbs(sub: Any) -> None:
 
     verb("list", "running (with --all, also ended) detached jobs", job=False).add_argument("--all", action="store_true")
     verb("status", "state, events, parallelism, last checkpoint")
-    verb("metrics", "per operator and instance: records, rates, queues, busy %, state").add_argument(
+    verb("metrics", "per operator and instance: records, rates, queues, busy time, state size").add_argument(
         "--watch", action="store_true", help="repeat until the job ends (Ctrl-C stops)")
     p = verb("rescale", "change an operator's parallelism live")
     p.add_argument("operator")
