@@ -66,6 +66,9 @@ class JobConfig:
             ``actors/manager.py``), so that it outlives the driver; reach it
             with ``chiray.attach(name)`` or the ``chiray`` CLI. Default: the
             job ends with its driver.
+        metrics_interval_s: how often a detached job's manager exports the
+            job's statistics through ``ray.util.metrics`` (``actors/metrics.py``);
+            None: not at all.
         name: the job's name (default: the dataflow's); a detached job's
             manager actor is named by it, in the ``"chiray"`` namespace.
     """
@@ -90,6 +93,7 @@ class JobConfig:
     warm_hosts: int = 0
     detached: bool = False
     name: str | None = None
+    metrics_interval_s: float | None = 1.0
 
     def __post_init__(self) -> None:
         if self.channel_capacity < 1:
@@ -115,6 +119,8 @@ class JobConfig:
             raise ValueError(f"JobConfig: spare_hosts must be >= 0, got {self.spare_hosts}")
         if self.warm_hosts < 0:
             raise ValueError(f"JobConfig: warm_hosts must be >= 0, got {self.warm_hosts}")
+        if self.metrics_interval_s is not None and self.metrics_interval_s <= 0:
+            raise ValueError(f"JobConfig: metrics_interval_s must be positive or None, got {self.metrics_interval_s}")
         if self.name is not None and (not isinstance(self.name, str) or not self.name.strip()):
             raise ValueError(f"JobConfig: name must be a non-empty string or None, got {self.name!r}")
         if self.host_num_cpus < 0:

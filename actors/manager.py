@@ -57,7 +57,7 @@ VERBS = frozenset({
 })
 """The manager methods a client may call (``JobManager.call``)."""
 
-EXPORT_INTERVAL_S = 1.0
+POLL_S = 0.5
 STATE_SIZE_INTERVAL_S = 10.0
 
 
@@ -192,17 +192,19 @@ class JobManagerCore:
                 ended = self._poll_end(job)
             if ended:
                 return
-            try:
-                self._exporter.export(job.statistics())
-                seen_recoveries = self._note_recoveries(job, seen_recoveries)
-                self._note_checkpoints()
-                if time.monotonic() - last_sizes > STATE_SIZE_INTERVAL_S:
-                    last_sizes = time.monotonic()
-                    self._exporter.state_sizes(job.metrics(timeout=10).instances)
-            except Exception as exc:  # a recovery or rescale is swapping actors: try again next time
-                log.debug("job %s: metrics export skipped: %r", self.name, exc)
+            interval = self.record.config.metrics_interval_s
+            if interval is not None:
+                try:
+                    self._exporter.export(job.statistics())
+                    seen_recoveries = self._note_recoveries(job, seen_recoveries)
+                    self._note_checkpoints()
+                    if time.monotonic() - last_sizes > STATE_SIZE_INTERVAL_S:
+                        last_sizes = time.monotonic()
+                        self._exporter.state_sizes(job.metrics(timeout=10).instances)
+                except Exception as exc:  # a recovery or rescale is swapping actors: try again next time
+                    log.debug("job %s: metrics export skipped: %r", self.name, exc)
             self._note_rescales()
-            self._ended.wait(EXPORT_INTERVAL_S)
+            self._ended.wait(interval or POLL_S)
 
     def _poll_end(self, job: Job) -> bool:
         try:

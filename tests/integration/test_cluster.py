@@ -13,12 +13,8 @@ import json
 import os
 import pathlib
 import re
-import shutil
-import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 
@@ -31,68 +27,14 @@ sys.path.insert(0, str(SCRIPTS))
 
 import detached_flow  # noqa: E402
 
-
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
-def _our_pids(marker: str) -> list[int]:
-    """Processes whose command line names our cluster's temp dir (the raylet's workers, agents)."""
-    out = []
-    for proc in pathlib.Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                if marker in (proc / "cmdline").read_bytes().decode(errors="replace"):
-                    out.append(int(proc.name))
-            except OSError:
-                pass
-    return out
+from benchmarks.cluster import LocalCluster, free_ports  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def cluster():
-    """A head node of our own: yields (address, env, metrics port); kills only its processes."""
-    temp = tempfile.mkdtemp(prefix="crt", dir="/tmp")
-    port, metrics, agent, agent_grpc, runtime_env, client, node_mgr, obj_mgr = _free_ports(8)
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_metrics_report_interval_ms": "500",
-           "RAY_ENABLE_AUTO_CONNECT": "0", "PYTHONWARNINGS": "ignore"}
-    env.pop("RAY_ADDRESS", None)
-    cmd = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block", f"--port={port}",
-           f"--temp-dir={temp}", "--num-cpus=4", "--include-dashboard=false", f"--metrics-export-port={metrics}",
-           f"--dashboard-agent-listen-port={agent}", f"--dashboard-agent-grpc-port={agent_grpc}",
-           f"--runtime-env-agent-port={runtime_env}", f"--ray-client-server-port={client}",
-           f"--node-manager-port={node_mgr}", f"--object-manager-port={obj_mgr}", "--disable-usage-stats"]
-    head = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    address = f"127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert head.poll() is None, "ray start --head exited"
-                time.sleep(0.2)
-        yield address, {**env, "RAY_ADDRESS": address}, metrics
-    finally:
-        try:
-            os.killpg(head.pid, signal.SIGTERM)
-            head.wait(timeout=20)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            pass
-        for pid in _our_pids(temp):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        shutil.rmtree(temp, ignore_errors=True)
+    """A head node of our own (its own ports and temp dir); only its processes are stopped."""
+    with LocalCluster(num_cpus=4) as head:
+        yield head.address, head.env, head.metrics_port
 
 
 def cli(env: dict, *args: str, ok: bool = True) -> subprocess.CompletedProcess:
@@ -168,7 +110,7 @@ def test_detached_job_through_the_cli(cluster, tmp_path):
     assert duplicate.returncode == 1 and "a job named 'wc' is already running" in duplicate.stderr.splitlines()[-1]
     assert_one_line_error(cli(env, "status", "nope", ok=False), "no job named 'nope'")
     assert_one_line_error(cli(env, "rescale", "wc", "nosuch", "2", ok=False), "nosuch")
-    assert_one_line_error(cli(env, "list", "--address", f"127.0.0.1:{_free_ports(1)[0]}", ok=False),
+    assert_one_line_error(cli(env, "list", "--address", f"127.0.0.1:{free_ports(1)[0]}", ok=False),
                           "no Ray cluster reachable")
     assert cli(env, "rescale", "wc", ok=False).returncode == 2
 
