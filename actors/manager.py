@@ -164,7 +164,8 @@ class JobManagerCore:
             where = f"checkpoint {restore.checkpoint_id}" if restore is not None else "the start"
             self._exporter.recovery()
             self._update(f"recovery: the job manager restarted (restart {record.restarts}); "
-                         f"the job rolled back to {where}", state="RUNNING")
+                         f"the job rolled back to {where}", state="RUNNING",
+                         rescales=tuple(_interrupted(r) for r in record.rescales))
         config = dataclasses.replace(record.config, detached=False, name=None,
                                      checkpoint_dir=record.checkpoint_dir)
         self._job = submit(flow, config=config, restore_from=restore_from)
@@ -380,10 +381,6 @@ class JobManagerCore:
         if handle is not None:
             return {**_plain(handle.progress()), "id": rid, "done": False}
         entry = self._history(rid)
-        if entry["state"] == "running":  # started before a manager restart that interrupted it
-            return {**entry, "state": "interrupted", "done": True,
-                    "error": "the job manager restarted during the rescale; the job rolled back to its "
-                             "last checkpoint; run the rescale again"}
         return {**entry.get("progress", {}), **entry, "done": True}
 
     def rescale_result(self, rid: str, timeout: float | None) -> dict[str, Any]:
@@ -493,6 +490,14 @@ def _committed_results(flow_bytes: bytes, storage: CheckpointStorage) -> dict[st
             except Exception as exc:
                 log.debug("no committed result for %s: %r", node.name, exc)
     return out
+
+
+def _interrupted(entry: dict[str, Any]) -> dict[str, Any]:
+    """A rescale that was running when the manager died: the rollback undid it."""
+    if entry["state"] != "running":
+        return entry
+    return {**entry, "state": "interrupted", "error": "the job manager restarted during the rescale; the job "
+            "rolled back to its last checkpoint, before it; run the rescale again"}
 
 
 def _plain(progress: dict[str, Any]) -> dict[str, Any]:
