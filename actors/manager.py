@@ -379,7 +379,7 @@ class JobManagerCore:
         with self._lock:
             handle = self._rescales.get(rid)
         if handle is not None:
-            return {**_plain(handle.progress()), "id": rid, "done": False}
+            return {**_plain(handle.progress()), "id": rid, "done": handle.done()}
         entry = self._history(rid)
         return {**entry.get("progress", {}), **entry, "done": True}
 

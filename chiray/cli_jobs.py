@@ -132,8 +132,9 @@ def _metrics_rows(job: Any) -> list[dict[str, Any]]:
         monitored = {}
     span = max(second.taken_at - first.taken_at, 1e-6)
     marks = [s.watermark for s in second.instances if s.watermark is not None]
+    order = {op: i for i, op in enumerate(dict.fromkeys(s.operator for s in second.instances))}
     rows = []
-    for s in second.instances:
+    for s in sorted(second.instances, key=lambda s: (order[s.operator], s.index)):
         b = before.get((s.operator, s.index), s)
         mon = monitored.get((s.operator, s.index), {})
         rows.append({"operator": s.operator, "instance": s.index, "records_in": s.records_in,
@@ -146,11 +147,19 @@ def _metrics_rows(job: Any) -> list[dict[str, Any]]:
     return rows
 
 
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f}{unit}" if unit == "B" else f"{n:.1f}{unit}"
+        n /= 1024
+    return f"{n:.1f}GiB"
+
+
 def _metrics_table(rows: list[dict[str, Any]]) -> str:
     out = [f"{'OPERATOR':<14} {'#':>2} {'IN':>12} {'OUT':>12} {'IN/S':>10} {'OUT/S':>10} {'QUEUED':>6} "
            f"{'BP%':>5} {'BUSY%':>5} {'STATE':>10} {'WM LAG':>8}"]
     for r in rows:
-        state = "-" if not r["state_bytes"] else f"{r['state_bytes'] / 2**20:.1f}MiB"
+        state = "-" if not r["state_bytes"] else _size(r["state_bytes"])
         lag = "-" if r["watermark_lag"] is None else str(r["watermark_lag"])
         out.append(f"{r['operator']:<14} {r['instance']:>2} {r['records_in']:>12,} {r['records_out']:>12,} "
                    f"{r['in_per_s']:>10,.0f} {r['out_per_s']:>10,.0f} {r['queued_batches']:>6} "
