@@ -1,8 +1,10 @@
 """actors: the Ray runtime: host actors, channels and credits, routing, the controller, submit() and Job."""
 
+from .client import AttachedJob, JobNotFoundError, ManagerRestartedError, attach, jobs
 from .config import JobConfig
 from .errors import ChirayError, JobCancelledError, JobFailedError, OperatorError
 from .job import Job, JobStatistics, JobStatus, submit
+from .detached import submit_detached  # registers the job manager for submit(detached=True)
 from .pool import release_warm_actors, wait_warm_actors
 
 __all__ = [
@@ -15,6 +17,12 @@ __all__ = [
     "OperatorError",
     "JobFailedError",
     "JobCancelledError",
+    "attach",
+    "jobs",
+    "AttachedJob",
+    "JobNotFoundError",
+    "ManagerRestartedError",
+    "submit_detached",
     "release_warm_actors",
     "wait_warm_actors",
 ]

@@ -62,6 +62,15 @@ class JobConfig:
             ``actors/pool.py``). Refilled when this job ends; each idle warm
             host holds ``host_num_cpus``; ``release_warm_actors()`` stops them.
             Not used for hosts with ``host_options``.
+        detached: run the job under a job manager actor on the cluster (see
+            ``actors/manager.py``), so that it outlives the driver; reach it
+            with ``chiray.attach(name)`` or the ``chiray`` CLI. Default: the
+            job ends with its driver.
+        metrics_interval_s: how often a detached job's manager exports the
+            job's statistics through ``ray.util.metrics`` (``actors/metrics.py``);
+            None: not at all.
+        name: the job's name (default: the dataflow's); a detached job's
+            manager actor is named by it, in the ``"chiray"`` namespace.
     """
 
     channel_capacity: int = 8
@@ -82,6 +91,9 @@ class JobConfig:
     deploy_timeout_s: float = 120.0
     spare_hosts: int = 0
     warm_hosts: int = 0
+    detached: bool = False
+    name: str | None = None
+    metrics_interval_s: float | None = 1.0
 
     def __post_init__(self) -> None:
         if self.channel_capacity < 1:
@@ -107,5 +119,9 @@ class JobConfig:
             raise ValueError(f"JobConfig: spare_hosts must be >= 0, got {self.spare_hosts}")
         if self.warm_hosts < 0:
             raise ValueError(f"JobConfig: warm_hosts must be >= 0, got {self.warm_hosts}")
+        if self.metrics_interval_s is not None and self.metrics_interval_s <= 0:
+            raise ValueError(f"JobConfig: metrics_interval_s must be positive or None, got {self.metrics_interval_s}")
+        if self.name is not None and (not isinstance(self.name, str) or not self.name.strip()):
+            raise ValueError(f"JobConfig: name must be a non-empty string or None, got {self.name!r}")
         if self.host_num_cpus < 0:
             raise ValueError(f"JobConfig: host_num_cpus must be >= 0, got {self.host_num_cpus}")

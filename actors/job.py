@@ -144,6 +144,15 @@ def restore_point(restore_from: str, plan: PhysicalPlan, allow_non_restored_stat
     return RestoreInfo(storage, manifest, renames)
 
 
+_DETACHED: Any = None
+
+
+def register_detached(fn: Any) -> None:
+    """Set the function that runs a ``detached=True`` job (``actors/manager.py`` registers it)."""
+    global _DETACHED
+    _DETACHED = fn
+
+
 def submit(flow: Dataflow, *, config: JobConfig | None = None, restore_from: str | None = None,
            allow_non_restored_state: bool = False, **options: Any) -> "Job":
     """Validate ``flow``, deploy its controller and host actors, and start it.
@@ -159,7 +168,8 @@ def submit(flow: Dataflow, *, config: JobConfig | None = None, restore_from: str
             (refused otherwise).
 
     Returns:
-        The running job's handle.
+        The running job's handle (with ``detached=True``: an ``AttachedJob``
+        on the job's manager actor, which outlives this process).
 
     Raises:
         ValueError, TypeError: the dataflow is invalid (naming the operator).
@@ -170,6 +180,13 @@ def submit(flow: Dataflow, *, config: JobConfig | None = None, restore_from: str
     elif options:
         config = dataclasses.replace(config, **options)
     flow.validate()
+    if config.name is not None and config.name != flow.name:
+        flow = copy.copy(flow)
+        flow.name = config.name
+    if config.detached:
+        if _DETACHED is None:
+            raise RuntimeError("bug: no job manager registered (import chiray.actors)")
+        return _DETACHED(flow, config, restore_from)
     if not ray.is_initialized():
         ray.init()
     plan = physical_plan(_private_graph(flow))

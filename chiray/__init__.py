@@ -23,14 +23,19 @@ from __future__ import annotations
 from typing import Any
 
 from chiray.actors import (
+    AttachedJob,
     ChirayError,
     Job,
     JobCancelledError,
     JobConfig,
     JobFailedError,
     JobStatistics,
+    JobNotFoundError,
     JobStatus,
+    ManagerRestartedError,
     OperatorError,
+    attach,
+    jobs,
     submit,
 )
 from chiray.actors.rescale import RescaleError
@@ -99,7 +104,10 @@ __all__ = [
     "bounded_out_of_orderness",
     "watermarks_from",
     "submit",
+    "attach",
+    "jobs",
     "Job",
+    "AttachedJob",
     "JobConfig",
     "JobStatus",
     "JobStatistics",
@@ -109,6 +117,8 @@ __all__ = [
     "OperatorError",
     "JobFailedError",
     "JobCancelledError",
+    "JobNotFoundError",
+    "ManagerRestartedError",
     "CheckpointError",
     "RescaleError",
     "OpFailedError",

@@ -1,5 +1,9 @@
 """cli.py: the ``chiray`` command line (also ``python -m chiray``): ``chiray demo`` runs the main job on an embedded Ray.
 
+The verbs that operate detached jobs on a cluster (``list``, ``status``,
+``metrics``, ``rescale``, ``rescales``, ``checkpoint``, ``savepoint``,
+``stop``, ``cancel``, ``forget``) are in ``chiray/cli_jobs.py``.
+
 ``demo`` is the full pipeline (``chiray.spark_bridge.demo``): Spark reads and
 preprocesses real text files, its executors push the words into a keyed
 count on Ray, which is rescaled live and checkpointed mid-run, and the result
@@ -20,6 +24,8 @@ import os
 import sys
 import time
 from typing import Sequence
+
+from chiray.cli_jobs import VERBS, add_job_verbs, run_verb
 
 __all__ = ["main"]
 
@@ -119,7 +125,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     d.add_argument("--generated", action="store_true",
                    help="generated records on Ray only (default: the full pipeline, Spark preprocessing real "
                         "text files)")
+    add_job_verbs(sub)
     args = parser.parse_args(argv)
+    if args.command in VERBS:
+        return run_verb(args)
     if args.command == "demo" and not args.generated:
         from chiray.spark_bridge import demo as spark_demo  # the facade sits above every layer
 

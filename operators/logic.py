@@ -217,6 +217,14 @@ class Source(abc.ABC):
         """
         return 0
 
+    def driver_bound(self) -> str | None:
+        """Why this source needs the process that submitted the job to stay alive (``None``: it does not).
+
+        A detached job (``submit(..., detached=True)``) outlives its driver, so
+        ``submit`` refuses a source that answers with a reason.
+        """
+        return None
+
     def checkpoint_complete(self, checkpoint_id: int, offsets: dict[str, Any]) -> None:
         """Checkpoint ``checkpoint_id`` completed, holding these offsets (split id -> offset).
 

@@ -211,6 +211,12 @@ class SparkSource(Source):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def driver_bound(self) -> str | None:
+        """Spark's executors push through the bridge's driver half, which lives in the submitting process."""
+        return ("from_spark(df) pushes through the SparkSession of the submitting process, which a detached "
+                "job outlives; stage the DataFrame instead (from_spark(df, staged=True, path=...)) or "
+                "submit without detached=True and keep the driver running")
+
     def describe(self) -> str:
         return self._name
 

@@ -1,0 +1,114 @@
+"""detached.py: ``submit(..., detached=True)``: the job manager actor shell and the submit that starts it.
+
+``JobManager`` is a thin ``@ray.remote`` shell (``lifetime="detached"``,
+named by the job in the ``"chiray"`` namespace, ``max_restarts=-1``) around
+``manager.JobManagerCore``: it deploys in a thread of its own and answers
+``call(verb, ...)``. ``submit_detached`` refuses sources that need the
+driver, refuses a name that is taken, starts the manager and waits until the
+job is deployed (raising what made the deployment fail).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import warnings
+from typing import Any
+
+import cloudpickle
+import ray
+
+from chiray.operators.graph import OperatorKind
+
+from . import jobstore
+from .config import JobConfig
+from .job import register_detached
+from .jobstore import NAMESPACE
+from .manager import VERBS, JobManagerCore
+
+__all__ = ["JobManager", "submit_detached", "refuse_driver_bound"]
+
+
+@ray.remote(max_restarts=-1, max_concurrency=64, num_cpus=0)  # type: ignore[call-overload]
+class JobManager:
+    """The actor shell: deploys in a thread of its own and answers ``call(verb, ...)``."""
+
+    def __init__(self, name: str, flow: bytes, config: JobConfig, restore_from: str | None):
+        logging.basicConfig(level=logging.WARNING)
+        with warnings.catch_warnings():  # Ray 2.60 warns about its own use of a deprecated property
+            warnings.simplefilter("ignore")
+            reconstructed = ray.get_runtime_context().was_current_actor_reconstructed
+        self._core = JobManagerCore(name, flow, config, restore_from, reconstructed)
+        threading.Thread(target=self._core.start, name=f"chiray-manager-{name}", daemon=True).start()
+
+    def ready(self, timeout: float | None = None) -> None:
+        self._core.ready(timeout)
+
+    def call(self, verb: str, *args: Any, **kwargs: Any) -> Any:
+        if verb not in VERBS:
+            raise ValueError(f"job manager: unknown verb {verb!r}; verbs: {sorted(VERBS)}")
+        self._core.ready(None)
+        return getattr(self._core, verb)(*args, **kwargs)
+
+
+def refuse_driver_bound(flow: Any) -> None:
+    """Raise ``ValueError`` if a source of ``flow`` needs the submitting process (a push-mode Spark source)."""
+    for node in flow.graph.nodes.values():
+        reason = node.source.driver_bound() if node.kind is OperatorKind.SOURCE else None
+        if reason:
+            raise ValueError(f"source {node.name!r} of job {flow.name!r} cannot run detached: {reason}")
+
+
+def submit_detached(flow: Any, config: JobConfig, restore_from: str | None) -> Any:
+    """Start ``flow`` under a detached job manager; returns an ``AttachedJob``.
+
+    Raises:
+        ValueError: a source needs the driver, or a job of that name exists.
+    """
+    from .client import AttachedJob, find_manager
+
+    refuse_driver_bound(flow)
+    if not ray.is_initialized():
+        ray.init()
+    name = flow.name
+    existing = find_manager(name)
+    if existing is not None:
+        raise ValueError(_taken(name, existing))
+    try:
+        manager = JobManager.options(  # type: ignore[attr-defined]
+            name=name, namespace=NAMESPACE, lifetime="detached").remote(
+            name, cloudpickle.dumps(flow), config, restore_from)
+    except ValueError:  # another submit took the name meanwhile
+        raise ValueError(_taken(name, find_manager(name))) from None
+    try:
+        ray.get(manager.ready.remote(config.deploy_timeout_s + 60))
+    except ray.exceptions.RayTaskError as exc:
+        _discard(name, manager)
+        raise (exc.cause or exc) from None
+    except BaseException:
+        _discard(name, manager)
+        raise
+    return AttachedJob(name, manager)
+
+
+def _taken(name: str, manager: Any) -> str:
+    state = "running"
+    if manager is not None:
+        try:
+            state = ray.get(manager.call.remote("info"), timeout=10)["state"].lower()
+        except Exception:
+            state = "restarting"
+    if state in ("finished", "failed", "cancelled"):
+        return (f"a {state} job named {name!r} is kept on this cluster until forgotten; run "
+                f"`chiray forget {name}` or choose another name")
+    return f"a job named {name!r} is already {state} on this cluster; choose another name"
+
+
+def _discard(name: str, manager: Any) -> None:
+    try:
+        ray.kill(manager, no_restart=True)
+    finally:
+        jobstore.delete(name)
+
+
+register_detached(submit_detached)

@@ -1,0 +1,190 @@
+"""operations.py: operating a detached job on a local multi-process cluster, end to end.
+
+``python -m benchmarks.operations [--quick]`` starts a private head node
+(``benchmarks/cluster.py``), submits a detached keyed count (a paced
+generated source, ``to_parquet``) from a driver process that then exits, and
+times what an operator does to it: attach from a new process, ``chiray
+status`` and ``chiray rescale --wait`` (process start included), a job
+manager kill until the source's output rate is back at 90% of what it was,
+a savepoint, a stop with a savepoint and a restore from it (submit until the
+restored job runs). The output of both jobs is checked against pandas
+(``exact``). ``metrics_throughput_ratio`` compares unpaced runs of the same
+job with the metrics export on and off, on the same cluster.
+
+The last line is one JSON object with ``driver_exit_survived``, ``attach_s``,
+``cli_status_s``, ``cli_rescale_s``, ``manager_failover_s``, ``savepoint_s``,
+``restore_s``, ``metrics_throughput_ratio`` and ``exact``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from benchmarks.cluster import LocalCluster
+from benchmarks.common import emit
+
+DRIVER = """
+import sys, chiray
+keys, records, rate, name, out, chk, p, restore, metrics = sys.argv[1:]
+flow = chiray.Dataflow("ops")
+src = chiray.generate(int(records), rate=float(rate) or None, batch_size=10_000, num_keys=int(keys), seed=5,
+                      num_splits=2)
+(flow.source(src, parallelism=2, name="events").key_by("key").count(parallelism=int(p), name="count")
+     .sink(chiray.to_parquet(out), name="out"))
+chiray.submit(flow, name=name, detached=True, checkpoint_dir=chk, restore_from=restore or None,
+              metrics_interval_s=None if metrics == "off" else 1.0)
+"""
+
+
+def _run(env: dict[str, str], *args: str) -> float:
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(args[:4])} failed: {done.stderr.strip().splitlines()[-1:]}")
+    return time.perf_counter() - start
+
+
+def _submit(env: dict[str, str], args: argparse.Namespace, name: str, out: str, chk: str, p: int,
+            rate: float, restore: str = "", metrics: str = "on") -> float:
+    return _run(env, "-c", DRIVER, str(args.keys), str(args.records), str(rate), name, out, chk, str(p), restore,
+                metrics)
+
+
+def _source_out(job: Any) -> int:
+    return job.statistics().records_out("events")
+
+
+def _rate(job: Any, window: float = 1.0) -> float:
+    a, t0 = _source_out(job), time.perf_counter()
+    time.sleep(window)
+    return (_source_out(job) - a) / (time.perf_counter() - t0)
+
+
+def _failover(job: Any, env: dict[str, str]) -> float:
+    """Kill the manager; seconds until the source emits at 90% of its earlier rate again."""
+    import ray
+
+    before = _rate(job, 2.0)
+    ray.kill(ray.get_actor(job.name, namespace="chiray"), no_restart=False)
+    killed = time.perf_counter()
+    while time.perf_counter() - killed < 120:
+        try:
+            if job.info()["restarts"] >= 1 and _rate(job, 0.5) >= 0.9 * before:
+                return time.perf_counter() - killed
+        except Exception:  # the new manager is still deploying
+            time.sleep(0.1)
+    raise TimeoutError("the job did not come back within 120 s")
+
+
+def _oracle(args: argparse.Namespace) -> pd.Series:
+    import chiray
+
+    src = chiray.generate(args.records, batch_size=10_000, num_keys=args.keys, seed=5, num_splits=2)
+    tables = []
+    for split in src.splits():
+        reader = src.open_split(split)
+        while (batch := reader.read()) is not None:
+            tables.append(pa.Table.from_batches([batch]).select(["key"]))
+    return pa.concat_tables(tables).to_pandas().groupby("key").size().sort_index()
+
+
+def _throughput(env: dict[str, str], args: argparse.Namespace, root: str, metrics: str) -> float:
+    """Unpaced: records/s into the count, between the first sample that saw records and the end."""
+    import chiray
+
+    name = f"tput-{metrics}"
+    flow = chiray.Dataflow("ops")
+    src = chiray.generate(args.tput_records, batch_size=10_000, num_keys=args.keys, seed=5, num_splits=2)
+    (flow.source(src, parallelism=2, name="events").key_by("key").count(parallelism=2, name="count")
+         .sink(chiray.to_parquet(f"{root}/{name}-out"), name="out"))
+    job = chiray.submit(flow, name=name, detached=True, checkpoint_dir=f"{root}/{name}-chk",
+                        metrics_interval_s=None if metrics == "off" else 1.0)
+    first: tuple[float, int] | None = None
+    while True:
+        seen, now = job.statistics().records_in("count"), time.perf_counter()
+        if first is None and seen > 0:
+            first = (now, seen)
+        if seen >= args.tput_records:
+            break
+        time.sleep(0.1)
+    job.wait(timeout=600)
+    job.forget()
+    if first is None or now <= first[0]:
+        raise RuntimeError(f"the {name} run ended before it could be timed; raise --tput-records")
+    return (seen - first[1]) / (now - first[0])
+
+
+def _operate(cluster: LocalCluster, args: argparse.Namespace, root: str) -> dict[str, Any]:
+    import chiray
+
+    env = cluster.env
+    out1, out2, sp = f"{root}/out1", f"{root}/out2", f"{root}/sp"
+    _submit(env, args, "ops", out1, f"{root}/chk1", 2, args.rate)
+    print("  submitted; the driver exited", flush=True)
+    attach_s = _run(env, "-c", f"import chiray; chiray.attach('ops', address={cluster.address!r}).status()")
+    job = chiray.attach("ops")
+    survived = job.info()["state"] == "RUNNING"
+    cli_status_s = _run(env, "-m", "chiray", "status", "ops")
+    cli_rescale_s = _run(env, "-m", "chiray", "rescale", "ops", "count", "3", "--wait", "--json")
+    print(f"  attach {attach_s:.2f} s, status {cli_status_s:.2f} s, rescale {cli_rescale_s:.2f} s", flush=True)
+    job.checkpoint()
+    failover = _failover(job, env)
+    print(f"  manager failover {failover:.2f} s", flush=True)
+    savepoint_s = _run(env, "-m", "chiray", "savepoint", "ops")
+    job.stop(savepoint=sp)
+    restore_s = _submit(env, args, "ops2", out2, f"{root}/chk2", 1, args.rate, restore=sp)
+    chiray.attach("ops2").wait(timeout=600)
+    got = pd.concat([pq.read_table(d).to_pandas() for d in (out1, out2) if os.listdir(d)])
+    got = got.groupby("key")["count"].sum().sort_index()
+    expected = _oracle(args)
+    exact = got.index.tolist() == expected.index.tolist() and got.astype("int64").tolist() == \
+        expected.astype("int64").tolist()
+    print(f"  savepoint {savepoint_s:.2f} s, restore {restore_s:.2f} s, exact {exact}", flush=True)
+    return {"driver_exit_survived": survived, "attach_s": attach_s, "cli_status_s": cli_status_s,
+            "cli_rescale_s": cli_rescale_s, "manager_failover_s": failover, "savepoint_s": savepoint_s,
+            "restore_s": restore_s, "exact": exact}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes, well under a minute of job time")
+    parser.add_argument("--keys", type=int, default=None)
+    parser.add_argument("--records", type=int, default=None)
+    parser.add_argument("--tput-records", type=int, default=None, help="records of each unpaced run")
+    parser.add_argument("--rate", type=float, default=None, help="records/s offered to the operated job")
+    args = parser.parse_args(argv)
+    args.keys = args.keys or (20_000 if args.quick else 1_000_000)
+    args.records = args.records or (600_000 if args.quick else 12_000_000)
+    args.tput_records = args.tput_records or (8_000_000 if args.quick else 20_000_000)
+    args.rate = args.rate or (20_000 if args.quick else 200_000)
+    print(f"operations: detached keyed count, {args.keys:,} keys, {args.records:,} records at {args.rate:,.0f}/s",
+          flush=True)
+    with LocalCluster(num_cpus=4) as cluster, tempfile.TemporaryDirectory(prefix="ops") as root:
+        os.environ["RAY_ADDRESS"] = cluster.address
+        os.environ["RAY_AUTH_MODE"] = "disabled"
+        import ray
+
+        ray.init(address=cluster.address, logging_level="ERROR", log_to_driver=False)
+        try:
+            figures = _operate(cluster, args, root)
+            on = _throughput(cluster.env, args, root, "on")
+            off = _throughput(cluster.env, args, root, "off")
+            figures["metrics_throughput_ratio"] = on / off
+            print(f"  unpaced: {on:,.0f} records/s with metrics, {off:,.0f} without", flush=True)
+        finally:
+            ray.shutdown()
+    emit(figures)
+
+
+if __name__ == "__main__":
+    main()

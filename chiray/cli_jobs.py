@@ -1,0 +1,313 @@
+"""cli_jobs.py: the ``chiray`` verbs that operate detached jobs on a Ray cluster.
+
+Each verb is a small function ``(args) -> int`` that calls the job's manager
+through ``chiray.attach`` / ``chiray.jobs`` and prints either a human table
+or, with ``--json``, one JSON document. Failures print one line
+(``chiray: error: ...``) on stderr and exit 1; usage errors exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import socket
+import sys
+import time
+from typing import Any, Callable
+
+__all__ = ["add_job_verbs", "run_verb"]
+
+
+class CliError(Exception):
+    """A failure to report as one line."""
+
+
+def _connect(address: str | None) -> None:
+    """Connect to the cluster, failing fast with one line when nothing listens at ``address``."""
+    import ray
+
+    address = address or os.environ.get("RAY_ADDRESS") or "auto"
+    if address != "auto" and "://" not in address:
+        host, _, port = address.rpartition(":")
+        try:
+            socket.create_connection((host or "127.0.0.1", int(port)), timeout=3).close()
+        except (OSError, ValueError):
+            raise CliError(f"no Ray cluster reachable at {address!r} (start one with `ray start --head`, "
+                           f"or pass --address / set RAY_ADDRESS)") from None
+    from chiray.actors.client import connect
+
+    try:
+        connect(address)
+    except (ConnectionError, RuntimeError) as exc:
+        raise CliError(f"no Ray cluster reachable at {address!r}: {str(exc).splitlines()[0]}") from None
+    if not ray.is_initialized():
+        raise CliError(f"no Ray cluster reachable at {address!r}")
+
+
+def _attach(args: argparse.Namespace) -> Any:
+    from chiray.actors.client import attach
+
+    _connect(args.address)
+    return attach(args.job)
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as JSON-able data (dataclasses, enums, tuples, NumPy arrays, exceptions)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {str(k if not isinstance(k, tuple) else "/".join(map(str, k))): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if hasattr(value, "value") and type(value).__module__ != "builtins" and hasattr(type(value), "__members__"):
+        return value.value
+    if isinstance(value, BaseException):
+        return str(value)
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    return str(value)
+
+
+def _emit(args: argparse.Namespace, data: Any, human: Callable[[], str]) -> int:
+    print(json.dumps(_plain(data), sort_keys=True) if args.json else human())
+    return 0
+
+
+def _ago(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = int(seconds)
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+# -- verbs ---------------------------------------------------------------------------------
+
+
+def do_list(args: argparse.Namespace) -> int:
+    from chiray.actors.client import jobs
+
+    _connect(args.address)
+    found = jobs(all=args.all)
+
+    def human() -> str:
+        rows = [f"{'NAME':<20} {'STATE':<11} {'UPTIME':>8}  {'RECORDS/S':>10}  OPERATORS (PARALLELISM)"]
+        for j in found:
+            rate = j.get("records_per_second")
+            ops = ", ".join(f"{k}={v}" for k, v in j.get("operators", {}).items())
+            rows.append(f"{j['name']:<20} {j['state']:<11} {_ago(j.get('uptime_s')):>8}  "
+                        f"{'-' if rate is None else f'{rate:,.0f}':>10}  {ops}")
+        return "\n".join(rows) if found else "no jobs" if args.all else "no running jobs (--all lists ended ones)"
+    return _emit(args, found, human)
+
+
+def do_status(args: argparse.Namespace) -> int:
+    job = _attach(args)
+    status, info = job.status(), job.info()
+    data = {**info, "events": list(status.events), "finished_instances": list(status.finished_instances)}
+
+    def human() -> str:
+        last = info.get("last_checkpoint")
+        lines = [f"job {info['name']}: {info['state']}, up {_ago(info['uptime_s'])}, "
+                 f"manager restarts {info['restarts']}",
+                 "operators: " + ", ".join(f"{k} x{v}" for k, v in info["operators"].items()),
+                 f"last checkpoint: {last['id']} at {last['path']}" if last else "last checkpoint: none"]
+        if info.get("error"):
+            lines.append(f"error: {info['error']}")
+        return "\n".join([*lines, "events:", *(f"  {e}" for e in status.events)])
+    return _emit(args, data, human)
+
+
+def _metrics_rows(job: Any) -> list[dict[str, Any]]:
+    first = job.statistics()
+    time.sleep(1.0)  # two snapshots a second apart give the rates
+    second = job.statistics()
+    before = {(s.operator, s.index): s for s in first.instances}
+    try:
+        monitored = job.metrics(timeout=10).instances
+    except Exception:  # the job ended meanwhile: no in-band monitor
+        monitored = {}
+    span = max(second.taken_at - first.taken_at, 1e-6)
+    marks = [s.watermark for s in second.instances if s.watermark is not None]
+    order = {op: i for i, op in enumerate(dict.fromkeys(s.operator for s in second.instances))}
+    rows = []
+    for s in sorted(second.instances, key=lambda s: (order[s.operator], s.index)):
+        b = before.get((s.operator, s.index), s)
+        mon = monitored.get((s.operator, s.index), {})
+        rows.append({"operator": s.operator, "instance": s.index, "records_in": s.records_in,
+                     "records_out": s.records_out, "in_per_s": (s.records_in - b.records_in) / span,
+                     "out_per_s": (s.records_out - b.records_out) / span, "queued_batches": s.queued_batches,
+                     "backpressured_pct": 100 * max(s.backpressured_s - b.backpressured_s, 0) / span,
+                     "busy_pct": 100 * max(s.busy_s - b.busy_s, 0) / span,
+                     "state_bytes": mon.get("state_bytes"), "keys": mon.get("keys"),
+                     "watermark_lag": None if s.watermark is None else max(marks) - s.watermark})
+    return rows
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f}{unit}" if unit == "B" else f"{n:.1f}{unit}"
+        n /= 1024
+    return f"{n:.1f}GiB"
+
+
+def _metrics_table(rows: list[dict[str, Any]]) -> str:
+    out = [f"{'OPERATOR':<14} {'#':>2} {'IN':>12} {'OUT':>12} {'IN/S':>10} {'OUT/S':>10} {'QUEUED':>6} "
+           f"{'BP%':>5} {'BUSY%':>5} {'STATE':>10} {'WM LAG':>8}"]
+    for r in rows:
+        state = "-" if not r["state_bytes"] else _size(r["state_bytes"])
+        lag = "-" if r["watermark_lag"] is None else str(r["watermark_lag"])
+        out.append(f"{r['operator']:<14} {r['instance']:>2} {r['records_in']:>12,} {r['records_out']:>12,} "
+                   f"{r['in_per_s']:>10,.0f} {r['out_per_s']:>10,.0f} {r['queued_batches']:>6} "
+                   f"{r['backpressured_pct']:>5.1f} {r['busy_pct']:>5.1f} {state:>10} {lag:>8}")
+    return "\n".join(out)
+
+
+def do_metrics(args: argparse.Namespace) -> int:
+    job = _attach(args)
+    while True:
+        rows = _metrics_rows(job)
+        _emit(args, rows, lambda: _metrics_table(rows))
+        if not args.watch or job.info()["state"] in ("FINISHED", "FAILED", "CANCELLED"):
+            return 0
+        sys.stdout.flush()
+
+
+def _options(pairs: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        if not sep or not key:
+            raise CliError(f"--option expects KEY=VALUE, got {pair!r}")
+        try:
+            out[key] = json.loads(text)
+        except ValueError:
+            out[key] = text
+    return out
+
+
+def _bar(p: dict[str, Any], width: int = 30) -> str:
+    bins = p.get("bins") or 0
+    done = p.get("bins_moved") or 0
+    filled = int(width * done / bins) if bins else (width if p.get("done") else 0)
+    return (f"\r  [{'#' * filled}{'.' * (width - filled)}] steps {p.get('steps_done', 0)}/{p.get('steps', '?')}"
+            f"  bins {done}/{bins}  {(p.get('bytes_moved') or 0) / 2**20:.1f} MiB  {p.get('state', '')}")
+
+
+def do_rescale(args: argparse.Namespace) -> int:
+    job = _attach(args)
+    handle = job.rescale(args.operator, args.parallelism, strategy=args.strategy, **_options(args.option))
+    if not args.wait:
+        return _emit(args, {"id": handle.id, "operator": args.operator, "parallelism": args.parallelism},
+                     lambda: f"rescale {handle.id} of {args.operator!r} to {args.parallelism} started")
+    while not (progress := handle.progress())["done"]:
+        if not args.json:
+            print(_bar(progress), end="", flush=True)
+        time.sleep(0.2)
+    final = handle.result(0)
+    if not args.json:
+        print(_bar({**final, "done": True}))
+    return _emit(args, final, lambda: f"rescaled {args.operator!r} {final.get('from')} -> {final.get('to')} "
+                                      f"in {final.get('duration_s', 0):.2f} s, {final.get('bins_moved')} bins, "
+                                      f"{(final.get('bytes_moved') or 0) / 2**20:.2f} MiB moved")
+
+
+def do_rescales(args: argparse.Namespace) -> int:
+    history = list(_attach(args).rescales())
+
+    def human() -> str:
+        rows = [f"{'WHEN':<9} {'OPERATOR':<14} {'FROM':>4} -> {'TO':<4} {'STRATEGY':<15} {'SECONDS':>8} "
+                f"{'BYTES':>12}  OUTCOME"]
+        for r in history:
+            when = time.strftime("%H:%M:%S", time.localtime(r["started_at"]))
+            secs = r.get("duration_s")
+            rows.append(f"{when:<9} {r['operator']:<14} {r['from']!s:>4} -> {r['to']!s:<4} {r['strategy']:<15} "
+                        f"{'-' if secs is None else f'{secs:.2f}':>8} {r.get('bytes_moved') or 0:>12,}  "
+                        f"{r['state']}{': ' + r['error'] if r.get('error') else ''}")
+        return "\n".join(rows) if history else "no rescales"
+    return _emit(args, history, human)
+
+
+def do_checkpoint(args: argparse.Namespace) -> int:
+    taken = _attach(args).checkpoint_info()
+    return _emit(args, taken, lambda: f"checkpoint {taken['id']} {taken['path']}")
+
+
+def do_savepoint(args: argparse.Namespace) -> int:
+    path = _attach(args).savepoint(args.dir)
+    return _emit(args, {"path": path}, lambda: path)
+
+
+def do_stop(args: argparse.Namespace) -> int:
+    taken = _attach(args).stop(savepoint=args.savepoint)
+    return _emit(args, taken, lambda: f"stopped at checkpoint {taken['id']}"
+                                      + (f"; savepoint {taken['path']}" if args.savepoint else ""))
+
+
+def do_cancel(args: argparse.Namespace) -> int:
+    job = _attach(args)
+    job.cancel()
+    return _emit(args, {"name": job.name, "state": "CANCELLED"}, lambda: f"cancelled {job.name}")
+
+
+def do_forget(args: argparse.Namespace) -> int:
+    job = _attach(args)
+    job.forget()
+    return _emit(args, {"name": job.name, "forgotten": True}, lambda: f"forgot {job.name}")
+
+
+VERBS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "list": do_list, "status": do_status, "metrics": do_metrics, "rescale": do_rescale, "rescales": do_rescales,
+    "checkpoint": do_checkpoint, "savepoint": do_savepoint, "stop": do_stop, "cancel": do_cancel,
+    "forget": do_forget,
+}
+
+
+def add_job_verbs(sub: Any) -> None:
+    """Add the job verbs to the ``chiray`` parser's subcommands."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--address", default=None,
+                        help="Ray cluster address (default: the RAY_ADDRESS env var, else 'auto')")
+    common.add_argument("--json", action="store_true", help="print one JSON document")
+
+    def verb(name: str, text: str, job: bool = True) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=text, parents=[common])
+        if job:
+            p.add_argument("job", help="the job's name")
+        return p
+
+    verb("list", "running (with --all, also ended) detached jobs", job=False).add_argument("--all", action="store_true")
+    verb("status", "state, events, parallelism, last checkpoint")
+    verb("metrics", "per operator and instance: records, rates, queues, busy time, state size").add_argument(
+        "--watch", action="store_true", help="repeat until the job ends (Ctrl-C stops)")
+    p = verb("rescale", "change an operator's parallelism live")
+    p.add_argument("operator")
+    p.add_argument("parallelism", type=int)
+    p.add_argument("--strategy", default="all_at_once",
+                   choices=["all_at_once", "batched", "fluid", "non_disruptive"])
+    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                   help="a strategy knob (chunk_bins=64, priority=hot_first, ...)")
+    p.add_argument("--wait", action="store_true", help="wait with a progress bar")
+    verb("rescales", "the job's rescale history")
+    verb("checkpoint", "take a checkpoint; prints its id and path once durable")
+    verb("savepoint", "take a savepoint; prints its path").add_argument("dir", nargs="?", default=None)
+    verb("stop", "stop gracefully (final checkpoint, output committed)").add_argument(
+        "--savepoint", default=None, metavar="DIR", help="keep the final checkpoint in DIR")
+    verb("cancel", "stop now; output since the last checkpoint is discarded")
+    verb("forget", "drop an ended job's record and results")
+
+
+def run_verb(args: argparse.Namespace) -> int:
+    """Run a job verb; one line on stderr and exit code 1 on failure."""
+    try:
+        return VERBS[args.command](args)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # every failure is one line for a person or a script
+        text = " ".join(str(exc).split()) or type(exc).__name__
+        print(f"chiray {args.command}: error: {text}", file=sys.stderr)
+        return 1

@@ -1,0 +1,155 @@
+"""A detached job on a real multi-process Ray cluster (``ray start --head``), operated only through the CLI.
+
+The test starts its own head node (its own ports and temp dir, ``--block`` in
+a process group it owns) and stops exactly those processes whatever happens
+(``ray stop`` would stop every Ray on the machine). The driver script runs
+directly with ``RAY_ADDRESS`` (``ray job submit`` needs the dashboard, which
+this test does not start, to keep it light).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+
+SCRIPTS = pathlib.Path(__file__).parent / "scripts"
+sys.path.insert(0, str(SCRIPTS))
+
+import detached_flow  # noqa: E402
+
+from benchmarks.cluster import LocalCluster, free_ports  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A head node of our own (its own ports and temp dir); only its processes are stopped."""
+    with LocalCluster(num_cpus=4) as head:
+        yield head.address, head.env, head.metrics_port
+
+
+def cli(env: dict, *args: str, ok: bool = True) -> subprocess.CompletedProcess:
+    done = subprocess.run([sys.executable, "-m", "chiray", *args], env=env, capture_output=True, text=True,
+                          timeout=120)
+    if ok:
+        assert done.returncode == 0, f"chiray {' '.join(args)}: {done.stdout}{done.stderr}"
+    return done
+
+
+def cli_json(env: dict, *args: str):
+    return json.loads(cli(env, *args, "--json").stdout)
+
+
+def assert_one_line_error(done: subprocess.CompletedProcess, needle: str) -> None:
+    assert done.returncode == 1, done.stdout + done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and needle in lines[0], done.stderr
+
+
+def driver(env: dict, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPTS / "detached_flow.py"), *args], env=env,
+                          capture_output=True, text=True, timeout=180)
+
+
+def wait_for(condition, what: str, timeout: float = 45.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.3)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def oracle() -> pd.Series:
+    import pyarrow as pa
+
+    src = detached_flow.source()
+    tables = []
+    for split in src.splits():
+        reader = src.open_split(split)
+        while (batch := reader.read()) is not None:
+            tables.append(pa.Table.from_batches([batch]).select(["key"]))
+    return pa.concat_tables(tables).to_pandas().groupby("key").size().sort_index()
+
+
+def scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        return r.read().decode()
+
+
+def scraped_records_in(text: str, job: str) -> dict[tuple[str, int], float]:
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("#") or "chiray_records_in" not in line or f'job="{job}"' not in line:
+            continue
+        op = re.search(r'operator="([^"]*)"', line).group(1)
+        inst = re.search(r'instance="([^"]*)"', line).group(1)
+        out[(op, int(inst))] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def test_detached_job_through_the_cli(cluster, tmp_path):
+    address, env, metrics_port = cluster
+    out1, out2, chk1, chk2, sp = (str(tmp_path / d) for d in ("out1", "out2", "chk1", "chk2", "sp"))
+    done = driver(env, "wc", out1, chk1, "2")
+    assert done.returncode == 0, done.stderr  # the driver exits; the job runs on
+    listed = cli_json(env, "list", "--address", address)
+    assert [j["name"] for j in listed] == ["wc"] and listed[0]["state"] == "RUNNING"
+
+    duplicate = driver(env, "wc", out1, chk1, "2")  # Ray's own connect lines come first
+    assert duplicate.returncode == 1 and "a job named 'wc' is already running" in duplicate.stderr.splitlines()[-1]
+    assert_one_line_error(cli(env, "status", "nope", ok=False), "no job named 'nope'")
+    assert_one_line_error(cli(env, "rescale", "wc", "nosuch", "2", ok=False), "nosuch")
+    assert_one_line_error(cli(env, "list", "--address", f"127.0.0.1:{free_ports(1)[0]}", ok=False),
+                          "no Ray cluster reachable")
+    assert cli(env, "rescale", "wc", ok=False).returncode == 2
+
+    rescaled = cli_json(env, "rescale", "wc", "count", "3", "--wait")
+    assert rescaled["state"] == "done" and rescaled["to"] == 3 and rescaled["bins_moved"] > 0
+    assert cli_json(env, "rescales", "wc")[0]["to"] == 3
+    taken = cli_json(env, "checkpoint", "wc")
+    assert os.path.isdir(taken["path"]) and taken["id"] >= 1
+    rows = cli_json(env, "metrics", "wc")
+    assert {r["operator"] for r in rows} == {"events", "count", "out"}
+    assert len([r for r in rows if r["operator"] == "count"]) == 3
+
+    subprocess.run([sys.executable, str(SCRIPTS / "kill_manager.py"), "wc"], env=env, check=True, timeout=60)
+    status = wait_for(lambda: (s := cli_json(env, "status", "wc"))["restarts"] == 1
+                      and s["state"] == "RUNNING" and s, "the restarted manager")
+    assert any("recovery: the job manager restarted" in e for e in status["events"]), status["events"]
+    assert status["operators"]["count"] == 3
+    assert os.path.isdir(cli_json(env, "savepoint", "wc")["path"])
+
+    stopped = cli_json(env, "stop", "wc", "--savepoint", sp)
+    assert stopped["path"].startswith(sp)
+    assert cli_json(env, "status", "wc")["state"] == "FINISHED"
+    assert_one_line_error(cli(env, "checkpoint", "wc", ok=False), "finished")
+    assert cli_json(env, "list", "--all")[0]["state"] == "FINISHED"
+
+    done = driver(env, "wc2", out2, chk2, "1", sp, "--wait")  # restored at parallelism 1, runs to the end
+    assert done.returncode == 0, done.stderr
+    counts = pd.concat([pq.read_table(d).to_pandas() for d in (out1, out2) if os.listdir(d)])
+    got = counts.groupby("key")["count"].sum().sort_index()
+    expected = oracle()
+    assert got.index.tolist() == expected.index.tolist()
+    assert got.astype("int64").tolist() == expected.astype("int64").tolist()  # nothing lost or doubled
+
+    final = {(r["operator"], r["instance"]): r["records_in"] for r in cli_json(env, "metrics", "wc2")}
+    wait_for(lambda: scraped_records_in(scrape(metrics_port), "wc2") == final, "chiray_records_in on /metrics",
+             timeout=30)
+
+    assert cli_json(env, "forget", "wc")["forgotten"] is True
+    assert [j["name"] for j in cli_json(env, "list", "--all")] == ["wc2"]
+    assert driver(env, "wc3", str(tmp_path / "out3"), str(tmp_path / "chk3"), "1").returncode == 0
+    assert cli_json(env, "cancel", "wc3")["state"] == "CANCELLED"
+    assert cli_json(env, "status", "wc3")["state"] == "CANCELLED"

@@ -1,0 +1,106 @@
+"""Detached jobs without a cluster: what submit refuses, the job record, the metric names."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+import chiray
+from chiray.actors.jobstore import JobRecord
+from chiray.actors.detached import refuse_driver_bound
+from chiray.actors.manager import VERBS, JobManagerCore
+from chiray.actors.metrics import COUNTERS, metric_name
+from chiray.spark_bridge.source import SparkSource
+from chiray.spark_bridge.streaming import SparkStreamSource
+
+
+def _flow_with(source) -> chiray.Dataflow:
+    flow = chiray.Dataflow("pushed")
+    flow.source(source, name="spark").key_by("x").count(name="count").sink(chiray.collect(), name="out")
+    return flow
+
+
+class _Pushed(SparkSource):
+    """A push-mode Spark source without a SparkSession: only its driver_bound() matters here."""
+
+    def __init__(self):
+        self._name = "spark"
+
+    def describe(self):
+        return "spark"
+
+    def schema(self):
+        import pyarrow as pa
+
+        return pa.schema([("x", pa.int64())])
+
+
+class _Streamed(SparkStreamSource):
+    def __init__(self):
+        self._name = "spark"
+
+    def describe(self):
+        return "spark"
+
+    def schema(self):
+        import pyarrow as pa
+
+        return pa.schema([("x", pa.int64())])
+
+
+@pytest.mark.parametrize("source", [_Pushed(), _Streamed()], ids=["from_spark", "from_spark_stream"])
+def test_detached_refuses_push_mode_spark_sources_before_touching_ray(source):
+    import ray
+
+    with pytest.raises(ValueError) as err:
+        chiray.submit(_flow_with(source), name="pushed", detached=True)
+    text = str(err.value)
+    assert "source 'spark' of job 'pushed' cannot run detached" in text
+    assert "staged=True" in text and "without detached=True" in text
+    assert not ray.is_initialized()
+
+
+def test_replayable_sources_are_not_driver_bound():
+    refuse_driver_bound(_flow_with(chiray.from_items([{"x": 1}])))  # no error
+    assert chiray.from_items([{"x": 1}]).driver_bound() is None
+
+
+def test_config_name_must_be_a_non_empty_string():
+    with pytest.raises(ValueError, match="JobConfig: name must be a non-empty string"):
+        chiray.JobConfig(name=" ")
+    assert chiray.JobConfig(detached=True, name="wc").detached
+
+
+def test_record_events_accumulate_and_terminal_states():
+    record = JobRecord("wc", b"", chiray.JobConfig(), "/tmp/x", None)
+    later = record.with_event("submitted").with_event("checkpoint 1")
+    assert [e.split(" ", 1)[1] for e in later.events] == ["submitted", "checkpoint 1"]
+    assert record.events == ()  # a value: the original is unchanged
+    assert not later.terminal
+    assert all(dataclasses.replace(record, state=s).terminal for s in ("FINISHED", "FAILED", "CANCELLED"))
+
+
+def test_every_client_verb_is_a_manager_method():
+    for verb in VERBS:
+        assert callable(getattr(JobManagerCore, verb)), verb
+
+
+def test_metric_names():
+    assert metric_name("busy_s") == "chiray_busy_seconds"
+    assert metric_name("records_in") == "chiray_records_in"
+    assert all(metric_name(f).startswith("chiray_") for f in COUNTERS)
+
+
+def test_the_grafana_dashboard_queries_only_exported_metrics():
+    import importlib.resources
+    import re
+
+    from chiray.actors.metrics import GAUGES, JOB_COUNTERS
+
+    text = importlib.resources.files("chiray").joinpath("grafana/chiray_dashboard.json").read_text()
+    dashboard = __import__("json").loads(text)
+    queried = {m for p in dashboard["panels"] for t in p["targets"] for m in re.findall(r"ray_chiray_\w+", t["expr"])}
+    exported = {f"ray_{metric_name(f)}_total" for f in (*COUNTERS, *JOB_COUNTERS)}
+    exported |= {f"ray_{metric_name(f)}" for f in GAUGES}
+    assert queried and queried <= exported, queried - exported

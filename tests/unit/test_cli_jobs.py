@@ -1,0 +1,46 @@
+"""The job verbs of the ``chiray`` CLI, without a cluster: usage errors, option parsing, JSON output."""
+
+from __future__ import annotations
+
+import enum
+import json
+import socket
+
+import pytest
+
+from chiray.cli import main
+from chiray.cli_jobs import CliError, _options, _plain
+
+
+@pytest.mark.parametrize("argv", [["rescale", "wc"], ["status"], ["rescale", "wc", "count", "three"],
+                                  ["rescale", "wc", "count", "2", "--strategy", "nope"], ["list", "--bogus"]])
+def test_usage_errors_exit_2(argv):
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+
+
+def test_unreachable_cluster_is_one_line_and_exit_1(capsys):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again below: nothing listens there
+    for argv in (["list"], ["status", "wc"], ["stop", "wc", "--savepoint", "/tmp/sp"]):
+        assert main([*argv, "--address", f"127.0.0.1:{port}"]) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"no Ray cluster reachable at '127.0.0.1:{port}'" in err[0]
+
+
+def test_options_parse_json_values_else_strings():
+    assert _options(["chunk_bins=64", "priority=hot_first", "replicate=true", "gap_s=0.05"]) == {
+        "chunk_bins": 64, "priority": "hot_first", "replicate": True, "gap_s": 0.05}
+    with pytest.raises(CliError, match="--option expects KEY=VALUE, got 'chunk_bins'"):
+        _options(["chunk_bins"])
+
+
+def test_plain_makes_json():
+    class State(str, enum.Enum):
+        RUNNING = "RUNNING"
+
+    data = {("count", 1): {"state": State.RUNNING, "events": ("a", "b"), "error": ValueError("bad")}}
+    assert json.loads(json.dumps(_plain(data))) == {"count/1": {"state": "RUNNING", "events": ["a", "b"],
+                                                                "error": "bad"}}
