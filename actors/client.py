@@ -161,6 +161,10 @@ class AttachedJob:
         """As ``Job.migrate``: a new bin -> instance table for a keyed operator."""
         return RemoteRescale(self, self._call("rescale", operator, None, strategy, "ssm", list(assignment), knobs))
 
+    def autoscale(self, enabled: bool = True, **options: Any) -> dict[str, Any]:
+        """Switch the job's DS2 autoscaler on (options as ``Job.autoscale``) or off."""
+        return self._call("autoscale", enabled, options)
+
     def checkpoint(self, timeout: float | None = 120.0) -> int:
         """An aligned checkpoint now; returns its id once durable (``checkpoint_info`` for its path)."""
         return int(self.checkpoint_info(timeout)["id"])

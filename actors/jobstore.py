@@ -42,6 +42,7 @@ class JobRecord:
         error: what made the job fail, as text.
         submitted_at / ended_at: ``time.time()`` stamps.
         restarts: how often the manager was restarted.
+        autoscale: the autoscaler's options while it is on (``None``: off); a restarted manager turns it on.
     """
 
     name: str
@@ -56,6 +57,7 @@ class JobRecord:
     results: tuple[tuple[str, Any], ...] = ()
     statistics: Any = None
     error: str | None = None
+    autoscale: tuple[tuple[str, Any], ...] | None = None
     submitted_at: float = dataclasses.field(default_factory=time.time)
     ended_at: float | None = None
     restarts: int = 0

@@ -53,7 +53,7 @@ log = logging.getLogger(__name__)
 
 VERBS = frozenset({
     "status", "info", "statistics", "metrics", "rescale", "rescale_progress", "rescale_result", "rescales",
-    "checkpoint", "savepoint", "stop", "cancel", "run_control", "wait", "result", "forget",
+    "checkpoint", "savepoint", "stop", "autoscale", "cancel", "run_control", "wait", "result", "forget",
 })
 """The manager methods a client may call (``JobManager.call``)."""
 
@@ -108,6 +108,7 @@ class JobManagerCore:
         self._rescales: dict[str, Any] = {}  # rescale id -> RescaleHandle (this incarnation's)
         self._exporter = MetricsExporter(name)
         self._seen_checkpoint = 0
+        self._seen_autoscale = 0
         stored = jobstore.load(name) if reconstructed else None
         self._restarted = stored is not None
         if stored is not None:
@@ -170,6 +171,9 @@ class JobManagerCore:
                                      checkpoint_dir=record.checkpoint_dir)
         self._job = submit(flow, config=config, restore_from=restore_from)
         self._seen_checkpoint = max(self.storage.checkpoint_ids(), default=0)
+        self._seen_autoscale = 0
+        if record.autoscale is not None:  # it was on before the manager restarted
+            self._job.autoscale(True, **dict(record.autoscale))
 
     def ready(self, timeout: float | None) -> None:
         """Wait until the job is deployed; raise what made the deployment fail."""
@@ -205,6 +209,7 @@ class JobManagerCore:
                 except Exception as exc:  # a recovery or rescale is swapping actors: try again next time
                     log.debug("job %s: metrics export skipped: %r", self.name, exc)
             self._note_rescales()
+            self._note_autoscale()
             self._ended.wait(interval or POLL_S)
 
     def _poll_end(self, job: Job) -> bool:
@@ -271,6 +276,37 @@ class JobManagerCore:
                 if handle.done():
                     del self._rescales[rid]
                     self._finish_rescale(rid, handle)
+
+    def _note_autoscale(self) -> None:
+        """The autoscaler's decisions become events and entries of the rescale history (with their reasons)."""
+        scaler = self._job.autoscaler if self._job is not None else None
+        if scaler is None:
+            return
+        new = scaler.events[self._seen_autoscale:]
+        self._seen_autoscale += len(new)
+        for event in new:
+            d = event.decision
+            entry = {"id": f"auto-{uuid.uuid4().hex[:6]}", "started_at": event.at, "operator": d.operator,
+                     "from": d.current, "to": d.target, "strategy": event.strategy,
+                     "state": "done" if event.outcome.get("state") == "DONE" else "failed",
+                     "error": event.outcome.get("error"), "duration_s": event.outcome.get("elapsed_s"),
+                     "bytes_moved": event.outcome.get("bytes_moved"), "by": "autoscale", "reason": d.reason,
+                     "target_rate": d.target_rate, "true_rate_per_instance": d.true_rate_per_instance,
+                     "predicted_duration_s": event.predicted_duration_s,
+                     "predicted_max_latency_ms": event.predicted_max_latency_ms}
+            parallelism = dict(self.record.parallelism)
+            if entry["state"] == "done":
+                parallelism[d.operator] = d.target
+            self._update(event.describe(), rescales=(*self.record.rescales, entry),
+                         parallelism=tuple(sorted(parallelism.items())))
+
+    def autoscale(self, enabled: bool, options: dict[str, Any]) -> dict[str, Any]:
+        """Switch the job's autoscaler on (with ``options``) or off; kept across manager restarts."""
+        job = self._running("autoscale")
+        job.autoscale(enabled, **options)
+        self._update(f"autoscale {'on ' + str(options) if enabled else 'off'}",
+                     autoscale=tuple(sorted(options.items())) if enabled else None)
+        return {"name": self.name, "autoscale": "on" if enabled else "off", "options": dict(options)}
 
     def _finish_rescale(self, rid: str, handle: Any) -> None:
         try:

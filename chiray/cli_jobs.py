@@ -232,6 +232,25 @@ def do_rescales(args: argparse.Namespace) -> int:
     return _emit(args, history, human)
 
 
+AUTOSCALE_OPTIONS = {"min": "min_parallelism", "max": "max_parallelism", "budget_ms": "latency_budget_ms",
+                     "utilisation": "target_utilisation", "interval": "interval_s"}
+
+
+def do_autoscale(args: argparse.Namespace) -> int:
+    options = _options(args.option)
+    for flag, name in AUTOSCALE_OPTIONS.items():
+        if getattr(args, flag) is not None:
+            options[name] = getattr(args, flag)
+    if args.operators:
+        options["operators"] = args.operators.split(",")
+    enabled = args.switch == "on"
+    if not enabled and options:
+        raise CliError("autoscale off takes no options")
+    done = _attach(args).autoscale(enabled, **options)
+    return _emit(args, done, lambda: f"autoscale {done['autoscale']} for {done['name']}"
+                                     + (f" {done['options']}" if done["options"] else ""))
+
+
 def do_checkpoint(args: argparse.Namespace) -> int:
     taken = _attach(args).checkpoint_info()
     return _emit(args, taken, lambda: f"checkpoint {taken['id']} {taken['path']}")
@@ -263,7 +282,7 @@ def do_forget(args: argparse.Namespace) -> int:
 VERBS: dict[str, Callable[[argparse.Namespace], int]] = {
     "list": do_list, "status": do_status, "metrics": do_metrics, "rescale": do_rescale, "rescales": do_rescales,
     "checkpoint": do_checkpoint, "savepoint": do_savepoint, "stop": do_stop, "cancel": do_cancel,
-    "forget": do_forget,
+    "forget": do_forget, "autoscale": do_autoscale,
 }
 
 
@@ -293,6 +312,16 @@ def add_job_verbs(sub: Any) -> None:
                    help="a strategy knob (chunk_bins=64, priority=hot_first, ...)")
     p.add_argument("--wait", action="store_true", help="wait with a progress bar")
     verb("rescales", "the job's rescale history")
+    p = verb("autoscale", "switch the DS2 autoscaler on or off (decisions show in status and rescales)")
+    p.add_argument("switch", choices=["on", "off"])
+    p.add_argument("--operators", default=None, help="comma-separated keyed operators (default: all keyed)")
+    p.add_argument("--min", type=int, default=None, help="fewest instances")
+    p.add_argument("--max", type=int, default=None, help="most instances")
+    p.add_argument("--budget-ms", type=float, default=None, help="record-latency budget for migrations")
+    p.add_argument("--utilisation", type=float, default=None, help="target busy fraction per instance")
+    p.add_argument("--interval", type=float, default=None, help="seconds between decisions")
+    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                   help="another autoscale option (scale_down_stable_s=30, cooldown_s=10, ...)")
     verb("checkpoint", "take a checkpoint; prints its id and path once durable")
     verb("savepoint", "take a savepoint; prints its path").add_argument("dir", nargs="?", default=None)
     verb("stop", "stop gracefully (final checkpoint, output committed)").add_argument(

@@ -71,3 +71,29 @@ def _oracle(source):
         while (batch := reader.read()) is not None:  # pacing is advisory (ready_at): read at once
             tables.append(pa.Table.from_batches([batch]).select(["key"]))
     return pa.concat_tables(tables).to_pandas().groupby("key").size().sort_index()
+
+
+def test_a_detached_job_autoscales_and_shows_why(ray_session, tmp_path):
+    """Switched on through the job's manager: each decision is an event and a rescale entry with its inputs."""
+    import chiray
+
+    source = generate(int(LOW * 3 + HIGH * 9), rate=[(0, LOW), (3, HIGH)], batch_size=100, num_keys=32, seed=5)
+    flow = Dataflow("autoscaled-detached")
+    (flow.source(source, name="events").key_by("key").process(slow_pass, name="slow", schema=source.schema())
+         .key_by("key").count(name="count").sink(collect(), name="out"))
+    job = chiray.submit(flow, name="autoscaled", detached=True, checkpoint_dir=str(tmp_path / "chk"))
+    try:
+        done = job.autoscale(operators=["slow"], latency_budget_ms=1000, interval_s=1.0, max_parallelism=4,
+                             cooldown_s=2.0, scale_down_stable_s=30.0)
+        assert done == {"name": "autoscaled", "autoscale": "on", "options": {
+            "operators": ["slow"], "latency_budget_ms": 1000, "interval_s": 1.0, "max_parallelism": 4,
+            "cooldown_s": 2.0, "scale_down_stable_s": 30.0}}
+        job.wait(timeout=120)
+        auto = [r for r in job.rescales() if r.get("by") == "autoscale"]
+        assert auto and auto[0]["operator"] == "slow" and auto[0]["to"] > auto[0]["from"], job.rescales()
+        assert auto[0]["reason"] and auto[0]["predicted_duration_s"] is not None and auto[0]["state"] == "done"
+        assert any("autoscale slow: 1 -> " in e for e in job.status().events), job.status().events
+        got = job.result().to_pandas().set_index("key")["count"].sort_index()
+        assert got.astype("int64").equals(_oracle(source).astype("int64"))
+    finally:
+        job.forget() if job.status().state.value in ("FINISHED", "FAILED", "CANCELLED") else job.cancel()

@@ -44,3 +44,29 @@ def test_plain_makes_json():
     data = {("count", 1): {"state": State.RUNNING, "events": ("a", "b"), "error": ValueError("bad")}}
     assert json.loads(json.dumps(_plain(data))) == {"count/1": {"state": "RUNNING", "events": ["a", "b"],
                                                                 "error": "bad"}}
+
+
+def test_autoscale_verb_maps_its_flags_to_the_options(monkeypatch, capsys):
+    import chiray.cli_jobs as cli_jobs
+
+    calls = []
+
+    class FakeJob:
+        name = "wc"
+
+        def autoscale(self, enabled, **options):
+            calls.append((enabled, options))
+            return {"name": "wc", "autoscale": "on" if enabled else "off", "options": options}
+
+    monkeypatch.setattr(cli_jobs, "_attach", lambda args: FakeJob())
+    assert main(["autoscale", "wc", "on", "--min", "2", "--max", "6", "--budget-ms", "250", "--operators",
+                 "count,join", "--option", "cooldown_s=3", "--json"]) == 0
+    assert calls[-1] == (True, {"cooldown_s": 3, "min_parallelism": 2, "max_parallelism": 6,
+                                "latency_budget_ms": 250.0, "operators": ["count", "join"]})
+    assert json.loads(capsys.readouterr().out)["autoscale"] == "on"
+    assert main(["autoscale", "wc", "off"]) == 0 and calls[-1] == (False, {})
+    assert main(["autoscale", "wc", "off", "--max", "3"]) == 1
+    assert "autoscale off takes no options" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        main(["autoscale", "wc", "sometimes"])
+    assert exit_.value.code == 2
