@@ -22,7 +22,7 @@ __all__ = ["WouldBlock", "ChannelError", "OutputChannel", "InputChannel", "Chann
 
 
 class WouldBlock(Exception):
-    """``send_nowait`` found no credit (or older messages still waiting)."""
+    """``sequence_nowait`` found older messages still waiting for credit."""
 
 
 class ChannelError(RuntimeError):
@@ -75,11 +75,6 @@ class OutputChannel:
         self.next_seq = 0
         self.sent_batches = 0
 
-    @property
-    def blocked(self) -> bool:
-        """True while messages wait for credit: the sending instance is not runnable."""
-        return bool(self.pending)
-
     def _can_send(self, message: Any) -> bool:
         if not isinstance(message, Data):
             return True
@@ -98,16 +93,6 @@ class OutputChannel:
         env = Envelope(self.channel, self.next_seq, message, charge)
         self.next_seq += 1
         return env
-
-    def send_nowait(self, message: Any) -> Envelope:
-        """Wrap ``message`` for sending now.
-
-        Raises:
-            WouldBlock: no credit, or older messages are still waiting.
-        """
-        if self.pending or not self._can_send(message):
-            raise WouldBlock(f"channel {self.channel}: no credit")
-        return self._wrap(message)
 
     def sequence_nowait(self) -> int:
         """The sequence number of a message that needs no credit (control) sent now, unwrapped: the

@@ -17,6 +17,8 @@ from typing import Any
 
 import ray
 
+from chiray.control.coordination import JobState
+
 from . import jobstore
 from .errors import ChirayError, JobCancelledError, JobFailedError
 from .jobstore import NAMESPACE
@@ -93,7 +95,7 @@ def jobs(address: str | None = None, all: bool = False) -> list[dict[str, Any]]:
             info = {"name": name, "state": "RESTARTING" if manager is not None else record.state,
                     "operators": dict(record.parallelism), "uptime_s": time.time() - record.submitted_at,
                     "records_per_second": None, "restarts": record.restarts}
-        if all or info["state"] not in ("FINISHED", "FAILED", "CANCELLED"):
+        if all or not JobState(info["state"]).terminal:
             out.append(info)
     return out
 
@@ -205,12 +207,12 @@ class AttachedJob:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             left = 5.0 if deadline is None else min(max(deadline - time.monotonic(), 0.0), 5.0)
-            state = self._call("wait", left)
-            if state == "FAILED":
+            state = JobState(self._call("wait", left))
+            if state is JobState.FAILED:
                 raise JobFailedError(f"job {self.name!r} failed: {self.info().get('error')}")
-            if state == "CANCELLED":
+            if state is JobState.CANCELLED:
                 raise JobCancelledError(f"job {self.name!r} was cancelled")
-            if state == "FINISHED":
+            if state is JobState.FINISHED:
                 return
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(f"job {self.name!r} still running after {timeout} s")

@@ -18,7 +18,7 @@ from typing import Any
 
 import ray
 
-from chiray.control.coordination import JobLifecycle, LifecycleSnapshot, OpCoordinator
+from chiray.control.coordination import JobLifecycle, JobState, LifecycleSnapshot, OpCoordinator
 from chiray.control.message import ControlMessage, ControlReturn
 from chiray.control.oprun import OpFailedError, OpState
 from chiray.control.trees import Relay, Tree
@@ -178,19 +178,19 @@ class JobController(_ControllerOps):
     def _notify(self) -> None:
         self._changed.set()
         state = self.lifecycle.state
-        if state.value in ("FAILED", "CANCELLED", "RECOVERING"):
+        if state in (JobState.FAILED, JobState.CANCELLED, JobState.RECOVERING):
             error = self.lifecycle.error or JobFailedError(
                 f"job {self.job_name!r} is {state.value.lower()}: {self.lifecycle.recovery_reason}")
             self.ops.fail_all(error)
             self._ops_changed()
             for side in self.side_controllers.values():
                 side.job_failed.remote(error)
-            if state.value != "RECOVERING":
+            if state is not JobState.RECOVERING:
                 for host in self.hosts.values():
                     host.abort.remote()
 
     def _current(self, incarnation: int) -> bool:
-        return incarnation == self.incarnation and self.lifecycle.state.value == "RUNNING"
+        return incarnation == self.incarnation and self.lifecycle.state is JobState.RUNNING
 
     async def instance_finished(self, operator: str, index: int, result: Any, incarnation: int = 0) -> None:
         if not self._current(incarnation):
@@ -227,7 +227,7 @@ class JobController(_ControllerOps):
 
     async def wait_event(self, timeout: float | None) -> LifecycleSnapshot:
         """Return once terminal or recovering (the supervisor's cue), or after ``timeout``."""
-        return await self._wait_for(lambda: self.lifecycle.state.value != "RUNNING", timeout)
+        return await self._wait_for(lambda: self.lifecycle.state is not JobState.RUNNING, timeout)
 
     async def _wait_for(self, condition: Any, timeout: float | None) -> LifecycleSnapshot:
         loop = asyncio.get_running_loop()
@@ -255,7 +255,7 @@ class JobController(_ControllerOps):
                 task.cancel()
 
     async def _watch_hosts(self, incarnation: int) -> None:
-        while self.incarnation == incarnation and self.lifecycle.state.value == "RUNNING":
+        while self.incarnation == incarnation and self.lifecycle.state is JobState.RUNNING:
             await asyncio.sleep(self.poll_interval_s)
             for host_id, host in list(self.hosts.items()):
                 if host_id not in self.hosts:  # retired by a rescale meanwhile
@@ -337,7 +337,7 @@ class JobController(_ControllerOps):
         while not self.lifecycle.state.terminal:
             await asyncio.sleep(interval)
             running = self._checkpoint_op and self.ops.runs[self._checkpoint_op].state is OpState.RUNNING
-            if self.lifecycle.state.value == "RUNNING" and not running:
+            if self.lifecycle.state is JobState.RUNNING and not running:
                 try:
                     await self.checkpoint()
                 except Exception:  # the job ended meanwhile; the loop condition stops us
@@ -387,7 +387,7 @@ class JobController(_ControllerOps):
 
     async def inject(self, message: ControlMessage) -> int:
         """Give ``message`` the next global sequence number and broadcast it to the sources."""
-        if self.lifecycle.state.value != "RUNNING":
+        if self.lifecycle.state is not JobState.RUNNING:
             why = self.lifecycle.error or self.lifecycle.recovery_reason
             raise JobFailedError(f"job {self.job_name!r} is {self.lifecycle.state.value}"
                                  f"{f' ({why})' if why else ''}: cannot start control op {message.op_id}")

@@ -79,19 +79,11 @@ class OperatorHost:
         self.incarnation = incarnation
         self.controllers = {"controller": controller}
         self.transport = Transport(peers, self._peer_failed, self.controllers)
-        self._finished: list[tuple[str, int, Any]] = []
         try:
             self.core = HostCore(self.host_id, plan, placement, config, restore)
         except OperatorFailure as failure:
             return self._operator_error(failure)
         return None
-
-    async def set_controller(self, controller: Any) -> None:
-        """A re-created job controller takes over: tell it which instances already finished."""
-        self.controller = controller
-        self.controllers["controller"] = controller
-        for operator, index, result in self._finished:
-            controller.instance_finished.remote(operator, index, result, self.incarnation)
 
     async def start(self) -> None:
         if self._task is None:
@@ -255,9 +247,8 @@ class OperatorHost:
 
     def _report_finished(self) -> None:
         for inst in self.core.take_finished():  # type: ignore[union-attr]
-            report = (inst.info.operator, inst.info.index, inst.sink_result())
-            self._finished.append(report)
-            self.controller.instance_finished.remote(*report, self.incarnation)
+            self.controller.instance_finished.remote(inst.info.operator, inst.info.index, inst.sink_result(),
+                                                     self.incarnation)
 
     def _send_ack(self, origin: str, op_id: str, instance: tuple, payload: Any, background: bool) -> None:
         if background:

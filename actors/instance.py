@@ -392,10 +392,6 @@ class OperatorInstance:
             assert not self._held, f"bug: {self.info} holds records of bins it is not waiting for"
             self._held_mask = None
 
-    @property
-    def held_records(self) -> int:
-        return sum(b.num_rows for b, _, _ in self._held)
-
     # -- topology changes (rescale) -----------------------------------------------------
 
     def prepare_change(self, op_id: str, change: "InstanceChange") -> None:

@@ -15,6 +15,8 @@ from typing import Any
 import cloudpickle
 from ray.experimental import internal_kv
 
+from chiray.control.coordination import JobState
+
 __all__ = ["NAMESPACE", "JobRecord", "save", "load", "delete", "names"]
 
 NAMESPACE = "chiray"
@@ -68,7 +70,7 @@ class JobRecord:
 
     @property
     def terminal(self) -> bool:
-        return self.state in ("FINISHED", "FAILED", "CANCELLED")
+        return JobState(self.state).terminal
 
 
 def _key(name: str) -> str:

@@ -237,7 +237,7 @@ class JobManagerCore:
                 self._exporter.export(stats)
             except Exception:
                 stats = None
-            if state == "FINISHED":
+            if JobState(state) is JobState.FINISHED:
                 for sink in _sink_names(job.plan.graph):
                     try:
                         results[sink] = job.result(sink)
@@ -498,7 +498,7 @@ class JobManagerCore:
 
     def result(self, sink: str | None = None) -> Any:
         record = self.record
-        if record.state != "FINISHED":
+        if JobState(record.state) is not JobState.FINISHED:
             raise ChirayError(f"job {self.name!r} is {record.state.lower()}: it has no result")
         results = dict(record.results)
         if sink is None:

@@ -7,7 +7,7 @@ from typing import Any
 
 import ray
 
-from chiray.control.oprun import OpFailedError, OpTimeoutError
+from chiray.control.oprun import OpFailedError, OpState, OpTimeoutError
 
 __all__ = ["OpHandle", "OpSender"]
 
@@ -117,7 +117,7 @@ class OpHandle:
                 error = OpFailedError(f"control op {self.op_id} failed: its controller died")
                 state = ("FAILED", None, error, 0.0)
                 error.__cause__ = exc
-            if state[0] != "RUNNING":
+            if OpState(state[0]) is not OpState.RUNNING:
                 self._final = state
                 self.elapsed_s = state[3]
             return state
@@ -125,7 +125,7 @@ class OpHandle:
 
     def done(self) -> bool:
         """True once the op completed or failed."""
-        return self._poll(0)[0] != "RUNNING"
+        return OpState(self._poll(0)[0]) is not OpState.RUNNING
 
     def progress(self) -> dict:
         """{"state", "waiting" (sinks still to return), "elapsed_s"}."""
@@ -144,10 +144,11 @@ class OpHandle:
         """
         if timeout is not None and timeout < 0:
             raise ValueError(f"timeout must be None (wait forever), 0 (poll) or positive, got {timeout}")
-        state, result, error, _ = self._poll(timeout)
-        if state == "RUNNING":
+        raw, result, error, _ = self._poll(timeout)
+        state = OpState(raw)
+        if state is OpState.RUNNING:
             raise TimeoutError(f"control op {self.op_id} still running after {timeout} s")
-        if state == "FAILED":
+        if state is OpState.FAILED:
             if isinstance(error, (OpFailedError, OpTimeoutError)):
                 raise error
             raise OpFailedError(f"control op {self.op_id} failed: {error!r}") from error

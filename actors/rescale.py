@@ -56,6 +56,7 @@ from typing import Any, Mapping
 import numpy as np
 import ray
 
+from chiray.control.coordination import JobState
 from chiray.control.oprun import OpFailedError, job_view
 from chiray.control.ops.migrate import MigrateBins, ReplicateBins
 from chiray.control.planning import Assignment, plan as plan_assignment
@@ -245,7 +246,7 @@ class RescaleRun(threading.Thread):
         deadline = time.monotonic() + self.knobs.get("step_timeout_s", 120.0)
         while True:
             snap = ray.get(self.job._controller.snapshot.remote(), timeout=30)
-            if snap.state.value != "RECOVERING":
+            if snap.state is not JobState.RECOVERING:
                 return
             if time.monotonic() > deadline:
                 raise RescaleError(f"cannot rescale {self.operator!r}: the job is still recovering "
@@ -486,7 +487,7 @@ class RescaleRun(threading.Thread):
         """A step failed half-way: if the job still runs, roll it back to its last checkpoint."""
         try:
             snap = ray.get(self.job._controller.snapshot.remote(), timeout=30)
-            if snap.state.value == "RUNNING":
+            if snap.state is JobState.RUNNING:
                 ray.get(self.job._controller.begin_recovery.remote(
                     f"rescale of {self.operator!r} failed: {reason}"), timeout=30)
         except Exception:

@@ -24,6 +24,8 @@ from typing import Any, Callable
 
 import ray
 
+from chiray.control.coordination import JobState
+
 from .config import JobConfig
 from .errors import JobFailedError, OperatorError
 from .host import OperatorHost
@@ -190,7 +192,7 @@ class Supervisor(threading.Thread):
                 continue
             if snap.state.terminal:
                 return
-            if snap.state.value == "RECOVERING":
+            if snap.state is JobState.RECOVERING:
                 self._attempt_recovery()
 
     def _attempt_recovery(self) -> None:

@@ -20,7 +20,7 @@ import itertools
 from typing import Any, Iterable
 
 from .message import Configs, ControlMessage, ControlReturn, instance_id
-from .oprun import OpFailedError, OpRun
+from .oprun import OpFailedError, OpRun, OpState
 
 __all__ = ["JobState", "JobLifecycle", "LifecycleSnapshot", "OpCoordinator"]
 
@@ -196,7 +196,7 @@ class OpCoordinator:
     def _sweep(self) -> None:
         """Move ops that finished out of ``running``; forget the oldest beyond ``keep_finished``."""
         for op_id, run in list(self.running.items()):
-            if run.state.value != "RUNNING":
+            if run.state is not OpState.RUNNING:
                 del self.running[op_id]
                 self._finished.append(op_id)
                 self._retired.append(op_id)

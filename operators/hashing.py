@@ -27,8 +27,7 @@ How keyed state groups keys and gives them slots lives in :mod:`operators.keyind
 
 Measured on this machine (one core, ``bins_of``, best of 5): 1M string keys
 with 100K distinct values at about 12M rows/s; 1M ``int64`` keys at about
-120M rows/s. Re-measure with
-``python -c "from chiray.operators.hashing import _benchmark; print(_benchmark())"``.
+120M rows/s. Re-measure with ``python -m benchmarks.hashing``.
 
 Example:
     >>> import pyarrow as pa
@@ -265,25 +264,3 @@ def _cast_to_string(arr: pa.Array) -> pa.Array:
         return arr.cast(pa.large_string())
     except (pa.ArrowNotImplementedError, pa.ArrowInvalid):
         return pa.array([None if v is None else repr(v) for v in arr.to_pylist()], pa.large_string())
-
-
-def _benchmark(rows: int = 1_000_000, distinct: int = 100_000) -> dict[str, float]:
-    """Rows/s of :func:`bins_of` on string and int64 keys (best of 5)."""
-    import time
-
-    rng = np.random.default_rng(0)
-    vocab = np.array([f"user-{i:08d}" for i in range(distinct)], dtype=object)
-    columns = {
-        "string": pa.array(vocab[rng.integers(0, distinct, rows)].tolist()),
-        "int64": pa.array(rng.integers(0, distinct, rows)),
-    }
-    result = {}
-    for name, column in columns.items():
-        best = float("inf")
-        for _ in range(5):
-            start = time.perf_counter()
-            bins_of(column, DEFAULT_NUM_BINS)
-            best = min(best, time.perf_counter() - start)
-        result[f"{name}_rows_per_s"] = rows / best
-    return result
-

@@ -7,7 +7,7 @@ bin by bin (``logic.state``).
 
 * :class:`AggregateLogic`: count / sum / min / max / mean per key, vectorised
   over whole batches into a :class:`~operators.state.ColumnarAggState` (the
-  fast path: a few million rows/s per instance, see ``_benchmark``); what each
+  fast path: a few million rows/s per instance, see ``benchmarks.keyed_count``); what each
   aggregate function computes lives in :mod:`operators.aggregates`.
 * :class:`ReduceLogic`: ``fn(acc, row) -> acc`` per record (slow path).
 * :class:`ProcessLogic`: ``fn(key, rows, state)`` per key and batch, with a

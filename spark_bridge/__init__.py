@@ -10,7 +10,7 @@ pyspark is imported lazily.
 
 from .env import spark_session
 from .schema import UnsupportedSparkType, to_arrow_schema
-from .source import SparkSource, from_spark, release_warm_coordinators, release_warm_inboxes
+from .source import SparkSource, from_spark, release_warm_coordinators
 from .staged import StagedSource, from_staged
 from .streaming import SparkStreamSource, from_spark_stream
 from .units import BufferStatistics, SparkUnitFailed
@@ -26,7 +26,6 @@ __all__ = [
     "from_spark_stream",
     "from_staged",
     "release_warm_coordinators",
-    "release_warm_inboxes",
     "spark_session",
     "to_arrow_schema",
 ]

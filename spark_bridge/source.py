@@ -41,7 +41,7 @@ from .schema import to_arrow_schema
 from .staged import StagedSource
 from .units import BufferStatistics
 
-__all__ = ["SparkSource", "from_spark", "release_warm_coordinators", "release_warm_inboxes"]
+__all__ = ["SparkSource", "from_spark", "release_warm_coordinators"]
 
 
 class _Driver:
@@ -315,5 +315,4 @@ def release_warm_coordinators() -> int:
     return release()
 
 
-release_warm_inboxes = release_warm_coordinators
 """The earlier name of :func:`release_warm_coordinators`."""

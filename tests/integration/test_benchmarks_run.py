@@ -23,6 +23,7 @@ RUNS = {
     "control_overhead": (["--quick", "--window", "0.5"],
                          ["throughput_ratio_nonblocking_100", "throughput_ratio_blocking_100",
                           "completion_p99_ms_nonblocking_100"]),
+    "hashing": (["--quick"], ["string_rows_per_s", "int64_rows_per_s"]),
     "control_scale": (["--sizes", "8,16", "--ops", "1"], ["tree_completion_ms_8", "flat_completion_ms_8"]),
     "checkpoint": (["--quick", "--keys", "5000", "--window", "1"],
                    ["throughput_ratio_checkpoint_1s", "checkpoint_p50_ms", "checkpoint_p99_ms", "max_stall_ms"]),

@@ -51,26 +51,31 @@ def test_shuffled_and_duplicated_deliveries_come_out_once_in_order(seed):
     assert out.credit_bytes == out.capacity_bytes
 
 
+def _send(out: OutputChannel, message) -> Envelope:
+    """Send one message that has credit now (as the instance does: enqueue, then drain)."""
+    out.enqueue(message)
+    [env] = out.drain()
+    return env
+
+
 def test_credit_never_negative_and_sender_without_credit_blocks():
     out = OutputChannel(1, capacity_batches=2, capacity_bytes=1 << 20)
-    e0 = out.send_nowait(Data(_batch(0)))
-    e1 = out.send_nowait(Data(_batch(1)))
+    e0 = _send(out, Data(_batch(0)))
+    e1 = _send(out, Data(_batch(1)))
     assert (e0.seq, e1.seq) == (0, 1)
     assert out.credit_batches == 0
-    with pytest.raises(WouldBlock):
-        out.send_nowait(Data(_batch(2)))
     out.enqueue(Data(_batch(2)))
-    assert out.blocked and out.drain() == []
+    assert out.pending and out.drain() == []  # no credit: it waits, the sender is not runnable
     out.grant(1, e0.charge)
     [e2] = out.drain()
-    assert e2.seq == 2 and not out.blocked
+    assert e2.seq == 2 and not out.pending
     assert out.credit_batches == 0
 
 
 def test_byte_bound_lets_one_oversized_batch_go_alone():
     big = _batch(0, rows=10_000)
     out = OutputChannel(1, capacity_batches=8, capacity_bytes=big.nbytes // 2)
-    first = out.send_nowait(Data(big))
+    first = _send(out, Data(big))
     assert first.charge == big.nbytes // 2 and out.credit_bytes == 0
     out.enqueue(Data(_batch(1)))
     assert out.drain() == []  # no byte credit left
@@ -80,7 +85,7 @@ def test_byte_bound_lets_one_oversized_batch_go_alone():
 
 def test_control_messages_need_no_credit_but_keep_their_place():
     out = OutputChannel(1, capacity_batches=1, capacity_bytes=1 << 20)
-    out.send_nowait(Data(_batch(0)))
+    _send(out, Data(_batch(0)))
     out.enqueue(Data(_batch(1)))
     out.enqueue(End())
     assert out.drain() == []  # End may not overtake the waiting data
@@ -98,7 +103,7 @@ def test_over_granting_is_a_bug_report():
 def test_gap_that_never_closes_names_expected_and_received():
     inp = InputChannel(3, 0, max_out_of_order=2)
     out = OutputChannel(3, capacity_batches=10, capacity_bytes=1 << 20)
-    envs = [out.send_nowait(Data(_batch(i))) for i in range(4)]
+    envs = [_send(out, Data(_batch(i))) for i in range(4)]
     inp.offer(envs[1])
     inp.offer(envs[2])
     with pytest.raises(ChannelError, match="expected seq 0, received 3"):
@@ -108,7 +113,7 @@ def test_gap_that_never_closes_names_expected_and_received():
 def test_blocked_input_holds_messages_back():
     inp = InputChannel(3, 0)
     out = OutputChannel(3, capacity_batches=4, capacity_bytes=1 << 20)
-    inp.offer(out.send_nowait(Data(_batch(0))))
+    inp.offer(_send(out, Data(_batch(0))))
     inp.blocked = True
     assert not inp.ready()
     inp.blocked = False
@@ -123,7 +128,7 @@ def test_capacity_must_be_positive():
 
 def test_a_control_message_sent_unwrapped_takes_the_next_sequence_number_or_waits_behind_data():
     out = OutputChannel(3, capacity_batches=1, capacity_bytes=1 << 20)
-    out.send_nowait(Data(_batch(0)))
+    _send(out, Data(_batch(0)))
     assert out.sequence_nowait() == 1  # no credit needed, nothing waiting: at once
     out.enqueue(Data(_batch(1)))  # no credit: it waits
     assert out.drain() == []
