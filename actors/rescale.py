@@ -27,7 +27,8 @@ by step, carry each out as one ``MigrateBins`` control op and wait for it:
 Knobs: ``priority`` ("hot_first": the bins with most records first,
 "arrival": bin order, "random"), ``chunk_bins`` or ``chunks``
 (progressiveness), ``replicate``, ``gap_s``, ``theta`` (the planner's load
-bound), ``seed``.
+bound), ``seed``. Which bins move in which step is pure code
+(``control/rescaleplan.py``); this module runs the steps.
 
 The topology changes with the first step of a scale-out (new instances on new
 host actors, which Ray places on any node with room) and with the last step
@@ -47,7 +48,6 @@ Lifecycle of a run: ``WAITING -> PLANNING -> MIGRATING -> DONE | FAILED``.
 
 from __future__ import annotations
 
-import random
 import threading
 import time
 import uuid
@@ -60,92 +60,19 @@ from chiray.control.coordination import JobState
 from chiray.control.oprun import OpFailedError, job_view
 from chiray.control.ops.migrate import MigrateBins, ReplicateBins
 from chiray.control.planning import Assignment, plan as plan_assignment
+from chiray.control.rescaleplan import RescaleOptions, Strategy, plan_steps
 from chiray.operators.graph import OperatorKind, PhysicalPlan, rescaled_plan
 
 from .ophandle import OpHandle
 
 __all__ = ["RescaleHandle", "RescaleError", "STRATEGIES", "start_rescale"]
 
-STRATEGIES = ("all_at_once", "batched", "fluid", "non_disruptive")
-KEYED_STRATEGIES = ("batched", "fluid", "non_disruptive")
-KNOBS = {"chunk_bins", "chunks", "priority", "replicate", "gap_s", "theta", "seed", "step_timeout_s"}
-PRIORITIES = ("hot_first", "arrival", "random")
+STRATEGIES = tuple(s.value for s in Strategy)
+KEYED_STRATEGIES = tuple(s.value for s in Strategy if s.moves_bins)
 
 
 class RescaleError(RuntimeError):
     """A rescale or migration could not be carried out (the reason says what happened to the job)."""
-
-
-def _check_knobs(strategy: str, knobs: Mapping[str, Any]) -> None:
-    unknown = sorted(set(knobs) - KNOBS)
-    if unknown:
-        raise TypeError(f"rescale: unknown options {unknown}; options: {sorted(KNOBS)}")
-    if knobs.get("priority", "hot_first") not in PRIORITIES:
-        raise ValueError(f"rescale: priority must be one of {PRIORITIES}, got {knobs['priority']!r}")
-    for name in ("chunk_bins", "chunks"):
-        value = knobs.get(name)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise ValueError(f"rescale: {name} must be an int >= 1, got {value!r}")
-    if knobs.get("replicate") and strategy != "non_disruptive":
-        raise ValueError("rescale: replicate=True needs strategy='non_disruptive'")
-
-
-def _steps(strategy: str, moves: dict[int, tuple[int, int]], knobs: Mapping[str, Any],
-           loads: np.ndarray | None) -> list[list[int]]:
-    """Cut the moving bins into ordered chunks (prioritisation and progressiveness)."""
-    bins = sorted(moves)
-    priority = knobs.get("priority", "hot_first")
-    if priority == "hot_first" and loads is not None:
-        bins.sort(key=lambda b: -float(loads[b]))
-    elif priority == "random":
-        random.Random(knobs.get("seed", 0)).shuffle(bins)
-    if not bins:
-        return [[]]
-    if strategy == "all_at_once":
-        return _acyclic([bins], moves)
-    if strategy == "fluid":
-        size = 1
-    elif knobs.get("chunk_bins") is not None:
-        size = int(knobs["chunk_bins"])
-    elif knobs.get("chunks") is not None:
-        size = -(-len(bins) // int(knobs["chunks"]))
-    else:
-        size = 16 if strategy == "batched" else max(1, len(bins) // 8)
-    return _acyclic([bins[i:i + size] for i in range(0, len(bins), size)], moves)
-
-
-def _acyclic(chunks: list[list[int]], moves: dict[int, tuple[int, int]]) -> list[list[int]]:
-    """Split chunks so that no step's old -> new owner edges form a cycle (two instances
-    waiting for each other's bins would wait for ever); order within a chunk is kept."""
-    out: list[list[int]] = []
-    for chunk in chunks:
-        rest = chunk
-        while rest:
-            edges: dict[int, set[int]] = {}
-            step, later = [], []
-            for b in rest:
-                old, new = moves[b]
-                if new in edges.get(old, set()) or not _reaches(edges, new, old):
-                    edges.setdefault(old, set()).add(new)
-                    step.append(b)
-                else:
-                    later.append(b)
-            out.append(step)
-            rest = later
-    return out
-
-
-def _reaches(edges: dict[int, set[int]], start: int, goal: int) -> bool:
-    seen, todo = {start}, [start]
-    while todo:
-        node = todo.pop()
-        if node == goal:
-            return True
-        for nxt in edges.get(node, ()):
-            if nxt not in seen:
-                seen.add(nxt)
-                todo.append(nxt)
-    return False
 
 
 class RescaleHandle:
@@ -301,10 +228,9 @@ class RescaleRun(threading.Thread):
                                      None if loads is None else loads + 1, sizes,
                                      theta=self.knobs.get("theta", 0.2))
         self.predicted_bytes = result.bytes_moved
-        chunks = _steps(self.strategy, result.moves, self.knobs, loads)
+        chunks = plan_steps(RescaleOptions.of(self.strategy, self.knobs), result.moves, loads,
+                            scale_out=self.parallelism > old_p)
         replicate = bool(self.knobs.get("replicate"))
-        if replicate and self.parallelism > old_p:
-            chunks = [[]] + chunks  # a first step without moves creates the new instances to copy to
         self.steps_total = len(chunks) + (sum(1 for c in chunks if c) if replicate else 0)
         self.bins_total = len(result.moves)
         self.state = "MIGRATING"
@@ -531,7 +457,7 @@ def start_rescale(job: Any, operator: str, parallelism: int | None, strategy: st
                 for a in assignment):
             raise ValueError(f"migrate: assignment for {operator!r} must give each of its {node.num_bins} bins "
                              f"an instance in 0..{parallelism - 1}")
-    _check_knobs(strategy, knobs)
+    RescaleOptions.of(strategy, knobs)  # raises on an unknown or bad knob
     from chiray.control.planning import PLANNERS
 
     if planner not in PLANNERS:

@@ -1,0 +1,186 @@
+"""rescaleplan.py: a rescale's options and steps as values: which bins move in which step, in what order.
+
+A rescale moves the bins whose owner changes (the planner's assignment,
+``planning.py``). Its *strategy* and *knobs* (Spacker's three: prioritisation,
+progressiveness, replication) decide the steps:
+
+* ``all_at_once``: one step with every moving bin;
+* ``batched``: steps of ``chunk_bins`` bins (16 by default), or ``chunks`` steps;
+* ``fluid``: one bin a step;
+* ``non_disruptive``: like ``batched`` (an eighth of the bins a step by default),
+  carried out by non-blocking ops; with ``replicate`` a scale-out starts with a
+  step that moves nothing (it creates the new instances the copies go to).
+
+``priority`` orders the bins before they are cut: ``hot_first`` (most records
+first, by the per-bin load), ``arrival`` (bin order) or ``random`` (``seed``).
+A step never holds bins whose old -> new owner edges form a cycle (two
+instances waiting for each other's bins would wait for ever): such a step is
+split, keeping the order.
+
+Pure code, no Ray: ``actors/rescale.py`` runs the steps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import random
+from typing import Any, Mapping, Sequence
+
+__all__ = ["Strategy", "Priority", "RescaleOptions", "plan_steps", "acyclic_steps"]
+
+
+class Strategy(str, enum.Enum):
+    """How a rescale moves its bins."""
+
+    ALL_AT_ONCE = "all_at_once"
+    BATCHED = "batched"
+    FLUID = "fluid"
+    NON_DISRUPTIVE = "non_disruptive"
+
+    @property
+    def moves_bins(self) -> bool:
+        """It moves key bins step by step (keyed operators only)."""
+        return self is not Strategy.ALL_AT_ONCE
+
+
+class Priority(str, enum.Enum):
+    """Which moving bins go first."""
+
+    HOT_FIRST = "hot_first"
+    ARRIVAL = "arrival"
+    RANDOM = "random"
+
+
+KNOBS = ("chunk_bins", "chunks", "priority", "replicate", "gap_s", "theta", "seed", "step_timeout_s")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RescaleOptions:
+    """A rescale's strategy and knobs, checked.
+
+    Attributes:
+        strategy: the strategy.
+        chunk_bins: bins a step (progressiveness), or ``None``.
+        chunks: the number of steps instead, or ``None``.
+        priority: which bins first.
+        replicate: copy each step's bins ahead (``non_disruptive`` only).
+        gap_s: a pause between steps.
+        theta: the planner's load bound.
+        seed: the order of ``random`` priority.
+        step_timeout_s: how long one step may take.
+    """
+
+    strategy: Strategy = Strategy.ALL_AT_ONCE
+    chunk_bins: int | None = None
+    chunks: int | None = None
+    priority: Priority = Priority.HOT_FIRST
+    replicate: bool = False
+    gap_s: float = 0.0
+    theta: float = 0.2
+    seed: int = 0
+    step_timeout_s: float = 120.0
+
+    @classmethod
+    def of(cls, strategy: str, knobs: Mapping[str, Any]) -> "RescaleOptions":
+        """Options from the user's strategy name and knobs.
+
+        Raises:
+            TypeError: an unknown knob.
+            ValueError: an unknown strategy or priority, a chunk size < 1, replication without
+                ``non_disruptive``.
+        """
+        unknown = sorted(set(knobs) - set(KNOBS))
+        if unknown:
+            raise TypeError(f"rescale: unknown options {unknown}; options: {sorted(KNOBS)}")
+        try:
+            kind = Strategy(strategy)
+        except ValueError:
+            raise ValueError(f"rescale: unknown strategy {strategy!r}; strategies: "
+                             f"{[s.value for s in Strategy]}") from None
+        try:
+            priority = Priority(knobs.get("priority", Priority.HOT_FIRST.value))
+        except ValueError:
+            raise ValueError(f"rescale: priority must be one of {tuple(p.value for p in Priority)}, "
+                             f"got {knobs['priority']!r}") from None
+        for name in ("chunk_bins", "chunks"):
+            value = knobs.get(name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"rescale: {name} must be an int >= 1, got {value!r}")
+        if knobs.get("replicate") and kind is not Strategy.NON_DISRUPTIVE:
+            raise ValueError("rescale: replicate=True needs strategy='non_disruptive'")
+        fields = {k: knobs[k] for k in ("chunk_bins", "chunks", "gap_s", "theta", "seed", "step_timeout_s")
+                  if knobs.get(k) is not None}
+        return cls(kind, priority=priority, replicate=bool(knobs.get("replicate")), **fields)
+
+    def chunk_size(self, moving: int) -> int:
+        """Bins a step when ``moving`` bins move."""
+        if self.strategy is Strategy.ALL_AT_ONCE:
+            return max(1, moving)
+        if self.strategy is Strategy.FLUID:
+            return 1
+        if self.chunk_bins is not None:
+            return self.chunk_bins
+        if self.chunks is not None:
+            return max(1, -(-moving // self.chunks))
+        return 16 if self.strategy is Strategy.BATCHED else max(1, moving // 8)
+
+
+def plan_steps(options: RescaleOptions, moves: Mapping[int, tuple[int, int]],
+               loads: Sequence[float] | None = None, scale_out: bool = False) -> list[list[int]]:
+    """The bins of each step, in order.
+
+    Args:
+        options: the strategy and knobs.
+        moves: bin -> (old owner, new owner) of every moving bin.
+        loads: records per bin (for ``hot_first``), or ``None`` (then bin order).
+        scale_out: the rescale adds instances (replication then starts with an empty step).
+
+    Returns:
+        A list of steps, each a list of bins; ``[[]]`` when nothing moves.
+    """
+    bins = sorted(moves)
+    if options.priority is Priority.HOT_FIRST and loads is not None:
+        bins.sort(key=lambda b: -float(loads[b]))
+    elif options.priority is Priority.RANDOM:
+        random.Random(options.seed).shuffle(bins)
+    if not bins:
+        return [[]]
+    size = options.chunk_size(len(bins))
+    steps = acyclic_steps([bins[i:i + size] for i in range(0, len(bins), size)], moves)
+    if options.replicate and scale_out:
+        steps = [[]] + steps  # creates the new instances that the first copies go to
+    return steps
+
+
+def acyclic_steps(chunks: Sequence[Sequence[int]], moves: Mapping[int, tuple[int, int]]) -> list[list[int]]:
+    """Split chunks so that no step's old -> new owner edges form a cycle; order within a chunk is kept."""
+    out: list[list[int]] = []
+    for chunk in chunks:
+        rest = list(chunk)
+        while rest:
+            edges: dict[int, set[int]] = {}
+            step, later = [], []
+            for b in rest:
+                old, new = moves[b]
+                if new in edges.get(old, set()) or not _reaches(edges, new, old):
+                    edges.setdefault(old, set()).add(new)
+                    step.append(b)
+                else:
+                    later.append(b)
+            out.append(step)
+            rest = later
+    return out
+
+
+def _reaches(edges: Mapping[int, set[int]], start: int, goal: int) -> bool:
+    seen, todo = {start}, [start]
+    while todo:
+        node = todo.pop()
+        if node == goal:
+            return True
+        for nxt in edges.get(node, ()):
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    return False

@@ -1,0 +1,74 @@
+"""Rescale plans as pure values: steps per strategy and knob, against hand-computed expectations."""
+
+from __future__ import annotations
+
+import pytest
+
+from chiray.control.rescaleplan import Priority, RescaleOptions, Strategy, acyclic_steps, plan_steps
+
+# bins 0..9 move from instance 0 to instance 1; bin b's load is b (so hot_first is 9, 8, ..., 0)
+MOVES = {b: (0, 1) for b in range(10)}
+LOADS = [float(b) for b in range(10)]
+
+
+def steps(strategy: str, loads=LOADS, scale_out: bool = False, **knobs) -> list[list[int]]:
+    return plan_steps(RescaleOptions.of(strategy, knobs), MOVES, loads, scale_out)
+
+
+def test_all_at_once_is_one_step_hottest_first():
+    assert steps("all_at_once") == [[9, 8, 7, 6, 5, 4, 3, 2, 1, 0]]
+
+
+def test_fluid_is_one_bin_a_step():
+    assert steps("fluid", priority="arrival") == [[b] for b in range(10)]
+
+
+def test_batched_defaults_to_16_and_takes_chunk_bins_or_chunks():
+    assert steps("batched", priority="arrival") == [list(range(10))]
+    assert steps("batched", priority="arrival", chunk_bins=4) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    assert steps("batched", priority="arrival", chunks=3) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]  # ceil(10/3)
+
+
+def test_non_disruptive_defaults_to_an_eighth_and_replication_adds_a_first_empty_step_on_scale_out():
+    assert steps("non_disruptive", priority="arrival") == [[b] for b in range(10)]  # 10 // 8 = 1
+    assert steps("non_disruptive", priority="arrival", chunk_bins=5, replicate=True) == [
+        [0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]
+    assert steps("non_disruptive", priority="arrival", chunk_bins=5, replicate=True, scale_out=True) == [
+        [], [0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]
+
+
+def test_priorities():
+    assert steps("batched", chunk_bins=3) == [[9, 8, 7], [6, 5, 4], [3, 2, 1], [0]]  # hot first
+    assert steps("batched", chunk_bins=3, loads=None) == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9]]  # no loads
+    shuffled = steps("batched", chunk_bins=10, priority="random", seed=3)
+    assert sorted(shuffled[0]) == list(range(10)) and shuffled != [list(range(10))]
+    assert shuffled == steps("batched", chunk_bins=10, priority="random", seed=3)  # seeded
+
+
+def test_nothing_to_move_is_one_empty_step():
+    assert plan_steps(RescaleOptions(), {}) == [[]]
+
+
+def test_a_step_never_holds_a_cycle_of_owners():
+    # bins 0 and 1 swap instances 0 and 1; bin 2 goes 1 -> 2: 0 -> 1 and 1 -> 0 may not share a step
+    moves = {0: (0, 1), 1: (1, 0), 2: (1, 2)}
+    assert acyclic_steps([[0, 1, 2]], moves) == [[0, 2], [1]]
+    assert plan_steps(RescaleOptions(), moves) == [[0, 2], [1]]  # all_at_once takes two steps here
+    ring = {0: (0, 1), 1: (1, 2), 2: (2, 0)}
+    assert acyclic_steps([[0, 1, 2]], ring) == [[0, 1], [2]]
+
+
+def test_options_are_checked():
+    assert RescaleOptions.of("fluid", {"gap_s": 0.1}) == RescaleOptions(Strategy.FLUID, gap_s=0.1)
+    assert RescaleOptions.of("batched", {"priority": "random"}).priority is Priority.RANDOM
+    with pytest.raises(TypeError, match=r"unknown options \['chunk'\]"):
+        RescaleOptions.of("batched", {"chunk": 3})
+    with pytest.raises(ValueError, match="unknown strategy 'quick'"):
+        RescaleOptions.of("quick", {})
+    with pytest.raises(ValueError, match="priority must be one of"):
+        RescaleOptions.of("batched", {"priority": "cold_first"})
+    with pytest.raises(ValueError, match="chunk_bins must be an int >= 1"):
+        RescaleOptions.of("batched", {"chunk_bins": 0})
+    with pytest.raises(ValueError, match="replicate=True needs strategy='non_disruptive'"):
+        RescaleOptions.of("batched", {"replicate": True})
+    assert not Strategy.ALL_AT_ONCE.moves_bins and Strategy.FLUID.moves_bins
