@@ -3,7 +3,8 @@
 from .client import AttachedJob, JobNotFoundError, ManagerRestartedError, attach, jobs
 from .config import JobConfig
 from .errors import ChirayError, JobCancelledError, JobFailedError, OperatorError
-from .job import Job, JobStatistics, JobStatus, submit
+from .job import Job, JobStatistics, JobStatus
+from .submit import submit
 from .detached import submit_detached  # registers the job manager for submit(detached=True)
 from .pool import release_warm_actors, wait_warm_actors
 

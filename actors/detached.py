@@ -22,7 +22,7 @@ from chiray.operators.graph import OperatorKind
 
 from . import jobstore
 from .config import JobConfig
-from .job import register_detached
+from .submit import register_detached
 from .jobstore import NAMESPACE
 from .manager import VERBS, JobManagerCore
 

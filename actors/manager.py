@@ -41,7 +41,8 @@ from chiray.operators.graph import OperatorKind
 from . import jobstore
 from .config import JobConfig
 from .errors import ChirayError, JobCancelledError
-from .job import Job, JobStatus, submit
+from .job import Job, JobStatus
+from .submit import submit
 from .jobstore import JobRecord
 from .metrics import MetricsExporter
 from .restore import RestoreInfo

@@ -1,0 +1,190 @@
+"""submit.py: ``submit()`` validates a dataflow, deploys its controller and hosts on Ray, and returns its ``Job``.
+
+A restore (``restore_from=``) is matched to the dataflow here (``restore_point``):
+state goes to the operator of the same identity and kind, and state with no
+operator to go to is refused unless dropped explicitly. ``detached=True`` hands
+the dataflow to a job manager actor instead (``detached.py`` registers it).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+import posixpath
+import re
+import shutil
+import tempfile
+from typing import Any
+
+import ray
+
+from chiray.control.oprun import job_view
+from chiray.operators.dataflow import Dataflow
+from chiray.operators.graph import OperatorKind, PhysicalPlan, physical_plan
+
+from .config import JobConfig
+from .controller import JobController
+from .job import Job
+from .mailbox import control_trees
+from .placement import place
+from .pool import warm_pool
+from .restore import RestoreInfo, match_operators
+from .storage import CheckpointError, CheckpointStorage
+from .supervisor import CONTROLLER_POOL_KEY, Deployment, Supervisor
+
+__all__ = ["submit", "restore_point", "register_detached"]
+
+log = logging.getLogger(__name__)
+
+
+def _private_graph(flow: Dataflow) -> Any:
+    """A copy of the flow's graph that the job may bind (sinks) without touching the user's Dataflow."""
+    graph = copy.copy(flow.graph)
+    graph.nodes = {k: dataclasses.replace(v, inputs=list(v.inputs)) for k, v in flow.graph.nodes.items()}
+    return graph
+
+
+def restore_point(restore_from: str, plan: PhysicalPlan, allow_non_restored_state: bool = False) -> RestoreInfo:
+    """The checkpoint ``restore_from`` names (a ``chk-N`` directory, or a root: its newest), matched to ``plan``.
+
+    State goes to the operator with the same identity (``Stream.uid``, else the name) and kind.
+
+    Raises:
+        CheckpointError: it is missing, incomplete or corrupt, or it does not fit the dataflow: bins
+            differ, or some of its state has no operator to go to (unless ``allow_non_restored_state``).
+    """
+    path = str(restore_from).rstrip("/")
+    match = re.match(r"^chk-(\d+)$", posixpath.basename(path))
+    if match:
+        storage = CheckpointStorage(posixpath.dirname(path) or ".", create=False)
+        manifest = storage.load(int(match.group(1)))
+    else:
+        storage = CheckpointStorage(path, create=False)
+        latest = storage.latest()
+        if latest is None:
+            raise CheckpointError(f"no complete checkpoint under {path!r}")
+        manifest = latest
+    nodes = plan.graph.nodes
+    renames, orphans, empty = match_operators(manifest, nodes)
+    saved = manifest.get("job", {}).get("operators", {})
+    for name, old in renames.items():
+        node = nodes[name]
+        if node.kind is OperatorKind.KEYED and old is not None and saved[old]["num_bins"] != node.num_bins:
+            raise CheckpointError(
+                f"cannot restore operator {name!r} from {path!r}: it was saved with "
+                f"{saved[old]['num_bins']} bins, the dataflow has {node.num_bins}")
+    if orphans and not allow_non_restored_state:
+        held = ", ".join(f"{old!r} ({what}, uid {saved.get(old, {}).get('uid', old)!r})"
+                         for old, what in sorted(orphans.items()))
+        raise CheckpointError(
+            f"cannot restore from {path!r}: the checkpoint holds state of {held} that no operator of dataflow "
+            f"{plan.graph.name!r} takes" + (f"; operators {sorted(empty)} would start with none" if empty else "")
+            + ". Give a renamed operator its old identity (stream.uid('<old name>')), or pass "
+            "allow_non_restored_state=True to drop that state")
+    if orphans:
+        log.warning("restore from %r drops the state of %s (allow_non_restored_state=True)", path, sorted(orphans))
+    return RestoreInfo(storage, manifest, renames)
+
+
+_DETACHED: Any = None
+
+
+def register_detached(fn: Any) -> None:
+    """Set the function that runs a ``detached=True`` job (``actors/manager.py`` registers it)."""
+    global _DETACHED
+    _DETACHED = fn
+
+
+def submit(flow: Dataflow, *, config: JobConfig | None = None, restore_from: str | None = None,
+           allow_non_restored_state: bool = False, **options: Any) -> "Job":
+    """Validate ``flow``, deploy its controller and host actors, and start it.
+
+    Args:
+        flow: the dataflow.
+        config: runtime options; or pass ``JobConfig`` fields as keywords.
+        restore_from: start from a checkpoint (a ``.../chk-N`` directory or a
+            checkpoint root, meaning its newest complete checkpoint), like a
+            savepoint restore; keyed operators may have another parallelism. State
+            goes to the operator of the same identity (``Stream.uid``, else its name).
+        allow_non_restored_state: drop checkpoint state that no operator takes
+            (refused otherwise).
+
+    Returns:
+        The running job's handle (with ``detached=True``: an ``AttachedJob``
+        on the job's manager actor, which outlives this process).
+
+    Raises:
+        ValueError, TypeError: the dataflow is invalid (naming the operator).
+        CheckpointError: ``restore_from`` is missing, incomplete or does not fit.
+    """
+    if config is None:
+        config = JobConfig(**options)
+    elif options:
+        config = dataclasses.replace(config, **options)
+    flow.validate()
+    if config.name is not None and config.name != flow.name:
+        flow = copy.copy(flow)
+        flow.name = config.name
+    if config.detached:
+        if _DETACHED is None:
+            raise RuntimeError("bug: no job manager registered (import chiray.actors)")
+        return _DETACHED(flow, config, restore_from)
+    if not ray.is_initialized():
+        ray.init()
+    plan = physical_plan(_private_graph(flow))
+    restore = (restore_point(restore_from, plan, allow_non_restored_state)
+               if restore_from is not None else None)
+    num_hosts, placement = place(plan, config.num_hosts, config.placement)
+    own_dir = config.checkpoint_dir is None
+    root = tempfile.mkdtemp(prefix=f"chiray-{flow.name}-") if config.checkpoint_dir is None else config.checkpoint_dir
+    storage = CheckpointStorage(root)
+    sinks = {}
+    for node in plan.graph.nodes.values():
+        if node.kind is OperatorKind.SINK:
+            assert node.sink is not None
+            node.sink = node.sink.bind_output(storage.output_dir(node.name), node.name)
+            sinks[node.name] = node.sink
+    deployment = Deployment(flow.name, ray.put(plan), placement, num_hosts, config, storage, sinks)
+    view = job_view(flow.name, plan)
+    broadcast, _ = control_trees(plan, placement, config.control_fanout)
+    sources = {n.name: n.source for n in plan.graph.nodes.values() if n.kind is OperatorKind.SOURCE}
+    sink_instances = [i for i in plan.instances if plan.graph.nodes[i[0]].kind is OperatorKind.SINK]
+
+    deployment.plan = plan
+
+    def make_controller() -> Any:
+        first = max(storage.checkpoint_ids(), default=0) + 1
+        args = (flow.name, sink_instances, config, job_view(flow.name, deployment.plan), broadcast,
+                deployment.placement, storage, sinks, first, sources)
+        warm = warm_pool().take(CONTROLLER_POOL_KEY, 1) if config.warm_hosts else []
+        if warm:
+            warm[0].configure.remote(*args)  # runs before any later call of this driver on it
+            return warm[0]
+        return JobController.remote(*args)  # type: ignore[attr-defined]
+
+    try:
+        controller = make_controller()
+    except BaseException:
+        if own_dir:
+            shutil.rmtree(root, ignore_errors=True)
+        raise
+    job = Job(flow.name, plan, controller, [], view)
+    job._own_dir = root if own_dir else None
+    job._placement = dict(placement)
+    job._host_ids = list(range(num_hosts))
+    job._next_host_id = num_hosts
+    try:
+        job._hosts = deployment.start_hosts(controller, restore, 0)
+        ray.get(controller.start.remote(job._hosts, 0))
+        ray.get([h.start.remote() for h in job._hosts])
+    except BaseException:
+        job._shutdown()
+        if own_dir:  # a job that never ran leaves no temporary checkpoint directory behind
+            shutil.rmtree(root, ignore_errors=True)
+        raise
+    job._deployment = deployment
+    deployment.start_spares()
+    job._supervisor = Supervisor(job, deployment, make_controller)
+    job._supervisor.start()
+    return job
