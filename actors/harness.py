@@ -24,7 +24,9 @@ from chiray.operators.dataflow import Dataflow
 from chiray.operators.graph import OperatorKind, physical_plan
 
 from .config import JobConfig
-from .mailbox import HostCore, Outbox, control_trees
+from .build import control_trees
+from .mailbox import HostCore
+from .outbox import Outbox
 from .messages import Parcel
 from .placement import place
 

@@ -12,165 +12,33 @@ Lifecycle: ``RUNNING -> DONE`` (every instance drained) or ``FAILED``.
 from __future__ import annotations
 
 import collections
-import dataclasses
 import heapq
 import itertools
 import time
 from typing import Any, Iterable
 
 from chiray.control.message import ControlMessage, ControlReturn, InstanceId, instance_id
-from chiray.control.trees import Relay, Tree, build_tree
-from chiray.operators.endpoints import SinkLogic, SourceLogic, assign_splits
-from chiray.operators.graph import OperatorKind, PhysicalPlan
-from chiray.operators.logic import InstanceInfo
+from chiray.control.trees import Relay
+from chiray.operators.endpoints import SinkLogic
+from chiray.operators.graph import PhysicalPlan
 
 from .channel import InputChannel, OutputChannel
 from .config import JobConfig
-from .instance import InstanceStatistics, OperatorFailure, OperatorInstance
+from .instance import InstanceStatistics, OperatorInstance
 from .messages import ControlRun, Envelope, Grant, Parcel
-from .relay import RelayOutput, RelayTable
+from .relay import RelayTable
 from .restore import RestoreInfo
-from .router import make_router
 from .topology import plan_instance_change
+from .build import build_instance, control_trees
+from .outbox import Outbox, RunGatherer
 
-__all__ = ["HostCore", "Outbox", "build_instance", "control_trees", "RECHECK_S"]
+__all__ = ["HostCore", "RECHECK_S"]
 
 RECHECK_S = 0.05
 """A source whose next batch is not due is looked at again after at most this long."""
 
 CREDIT_DELAY_S = 0.05
 """Credit owed to a sender on another host waits at most this long (see ``HostCore._return_credit``)."""
-
-
-@dataclasses.dataclass(slots=True)
-class Outbox:
-    """What a host must send to other hosts after some steps."""
-
-    envelopes: dict[int, list[Envelope]] = dataclasses.field(default_factory=lambda: collections.defaultdict(list))
-    runs: dict[int, RunGatherer] = dataclasses.field(default_factory=dict)
-    grants: dict[int, list[Grant]] = dataclasses.field(default_factory=lambda: collections.defaultdict(list))
-    extra: dict[int, list[tuple[InstanceId, ControlMessage]]] = dataclasses.field(
-        default_factory=lambda: collections.defaultdict(list))
-    control: RelayOutput = dataclasses.field(default_factory=RelayOutput)
-    acks: list[tuple[str, str, InstanceId, Any, bool]] = dataclasses.field(default_factory=list)
-    ended: dict[int, list[tuple[InstanceId, list[str]]]] = dataclasses.field(
-        default_factory=lambda: collections.defaultdict(list))
-
-    def __bool__(self) -> bool:
-        return (bool(self.envelopes) or bool(self.runs) or bool(self.grants) or bool(self.extra)
-                or bool(self.control) or bool(self.acks) or bool(self.ended))
-
-    def _tables(self) -> tuple[tuple[str, dict[int, Any]], ...]:
-        """(parcel field, host -> items) for everything that travels in parcels, but control runs."""
-        control = self.control
-        return (("envelopes", self.envelopes), ("grants", self.grants), ("extra", self.extra),
-                ("ended", self.ended), ("relays", control.relays), ("injections", control.injections),
-                ("collects", control.collects))
-
-    def hosts(self) -> set[int]:
-        """The hosts that get a parcel."""
-        out = {host for host, gatherer in self.runs.items() if gatherer}
-        for _, table in self._tables():
-            out.update(host for host, items in table.items() if items)
-        return out
-
-    def parcels(self) -> dict[int, Parcel]:
-        """What goes to each other host, one parcel a host (returns and acks go to controllers)."""
-        out: dict[int, Parcel] = collections.defaultdict(Parcel)
-        for field, table in self._tables():
-            for host, items in table.items():
-                if items:
-                    getattr(out[host], field).extend(items)
-        for host, gatherer in self.runs.items():
-            out[host].runs.extend(gatherer.take())
-        return out
-
-
-class RunGatherer:
-    """Control envelopes gathered into one ``ControlRun`` per (receiving instance, op, payload).
-
-    A host forwarding one op from many of its instances to the same instance
-    elsewhere so sends one message (one pickle, counted in one step there)
-    instead of one per channel.
-    """
-
-    __slots__ = ("_runs",)
-
-    def __init__(self) -> None:
-        self._runs: dict[tuple, ControlRun] = {}
-
-    def __bool__(self) -> bool:
-        return bool(self._runs)
-
-    def add(self, target: InstanceId, message: ControlMessage, payload: Any, channel: int, seq: int,
-            sender: InstanceId) -> None:
-        """``sender`` sends ``message`` (as it reached ``sender``) with ``payload`` on ``channel`` at ``seq``."""
-        key = (target, message.op_id, id(payload))  # the payload lives as long as the run
-        run = self._runs.get(key)
-        if run is None:
-            if message.sender != sender or message.payload is not payload:
-                message = message.hop(sender, payload)
-            run = self._runs[key] = ControlRun(target, message, [], [], [])
-        run.channels.append(channel)
-        run.seqs.append(seq)
-        run.senders.append(sender)
-
-    def add_envelope(self, target: InstanceId, env: Envelope) -> None:
-        """A control message that waited for credit behind data (its hop names its sender)."""
-        message = env.message
-        self.add(target, message, message.payload, env.channel, env.seq, message.sender)
-
-    def take(self) -> list[ControlRun]:
-        runs = list(self._runs.values())
-        self._runs.clear()
-        return runs
-
-
-def control_trees(plan: PhysicalPlan, placement: dict[tuple[str, int], int],
-                  fanout: int | None) -> tuple[Tree, Tree]:
-    """The broadcast tree over the sources and the aggregation tree over the sinks."""
-    kinds = {n.name: n.kind for n in plan.graph.nodes.values()}
-    by_host = lambda i: (placement[i], i)  # noqa: E731 - relays then serve leaves of one host
-    sources = sorted((i for i in plan.instances if kinds[i[0]] is OperatorKind.SOURCE), key=by_host)
-    sinks = sorted((i for i in plan.instances if kinds[i[0]] is OperatorKind.SINK), key=by_host)
-    host_of = placement.__getitem__
-    return build_tree(sources, fanout, host_of), build_tree(sinks, fanout, host_of)
-
-
-def build_instance(plan: PhysicalPlan, name: tuple[str, int], config: JobConfig, host: int = 0,
-                   restore: RestoreInfo | None = None) -> OperatorInstance:
-    """Create one instance of ``plan`` with its channels and routers (restored from a checkpoint if given)."""
-    node = plan.graph.nodes[name[0]]
-    info = InstanceInfo(node.name, name[1], node.parallelism, node.num_bins)
-    if node.kind is OperatorKind.SOURCE:
-        assert node.source is not None
-        splits = assign_splits(plan.source_splits[node.name], node.parallelism, name[1])
-        offsets = restore.source_offsets(node.name) if restore is not None else None
-        logic: Any = SourceLogic(node.source, splits, offsets)
-    elif node.kind is OperatorKind.SINK:
-        assert node.sink is not None
-        logic = SinkLogic(node.sink)
-    else:
-        assert node.make_logic is not None
-        try:
-            logic = node.make_logic()
-        except Exception as exc:
-            raise OperatorFailure(info, exc) from exc
-    inputs = [InputChannel(c.channel_id, c.input_index) for c in plan.inputs_of(name)]
-    outs = plan.outputs_of(name)
-    outputs, routers, targets = [], [], []
-    for edge_index, (down, _, edge) in enumerate(plan.output_edges[node.name]):
-        chans = sorted((c for c in outs if c.edge_index == edge_index), key=lambda c: c.dst[1])
-        outputs.append([OutputChannel(c.channel_id, config.channel_capacity, config.channel_capacity_bytes)
-                        for c in chans])
-        targets.append([c.dst for c in chans])
-        routers.append(make_router(edge, len(chans), plan.bin_tables.get(down), down, name[1]))
-    instance = OperatorInstance(info, logic, inputs, outputs, routers, host, targets, node.kind.value)
-    if restore is not None and node.kind is OperatorKind.KEYED:
-        bins = restore.load_bins(node.name, name[1], plan.bin_tables[node.name])
-        if bins:
-            logic.state.install_bins(bins)
-    return instance
 
 
 class HostCore:

@@ -26,7 +26,7 @@ from chiray.operators.graph import OperatorKind, PhysicalPlan, physical_plan
 from .config import JobConfig
 from .controller import JobController
 from .job import Job
-from .mailbox import control_trees
+from .build import control_trees
 from .placement import place
 from .pool import warm_pool
 from .restore import RestoreInfo, match_operators

@@ -23,7 +23,7 @@ import asyncio
 import functools
 from typing import Any, Callable
 
-from .mailbox import Outbox
+from .outbox import Outbox
 from .messages import Parcel
 
 __all__ = ["Transport", "when_returned"]

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from chiray.actors.mailbox import Outbox
+from chiray.actors.outbox import Outbox
 from chiray.actors.messages import Envelope, Grant, Parcel
 from chiray.actors.transport import Transport
 from chiray.control.message import ControlReturn
