@@ -21,11 +21,9 @@ Lifecycle: ``RUNNING -> FINISHED`` (all inputs ended, final output and
 from __future__ import annotations
 
 import collections
-import dataclasses
 import time
 from typing import TYPE_CHECKING, Any, Sequence
 
-import numpy as np
 import pyarrow as pa
 
 from chiray.control.message import CONTROLLER, ControlMessage, ControlReturn, InstanceId, instance_id
@@ -34,6 +32,8 @@ from chiray.operators.endpoints import SinkLogic, SourceLogic
 from chiray.operators.logic import InstanceInfo, OperatorLogic, SideOutput
 
 from .channel import InputChannel, OutputChannel
+from .held import HeldRecords
+from .statistics import InstanceStatistics
 from .context import InstanceControlContext
 from .messages import ControlRun, Data, End, Envelope, Grant, Watermark
 from .router import Router
@@ -48,7 +48,7 @@ CONTROL_INBOX = -1
 CONTROL_RUN = 256
 """At most this many control messages at the heads of its inputs an instance takes in one step."""
 
-__all__ = ["OperatorInstance", "InstanceStatistics", "OperatorFailure"]
+__all__ = ["OperatorInstance", "OperatorFailure"]
 
 
 class OperatorFailure(Exception):
@@ -58,45 +58,6 @@ class OperatorFailure(Exception):
         super().__init__(f"{info}: {type(cause).__name__}: {cause}")
         self.info = info
         self.cause = cause
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class InstanceStatistics:
-    """A snapshot of one instance.
-
-    Attributes:
-        operator / index: the instance's name.
-        host: the host actor's id.
-        records_in / records_out / batches_in / batches_out: counts so far.
-        queued_batches / queued_bytes: data buffered in its input channels.
-        pending_out: messages waiting for credit on its output channels.
-        backpressured_s: time it held output waiting for credit (and so could not run).
-        busy_s: time spent processing messages (operator code, routing).
-        finished: all inputs ended and final output queued.
-        watermark: its event-time watermark (None before the first).
-        late_records: records its operator dropped as too late (event-time windows).
-        backlog: sources: records offered to it but not read yet, where its readers can say.
-        outputs: per output channel, its ``ChannelStatistics``.
-    """
-
-    operator: str
-    index: int
-    host: int
-    records_in: int
-    records_out: int
-    batches_in: int
-    batches_out: int
-    queued_batches: int
-    queued_bytes: int
-    pending_out: int
-    backpressured_s: float
-    busy_s: float
-    finished: bool
-    outputs: tuple = ()
-    control_completed: int = 0
-    watermark: int | None = None
-    late_records: int = 0
-    backlog: int = 0
 
 
 class OperatorInstance:
@@ -153,9 +114,7 @@ class OperatorInstance:
         self.closed_outputs: list[OutputChannel] = []
         self.extra_ops_sent: set[str] = set()  # ops sent along extra edges (told with the end notice)  # closed by a rescale, to flush once more  # op id -> topology change it activates
         self.replicas: dict[tuple[str, int], tuple[int, bytes]] = {}  # (operator, bin) -> (version, state)
-        self._held_mask: np.ndarray | None = None  # bins whose records wait for their state (migration)
-        self._held_key: str | None = None
-        self._held: list[tuple[pa.RecordBatch, np.ndarray, int]] = []
+        self._held = HeldRecords(info.num_bins)  # records of bins whose state is on its way (migration)
         self.took_control = False  # the last step took a control message (no data, no operator code)
         self._call(self.logic.open, info)
 
@@ -327,10 +286,9 @@ class OperatorInstance:
     def _dispatch(self, env: Envelope, channel: InputChannel) -> None:
         message = env.message
         if isinstance(message, Data):
-            if self._held_mask is not None:
-                self._process_holding(message.batch, channel.input_index)
-            else:
-                self._process(message.batch, channel.input_index)
+            batch = self._held.split(message.batch, channel.input_index) if self._held.active else message.batch
+            if batch is not None:
+                self._process(batch, channel.input_index)
         elif isinstance(message, Watermark):
             self._advance(self.watermarks.on_watermark(self._index_of[channel.channel], message))
         elif isinstance(message, ControlMessage):
@@ -354,43 +312,12 @@ class OperatorInstance:
 
     def hold_bins(self, bins: Sequence[int], key: str) -> None:
         """Buffer records of ``bins`` (in arrival order) until :meth:`release_bins`."""
-        if self._held_mask is None:
-            self._held_mask = np.zeros(self.info.num_bins, dtype=bool)
-        self._held_mask[np.asarray(list(bins), dtype=np.int64)] = True
-        self._held_key = key
-
-    def _process_holding(self, batch: pa.RecordBatch, input_index: int) -> None:
-        from chiray.operators.hashing import bins_of
-
-        assert self._held_mask is not None and self._held_key is not None
-        bins = bins_of(batch.column(self._held_key), self.info.num_bins)
-        held = self._held_mask[bins]
-        if not held.any():
-            self._process(batch, input_index)
-            return
-        self._held.append((batch.filter(pa.array(held)), bins[held], input_index))
-        if not held.all():
-            self._process(batch.filter(pa.array(~held)), input_index)
+        self._held.hold(bins, key)
 
     def release_bins(self, bins: Sequence[int]) -> None:
         """The state of ``bins`` is installed: process their buffered records, in arrival order."""
-        if self._held_mask is None:
-            return
-        released = np.zeros(self.info.num_bins, dtype=bool)
-        released[np.asarray(list(bins), dtype=np.int64)] = True
-        released &= self._held_mask
-        self._held_mask &= ~released
-        keep: list[tuple[pa.RecordBatch, np.ndarray, int]] = []
-        for batch, batch_bins, input_index in self._held:
-            go = released[batch_bins]
-            if go.any():
-                self._process(batch.filter(pa.array(go)), input_index)
-            if not go.all():
-                keep.append((batch.filter(pa.array(~go)), batch_bins[~go], input_index))
-        self._held = keep
-        if not self._held_mask.any():
-            assert not self._held, f"bug: {self.info} holds records of bins it is not waiting for"
-            self._held_mask = None
+        for batch, input_index in self._held.release(bins):
+            self._process(batch, input_index)
 
     # -- topology changes (rescale) -----------------------------------------------------
 

@@ -30,7 +30,7 @@ from chiray.operators.graph import OperatorKind, PhysicalPlan
 from .autoscaler import start_autoscale
 from .controller import JobController, SideController
 from .errors import JobCancelledError, JobFailedError
-from .instance import InstanceStatistics
+from .statistics import InstanceStatistics
 from .ophandle import OpHandle, OpSender
 from .pool import warm_pool
 from .rescale import RescaleHandle, start_rescale

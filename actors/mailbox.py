@@ -24,7 +24,8 @@ from chiray.operators.graph import PhysicalPlan
 
 from .channel import InputChannel, OutputChannel
 from .config import JobConfig
-from .instance import InstanceStatistics, OperatorInstance
+from .instance import OperatorInstance
+from .statistics import InstanceStatistics
 from .messages import ControlRun, Envelope, Grant, Parcel
 from .relay import RelayTable
 from .restore import RestoreInfo

@@ -1,0 +1,46 @@
+"""statistics.py: ``InstanceStatistics``, a frozen snapshot of one operator instance's counters."""
+
+from __future__ import annotations
+
+import dataclasses
+
+__all__ = ["InstanceStatistics"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class InstanceStatistics:
+    """A snapshot of one instance.
+
+    Attributes:
+        operator / index: the instance's name.
+        host: the host actor's id.
+        records_in / records_out / batches_in / batches_out: counts so far.
+        queued_batches / queued_bytes: data buffered in its input channels.
+        pending_out: messages waiting for credit on its output channels.
+        backpressured_s: time it held output waiting for credit (and so could not run).
+        busy_s: time spent processing messages (operator code, routing).
+        finished: all inputs ended and final output queued.
+        watermark: its event-time watermark (None before the first).
+        late_records: records its operator dropped as too late (event-time windows).
+        backlog: sources: records offered to it but not read yet, where its readers can say.
+        outputs: per output channel, its ``ChannelStatistics``.
+    """
+
+    operator: str
+    index: int
+    host: int
+    records_in: int
+    records_out: int
+    batches_in: int
+    batches_out: int
+    queued_batches: int
+    queued_bytes: int
+    pending_out: int
+    backpressured_s: float
+    busy_s: float
+    finished: bool
+    outputs: tuple = ()
+    control_completed: int = 0
+    watermark: int | None = None
+    late_records: int = 0
+    backlog: int = 0
