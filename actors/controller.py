@@ -18,106 +18,21 @@ from typing import Any
 
 import ray
 
-from chiray.control.coordination import JobLifecycle, JobState, LifecycleSnapshot, OpCoordinator
-from chiray.control.message import ControlMessage, ControlReturn
-from chiray.control.oprun import OpFailedError, OpState
+from chiray.control.coordination import JobLifecycle, JobState, LifecycleSnapshot
+from chiray.control.message import ControlMessage
+from chiray.control.oprun import OpState
 from chiray.control.trees import Relay, Tree
 
+from .controlops import ControllerOps
 from .errors import JobFailedError
 from .messages import Parcel
 from .transport import when_returned
 
-__all__ = ["JobController", "SideController"]
-
-
-class _ControllerOps:
-    """The op-running half shared by both controller actors."""
-
-    def _init_ops(self, name: str, view: Any) -> None:
-        self.ops = OpCoordinator(name, view)
-        self._op_events: dict[str, asyncio.Event] = {}
-        self._start_errors: dict[str, BaseException] = {}
-        self._timer: asyncio.Task | None = None
-
-    def _start(self, op: Any, op_id: str | None, view: Any = None) -> Any:
-        """``ops.start``; an op that cannot start is remembered as failed, for ``op_result``."""
-        try:
-            return self.ops.start(op, op_id, view)
-        except Exception as exc:
-            if op_id is not None:
-                self._start_errors[op_id] = OpFailedError(f"control op {op_id} could not start: {exc}")
-                self._start_errors[op_id].__cause__ = exc
-            raise
-
-    async def op_not_sent(self, op_id: str, reason: str) -> None:
-        """The driver could not send op ``op_id`` (e.g. it does not pickle): ``op_result`` reports it."""
-        self._start_errors.setdefault(op_id, OpFailedError(f"control op {op_id} could not start: {reason}"))
-
-    def _ops_changed(self) -> None:
-        for op_id in self.ops.take_finished():
-            event = self._op_events.pop(op_id, None)
-            if event is not None:
-                event.set()
-
-    async def _check_timeouts(self) -> None:
-        while True:
-            await asyncio.sleep(0.05)
-            self.ops.check_timeouts()
-            self._ops_changed()
-
-    def _start_timer(self) -> None:
-        if self._timer is None:
-            self._timer = asyncio.get_running_loop().create_task(self._check_timeouts())
-
-    async def op_returned(self, returns: list[ControlReturn]) -> None:
-        for ret in returns:
-            self.ops.on_return(ret)
-        self._ops_changed()
-
-    async def op_ack(self, op_id: str, instance: tuple, payload: Any) -> None:
-        self.ops.on_ack(op_id, tuple(instance), payload)
-        self._ops_changed()
-
-    async def sinks_finished(self, sinks: list) -> None:
-        self.ops.sinks_finished(sinks)
-        self._ops_changed()
-
-    async def job_failed(self, error: BaseException) -> None:
-        self.ops.fail_all(error)
-        self._ops_changed()
-
-    async def op_result(self, op_id: str, timeout: float | None) -> tuple[str, Any, BaseException | None, float]:
-        """Wait up to ``timeout`` s; return (state, result, error, elapsed seconds)."""
-        deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
-        while True:  # run_op may still be on its way (run_control does not wait for it)
-            run = self.ops.runs.get(op_id)
-            if run is not None:
-                break
-            if op_id in self._start_errors:  # the op could not start (its on_init or extra edges)
-                return "FAILED", None, self._start_errors[op_id], 0.0
-            if deadline is not None and asyncio.get_running_loop().time() >= deadline:
-                return "RUNNING", None, None, 0.0
-            await asyncio.sleep(0.005)
-        event = self._op_events.get(op_id)
-        if run.state is OpState.RUNNING and event is not None:
-            remaining = None if deadline is None else max(0.0, deadline - asyncio.get_running_loop().time())
-            try:
-                await asyncio.wait_for(event.wait(), remaining)
-            except asyncio.TimeoutError:
-                pass
-        return run.state.value, run.result, run.error, run.elapsed_s
-
-    async def set_view(self, view: Any) -> None:
-        """The job's topology changed (a rescale): later ops see ``view``."""
-        self.ops.view = view
-
-    async def op_progress(self, op_id: str) -> dict:
-        run = self.ops.runs[op_id]
-        return {"state": run.state.value, "waiting": len(run.waiting), "elapsed_s": run.elapsed_s}
+__all__ = ["JobController"]
 
 
 @ray.remote(num_cpus=0)
-class JobController(_ControllerOps):
+class JobController(ControllerOps):
     """One per job: lifecycle, host watch, the global injection order, checkpoints.
 
     Reports from hosts carry the *incarnation* they were set up in; after a
@@ -501,44 +416,3 @@ class JobController(_ControllerOps):
             except Exception:  # remembered in _start_errors by _start
                 pass
         await self._until_injected()
-
-
-@ray.remote(num_cpus=0)
-class SideController(_ControllerOps):
-    """A further controller of a job: runs its own ops, injected through the job controller."""
-
-    def __init__(self, name: str, view: Any, job_controller: Any):
-        self.job_controller = job_controller
-        self._init_ops(name, view)
-
-    async def run_op(self, op: Any, op_id: str | None = None) -> str:
-        self._start_timer()
-        message = self._start(op, op_id)
-        self._op_events[message.op_id] = asyncio.Event()
-        try:
-            await self.job_controller.inject.remote(message)
-        except Exception as exc:
-            self.ops.runs[message.op_id].fail(exc)
-        self._ops_changed()
-        return message.op_id
-
-    async def run_ops(self, items: list[tuple[Any, str]]) -> None:
-        """Start each ``(op, op_id)`` in order, injected in one call to the job controller."""
-        self._start_timer()
-        messages = []
-        for op, op_id in items:
-            try:
-                message = self._start(op, op_id)
-            except Exception:  # remembered in _start_errors by _start
-                continue
-            self._op_events[message.op_id] = asyncio.Event()
-            messages.append(message)
-        if messages:
-            try:
-                errors = await self.job_controller.inject_many.remote(messages)
-            except Exception as exc:
-                errors = [exc] * len(messages)
-            for message, error in zip(messages, errors):
-                if error is not None:
-                    self.ops.runs[message.op_id].fail(error)
-        self._ops_changed()

@@ -28,7 +28,8 @@ from chiray.control.oprun import JobView, OpFailedError, job_view
 from chiray.operators.graph import OperatorKind, PhysicalPlan
 
 from .autoscaler import start_autoscale
-from .controller import JobController, SideController
+from .controlops import SideController
+from .controller import JobController
 from .errors import JobCancelledError, JobFailedError
 from .statistics import InstanceStatistics
 from .ophandle import OpHandle, OpSender
