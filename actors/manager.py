@@ -42,13 +42,14 @@ from . import jobstore
 from .config import JobConfig
 from .errors import ChirayError, JobCancelledError
 from .job import Job, JobStatus
+from .jobfiles import committed_results, dir_bytes, interrupted, plain, recover_sinks, sink_names, with_parallelism
 from .submit import submit
 from .jobstore import JobRecord
 from .metrics import MetricsExporter
 from .restore import RestoreInfo
 from .storage import CheckpointStorage
 
-__all__ = ["JobManagerCore", "VERBS", "recover_sinks"]
+__all__ = ["JobManagerCore", "VERBS"]
 
 log = logging.getLogger(__name__)
 
@@ -60,31 +61,6 @@ VERBS = frozenset({
 
 POLL_S = 0.5
 STATE_SIZE_INTERVAL_S = 10.0
-
-
-def _sink_names(graph: Any) -> list[str]:
-    return [n.name for n in graph.nodes.values() if n.kind is OperatorKind.SINK]
-
-
-def recover_sinks(flow: Any, storage: CheckpointStorage, restore: RestoreInfo | None) -> None:
-    """Commit what ``restore``'s checkpoint staged for each sink and discard their later staged output."""
-    for node in flow.graph.nodes.values():
-        if node.kind is OperatorKind.SINK:
-            bound = node.sink.bind_output(storage.output_dir(node.name), node.name)
-            bound.recover(restore.sink_staged(node.name) if restore is not None else [])
-
-
-def _with_parallelism(flow: Any, parallelism: dict[str, int]) -> Any:
-    for name, p in parallelism.items():
-        node = flow.graph.nodes.get(name)
-        if node is not None and node.parallelism != p:
-            flow.graph.nodes[name] = dataclasses.replace(node, parallelism=p)
-    return flow
-
-
-def _dir_bytes(fs: pafs.FileSystem, path: str) -> int:
-    infos = fs.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True))
-    return sum(i.size or 0 for i in infos if i.type == pafs.FileType.File)
 
 
 class JobManagerCore:
@@ -154,7 +130,7 @@ class JobManagerCore:
 
     def _deploy(self) -> None:
         record = self.record
-        flow = _with_parallelism(cloudpickle.loads(record.flow), dict(record.parallelism))
+        flow = with_parallelism(cloudpickle.loads(record.flow), dict(record.parallelism))
         restore_from = record.restore_from
         if self._restarted:
             storage = self.storage
@@ -167,7 +143,7 @@ class JobManagerCore:
             self._exporter.recovery()
             self._update(f"recovery: the job manager restarted (restart {record.restarts}); "
                          f"the job rolled back to {where}", state="RUNNING",
-                         rescales=tuple(_interrupted(r) for r in record.rescales))
+                         rescales=tuple(interrupted(r) for r in record.rescales))
         config = dataclasses.replace(record.config, detached=False, name=None,
                                      checkpoint_dir=record.checkpoint_dir)
         self._job = submit(flow, config=config, restore_from=restore_from)
@@ -239,7 +215,7 @@ class JobManagerCore:
             except Exception:
                 stats = None
             if JobState(state) is JobState.FINISHED:
-                for sink in _sink_names(job.plan.graph):
+                for sink in sink_names(job.plan.graph):
                     try:
                         results[sink] = job.result(sink)
                     except Exception as exc:  # a stopped job: its committed output
@@ -265,7 +241,7 @@ class JobManagerCore:
             except Exception:
                 return  # not complete yet
             self._seen_checkpoint = newest
-            size = _dir_bytes(storage.fs, storage.chk_dir(newest))
+            size = dir_bytes(storage.fs, storage.chk_dir(newest))
             self._exporter.checkpoint(None, size, float(manifest.get("created", time.time())))
 
     def _note_rescales(self) -> None:
@@ -316,7 +292,7 @@ class JobManagerCore:
         except Exception as exc:
             done, outcome, error = handle.progress(), "failed", str(exc)
         entry = {**self._history(rid), "state": outcome, "error": error, "duration_s": done["elapsed_s"],
-                 "bytes_moved": done["bytes_moved"], "bins_moved": done["bins_moved"], "progress": _plain(done)}
+                 "bytes_moved": done["bytes_moved"], "bins_moved": done["bins_moved"], "progress": plain(done)}
         parallelism = dict(self.record.parallelism)
         if outcome == "done":
             parallelism[entry["operator"]] = entry["to"]
@@ -416,7 +392,7 @@ class JobManagerCore:
         with self._lock:
             handle = self._rescales.get(rid)
         if handle is not None:
-            return {**_plain(handle.progress()), "id": rid, "done": handle.done()}
+            return {**plain(handle.progress()), "id": rid, "done": handle.done()}
         entry = self._history(rid)
         return {**entry.get("progress", {}), **entry, "done": True}
 
@@ -443,7 +419,7 @@ class JobManagerCore:
         duration = time.monotonic() - started
         storage = self.storage
         path = storage.chk_dir(checkpoint_id)
-        self._exporter.checkpoint(duration, _dir_bytes(storage.fs, path), time.time())
+        self._exporter.checkpoint(duration, dir_bytes(storage.fs, path), time.time())
         self._seen_checkpoint = max(self._seen_checkpoint, checkpoint_id)
         self._update(f"checkpoint {checkpoint_id} ({duration:.2f} s)")
         return {"id": checkpoint_id, "path": path, "duration_s": duration}
@@ -475,7 +451,7 @@ class JobManagerCore:
             recover_sinks(cloudpickle.loads(self.record.flow), storage,
                           RestoreInfo(storage, storage.load(taken["id"])))
             self._job = None
-            results = _committed_results(self.record.flow, storage)
+            results = committed_results(self.record.flow, storage)
             self._exporter.export(stats)
             self._note_rescales()
             self._update(f"stopped at checkpoint {taken['id']}" + (f" (savepoint {taken['path']})" if savepoint
@@ -515,27 +491,3 @@ class JobManagerCore:
         if not self.record.terminal:
             raise ChirayError(f"job {self.name!r} is {self.record.state.lower()}: stop or cancel it first")
         jobstore.delete(self.name)
-
-
-def _committed_results(flow_bytes: bytes, storage: CheckpointStorage) -> dict[str, Any]:
-    flow = cloudpickle.loads(flow_bytes)
-    out = {}
-    for node in flow.graph.nodes.values():
-        if node.kind is OperatorKind.SINK:
-            try:
-                out[node.name] = node.sink.bind_output(storage.output_dir(node.name), node.name).combine([])
-            except Exception as exc:
-                log.debug("no committed result for %s: %r", node.name, exc)
-    return out
-
-
-def _interrupted(entry: dict[str, Any]) -> dict[str, Any]:
-    """A rescale that was running when the manager died: the rollback undid it."""
-    if entry["state"] != "running":
-        return entry
-    return {**entry, "state": "interrupted", "error": "the job manager restarted during the rescale; the job "
-            "rolled back to its last checkpoint, before it; run the rescale again"}
-
-
-def _plain(progress: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in progress.items() if k != "step_log"}
