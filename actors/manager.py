@@ -33,6 +33,7 @@ import uuid
 from typing import Any
 
 import cloudpickle
+import ray
 import pyarrow.fs as pafs
 
 from chiray.control.coordination import JobState
@@ -54,7 +55,7 @@ __all__ = ["JobManagerCore", "VERBS"]
 log = logging.getLogger(__name__)
 
 VERBS = frozenset({
-    "status", "info", "statistics", "metrics", "rescale", "rescale_progress", "rescale_result", "rescales",
+    "status", "info", "statistics", "host_pids", "metrics", "rescale", "rescale_progress", "rescale_result", "rescales",
     "checkpoint", "savepoint", "stop", "autoscale", "cancel", "run_control", "wait", "result", "forget",
 })
 """The manager methods a client may call (``JobManager.call``)."""
@@ -354,6 +355,13 @@ class JobManagerCore:
         sources = {n.name for n in job.plan.graph.nodes.values() if n.kind is OperatorKind.SOURCE}
         out = sum(s.records_out for s in stats.instances if s.operator in sources)
         return out / max(time.time() - job.started_at, 1e-6)
+
+    def host_pids(self) -> dict[int, int]:
+        """Host id -> its process id, for operators and fault tests that kill a host as a crash would."""
+        job = self._running("list the hosts of")
+        with job._lock:
+            hosts = dict(zip(job._host_ids, job._hosts))
+        return {host_id: ray.get(host.pid.remote(), timeout=30) for host_id, host in hosts.items()}
 
     def statistics(self) -> Any:
         if self.record.terminal:

@@ -1,7 +1,9 @@
-"""A detached job on a real multi-process Ray cluster (``ray start --head``), operated only through the CLI.
+"""A detached job on a real multi-process Ray cluster (``ray start --head`` and a second ``ray start`` node on
+this machine), operated only through the CLI.
 
-The test starts its own head node (its own ports and temp dir, ``--block`` in
-a process group it owns) and stops exactly those processes whatever happens
+The test starts its own head node and a worker node (each with its own ports
+and temp dir, ``--block`` in a process group it owns) and stops exactly those
+processes whatever happens
 (``ray stop`` would stop every Ray on the machine). The driver script runs
 directly with ``RAY_ADDRESS`` (``ray job submit`` needs the dashboard, which
 this test does not start, to keep it light).
@@ -33,8 +35,8 @@ from benchmarks.cluster import LocalCluster, free_ports  # noqa: E402
 @pytest.fixture(scope="module")
 def cluster():
     """A head node of our own (its own ports and temp dir); only its processes are stopped."""
-    with LocalCluster(num_cpus=4) as head:
-        yield head.address, head.env, head.metrics_port
+    with LocalCluster(num_cpus=4, worker_nodes=1, worker_cpus=2) as head:  # two ray start nodes, one machine
+        yield head.address, head.env, head.metrics_ports
 
 
 def cli(env: dict, *args: str, ok: bool = True) -> subprocess.CompletedProcess:
@@ -82,9 +84,13 @@ def oracle() -> pd.Series:
     return pa.concat_tables(tables).to_pandas().groupby("key").size().sort_index()
 
 
-def scrape(port: int) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-        return r.read().decode()
+def scrape(ports: list[int]) -> str:
+    """Every node's Prometheus endpoint (a job's actors report where they run)."""
+    texts = []
+    for port in ports:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            texts.append(r.read().decode())
+    return "\n".join(texts)
 
 
 def scraped_records_in(text: str, job: str) -> dict[tuple[str, int], float]:
@@ -99,7 +105,7 @@ def scraped_records_in(text: str, job: str) -> dict[tuple[str, int], float]:
 
 
 def test_detached_job_through_the_cli(cluster, tmp_path):
-    address, env, metrics_port = cluster
+    address, env, metrics_ports = cluster
     out1, out2, chk1, chk2, sp = (str(tmp_path / d) for d in ("out1", "out2", "chk1", "chk2", "sp"))
     done = driver(env, "wc", out1, chk1, "2")
     assert done.returncode == 0, done.stderr  # the driver exits; the job runs on
@@ -128,6 +134,10 @@ def test_detached_job_through_the_cli(cluster, tmp_path):
                       and s["state"] == "RUNNING" and s, "the restarted manager")
     assert any("recovery: the job manager restarted" in e for e in status["events"]), status["events"]
     assert status["operators"]["count"] == 3
+    subprocess.run([sys.executable, str(SCRIPTS / "kill_host.py"), "wc", "count"], env=env, check=True,
+                   timeout=60)  # a host process dies: the manager's supervisor rolls the job back
+    wait_for(lambda: any("recovered from" in e for e in cli_json(env, "status", "wc")["events"]),
+             "the job's recovery from the killed host")
     assert os.path.isdir(cli_json(env, "savepoint", "wc")["path"])
 
     stopped = cli_json(env, "stop", "wc", "--savepoint", sp)
@@ -145,7 +155,7 @@ def test_detached_job_through_the_cli(cluster, tmp_path):
     assert got.astype("int64").tolist() == expected.astype("int64").tolist()  # nothing lost or doubled
 
     final = {(r["operator"], r["instance"]): r["records_in"] for r in cli_json(env, "metrics", "wc2")}
-    wait_for(lambda: scraped_records_in(scrape(metrics_port), "wc2") == final, "chiray_records_in on /metrics",
+    wait_for(lambda: scraped_records_in(scrape(metrics_ports), "wc2") == final, "chiray_records_in on /metrics",
              timeout=30)
 
     assert cli_json(env, "forget", "wc")["forgotten"] is True
