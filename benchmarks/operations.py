@@ -9,7 +9,9 @@ manager kill until the source's output rate is back at 90% of what it was,
 a savepoint, a stop with a savepoint and a restore from it (submit until the
 restored job runs). The output of both jobs is checked against pandas
 (``exact``). ``metrics_throughput_ratio`` compares unpaced runs of the same
-job with the metrics export on and off, on the same cluster.
+job with the metrics export on and off, on the same cluster: the median of
+``--tput-pairs`` runs each, in the order on, off, off, on, ... so that a drift
+of the machine's load cancels (each run's rate in ``metrics_throughput_runs``).
 
 The last line is one JSON object with ``driver_exit_survived``, ``attach_s``,
 ``cli_status_s``, ``cli_rescale_s``, ``manager_failover_s``, ``savepoint_s``,
@@ -98,11 +100,11 @@ def _oracle(args: argparse.Namespace) -> pd.Series:
     return pa.concat_tables(tables).to_pandas().groupby("key").size().sort_index()
 
 
-def _throughput(env: dict[str, str], args: argparse.Namespace, root: str, metrics: str) -> float:
+def _throughput(env: dict[str, str], args: argparse.Namespace, root: str, metrics: str, run: int = 0) -> float:
     """Unpaced: records/s into the count, between the first sample that saw records and the end."""
     import chiray
 
-    name = f"tput-{metrics}"
+    name = f"tput-{metrics}-{run}"
     flow = chiray.Dataflow("ops")
     src = chiray.generate(args.tput_records, batch_size=10_000, num_keys=args.keys, seed=5, num_splits=2)
     (flow.source(src, parallelism=2, name="events").key_by("key").count(parallelism=2, name="count")
@@ -161,12 +163,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--keys", type=int, default=None)
     parser.add_argument("--records", type=int, default=None)
     parser.add_argument("--tput-records", type=int, default=None, help="records of each unpaced run")
+    parser.add_argument("--tput-pairs", type=int, default=None,
+                        help="unpaced runs with and without metrics (median of each; default 3, quick 2)")
     parser.add_argument("--rate", type=float, default=None, help="records/s offered to the operated job")
     args = parser.parse_args(argv)
     args.keys = args.keys or (20_000 if args.quick else 1_000_000)
     args.records = args.records or (600_000 if args.quick else 12_000_000)
     args.tput_records = args.tput_records or (8_000_000 if args.quick else 20_000_000)
     args.rate = args.rate or (20_000 if args.quick else 200_000)
+    args.tput_pairs = args.tput_pairs or (2 if args.quick else 3)
     print(f"operations: detached keyed count, {args.keys:,} keys, {args.records:,} records at {args.rate:,.0f}/s",
           flush=True)
     with LocalCluster(num_cpus=4) as cluster, tempfile.TemporaryDirectory(prefix="ops") as root:
@@ -177,10 +182,15 @@ def main(argv: list[str] | None = None) -> None:
         ray.init(address=cluster.address, logging_level="ERROR", log_to_driver=False)
         try:
             figures = _operate(cluster, args, root)
-            on = _throughput(cluster.env, args, root, "on")
-            off = _throughput(cluster.env, args, root, "off")
+            rates: dict[str, list[float]] = {"on": [], "off": []}
+            for k in range(args.tput_pairs):  # on, off, off, on, ...: a drift of the machine's load cancels
+                for metrics in (("on", "off") if k % 2 == 0 else ("off", "on")):
+                    rates[metrics].append(_throughput(cluster.env, args, root, metrics, k))
+            on, off = (sorted(rates[m])[len(rates[m]) // 2] for m in ("on", "off"))
             figures["metrics_throughput_ratio"] = on / off
-            print(f"  unpaced: {on:,.0f} records/s with metrics, {off:,.0f} without", flush=True)
+            figures["metrics_throughput_runs"] = {m: [round(r) for r in rs] for m, rs in rates.items()}
+            print(f"  unpaced (median of {args.tput_pairs}): {on:,.0f} records/s with metrics, {off:,.0f} without",
+                  flush=True)
         finally:
             ray.shutdown()
     emit(figures)
