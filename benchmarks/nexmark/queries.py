@@ -22,7 +22,7 @@ from chiray import Dataflow, Stream
 from .generator import NexmarkConfig
 from .source import NexmarkSource, watermarks
 
-__all__ = ["Events", "QUERIES", "q0", "q1", "q2", "q3"]
+__all__ = ["Events", "QUERIES", "all_queries", "q0", "q1", "q2", "q3"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,3 +100,10 @@ def q3(events: Events, parallelism: int = 2) -> Dataflow:
 
 
 QUERIES: dict[str, Callable[[Events, int], Dataflow]] = {"q0": q0, "q1": q1, "q2": q2, "q3": q3}
+
+
+def all_queries() -> dict[str, Callable[[Events, int], Dataflow]]:
+    """Every query built so far, by name (``q4``... live in ``stateful.py``)."""
+    from . import stateful
+
+    return {**QUERIES, "q4": stateful.q4, "q5": stateful.q5, "q7": stateful.q7, "q8": stateful.q8}
