@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-__all__ = ["SQL", "run_sql"]
+__all__ = ["SQL", "run_sql", "same_rows"]
 
 SQL = {
     "q0": "SELECT auction, bidder, price, channel, url, date_time, extra FROM bid",
@@ -60,3 +60,22 @@ def run_sql(query: str, paths: dict[str, str], threads: int = 1) -> pd.DataFrame
         return con.execute(SQL[query]).df()
     finally:
         con.close()
+
+
+def _canonical(frame: pd.DataFrame) -> pd.DataFrame:
+    frame = frame.copy()
+    for column in frame.columns:
+        if pd.api.types.is_datetime64_any_dtype(frame[column]):
+            frame[column] = frame[column].astype("datetime64[ms]")
+    return frame.sort_values(list(frame.columns), kind="stable").reset_index(drop=True)
+
+
+def same_rows(got: pd.DataFrame, expected: pd.DataFrame, rtol: float = 1e-12) -> str | None:
+    """``None`` if both hold the same rows in any order (floats within ``rtol``), else what differs."""
+    if list(got.columns) != list(expected.columns):
+        return f"columns {list(got.columns)} != {list(expected.columns)}"
+    try:
+        pd.testing.assert_frame_equal(_canonical(got), _canonical(expected), check_dtype=False, rtol=rtol)
+    except AssertionError as exc:
+        return str(exc)
+    return None
