@@ -20,7 +20,10 @@ from chiray import Dataflow, sliding, tumbling
 
 from .queries import Events
 
-__all__ = ["q4", "q5", "q7", "q8"]
+__all__ = ["q4", "q5", "q7", "q8", "HEAVIEST"]
+
+# Each stateful query's heaviest keyed operator: the one a rescale moves (Megaphone's experiment).
+HEAVIEST = {"q3": "join", "q4": "winning_bids", "q5": "bids_per_window", "q7": "highest", "q8": "same_window"}
 
 TEN_S_MS = 10_000
 
