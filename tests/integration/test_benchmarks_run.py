@@ -37,6 +37,7 @@ RUNS = {
     "windows": (["--records", "100000", "--keys", "2000", "--batch-size", "20000", "--latency-records", "20000",
                  "--rate", "100000"],
                 ["records_per_s", "ratio", "window_latency_p50_ms", "window_latency_p99_ms"]),
+    "nexmark": (["--events", "20000", "--queries", "q0,q3,q5", "--batch-events", "5000"], ["queries", "migration"]),
     "spark_ingest": (["--rows", "60000", "--small-rows", "20000", "--partitions", "4"],
                      ["bridge_rows_per_s", "to_arrow_rows_per_s", "ratio", "driver_rss_mb_1m", "driver_rss_mb_5m",
                       "driver_rss_growth_mb_5m", "to_arrow_driver_rss_growth_mb_5m"]),
@@ -57,3 +58,6 @@ def test_benchmark_runs_and_reports(name):
     figures = json.loads(lines[-1])
     missing = [k for k in keys if k not in figures]
     assert not missing, f"{name}'s JSON lacks {missing}: {figures}"
+    if name == "nexmark":  # each query checks itself against DuckDB's SQL on the same events
+        assert [q["query"] for q in figures["queries"]] == ["q0", "q3", "q5"]
+        assert all(q["exact"] for q in figures["queries"]), figures

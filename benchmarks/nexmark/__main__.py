@@ -1,0 +1,77 @@
+"""python -m benchmarks.nexmark: NEXMark queries on chiray (Ray) against DuckDB on the same events.
+
+Per query: events/s at parallelism 2 on a private local Ray (the generator inside the timed
+pipeline, as any source; the time runs from submit() to the last result), DuckDB's rate on the
+same events read from Parquet (batch, one thread), and whether chiray's output equals DuckDB's.
+Spark's rate is reported as null: no Spark Structured Streaming run is wired in yet. Progress
+lines for a person go to stderr; one JSON line ends the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from typing import Any
+
+from benchmarks.common import emit, start_ray
+
+from .generator import NexmarkConfig
+from .oracle import run_sql, same_rows
+from .queries import Events, all_queries
+from .source import write_parquet
+
+
+def _say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def run_query(name: str, events: Events, paths: dict[str, str], parallelism: int) -> dict[str, Any]:
+    """One query on Ray and on DuckDB: rates and exactness."""
+    flow = all_queries()[name](events, parallelism)
+    started = time.perf_counter()
+    job = flow.submit()
+    job.wait(timeout=600)
+    elapsed = time.perf_counter() - started
+    got = job.result("out").to_pandas()
+    started = time.perf_counter()
+    expected = run_sql(name, paths, threads=1)
+    duck = time.perf_counter() - started
+    difference = same_rows(got, expected)
+    if difference is not None:
+        _say(f"  {name}: output differs from DuckDB's: {difference[:300]}")
+    return {"query": name, "events": events.num_events, "events_per_s": round(events.num_events / elapsed),
+            "duckdb_events_per_s": round(events.num_events / duck), "spark_events_per_s": None,
+            "exact": difference is None, "output_rows": len(got)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="100,000 events (unless --events)")
+    parser.add_argument("--queries", default=",".join(all_queries()), help="comma-separated, e.g. q0,q1")
+    parser.add_argument("--events", type=int, default=None, help="events per query (default 1,000,000)")
+    parser.add_argument("--parallelism", type=int, default=2)
+    parser.add_argument("--batch-events", type=int, default=50_000)
+    args = parser.parse_args()
+    names = [q.strip() for q in args.queries.split(",") if q.strip()]
+    unknown = [q for q in names if q not in all_queries()]
+    if unknown:
+        parser.error(f"unknown queries {unknown}; expected some of {sorted(all_queries())}")
+    num_events = args.events or (100_000 if args.quick else 1_000_000)
+    events = Events(num_events, NexmarkConfig(), args.batch_events)
+    start_ray(num_cpus=max(4, 2 * args.parallelism + 2))
+    with tempfile.TemporaryDirectory() as directory:
+        _say(f"writing {num_events:,} events as Parquet for DuckDB")
+        paths = write_parquet(directory, num_events, events.config)
+        results = []
+        for name in names:
+            result = run_query(name, events, paths, args.parallelism)
+            _say(f"{name}: {result['events_per_s']:,} events/s on chiray (parallelism {args.parallelism}), "
+                 f"{result['duckdb_events_per_s']:,} on DuckDB (1 thread), exact={result['exact']}")
+            results.append(result)
+    emit({"queries": results, "migration": None, "parallelism": args.parallelism})
+
+
+if __name__ == "__main__":
+    main()

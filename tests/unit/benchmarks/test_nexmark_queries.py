@@ -1,0 +1,29 @@
+"""Each NEXMark query, run in process (LocalRun), equals DuckDB's answer to its SQL on the same events."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.nexmark.generator import NexmarkConfig
+from benchmarks.nexmark.oracle import run_sql, same_rows
+from benchmarks.nexmark.queries import Events, all_queries
+from benchmarks.nexmark.source import write_parquet
+from chiray.actors.harness import LocalRun
+
+# 1,000 events per second of event time: 200 s, so 20 tumbling windows and 100 hopping ones
+EVENTS = Events(200_000, NexmarkConfig(event_rate=1_000), batch_events=2_000)  # 2 s of events a batch
+
+
+@pytest.fixture(scope="module")
+def parquet(tmp_path_factory):
+    return write_parquet(str(tmp_path_factory.mktemp("nexmark")), EVENTS.num_events, EVENTS.config)
+
+
+@pytest.mark.parametrize("parallelism", [1, 2])
+@pytest.mark.parametrize("query", sorted(all_queries()))
+def test_query_equals_duckdb(query, parallelism, parquet):
+    got = LocalRun(all_queries()[query](EVENTS, parallelism)).run()["out"].to_pandas()
+    expected = run_sql(query, parquet)
+    assert len(expected) >= 5, f"{query}: the oracle selects almost nothing; the test would prove little"
+    difference = same_rows(got, expected)
+    assert difference is None, f"{query} at parallelism {parallelism}: {difference}"
