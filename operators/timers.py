@@ -26,11 +26,13 @@ Example:
 from __future__ import annotations
 
 import bisect
+import datetime
 import heapq
 import itertools
 from typing import Any, Callable, Iterable, Mapping
 
 import cloudpickle
+import numpy as np
 import pyarrow as pa
 
 from .batch import to_batches
@@ -174,12 +176,21 @@ class KeyContext:
         return self._store.watermark
 
     def register(self, time: int) -> None:
-        """Call ``on_timer`` for this key once the watermark reaches ``time`` (once per time)."""
-        self._store.register(self._key, self._bin, int(time))
+        """Call ``on_timer`` for this key once the watermark reaches ``time`` (once per time).
+
+        ``time`` is in the unit of the watermarks, that is of the sources' event-time column: the
+        integer itself for an integer column, and for a ``timestamp`` column its integer ticks
+        (nanoseconds since the epoch for ``timestamp("ns")``, milliseconds for ``timestamp("ms")``):
+        ``state.watermark`` is in that unit too, so ``state.register(state.watermark + delay)`` works.
+
+        Raises:
+            TypeError: ``time`` is not an integer (a ``datetime`` or a float), naming what to pass.
+        """
+        self._store.register(self._key, self._bin, _ticks(time, "register"))
 
     def delete(self, time: int) -> None:
-        """Forget this key's timer at ``time`` if pending."""
-        self._store.delete(self._key, self._bin, int(time))
+        """Forget this key's timer at ``time`` if pending (the unit of :meth:`register`)."""
+        self._store.delete(self._key, self._bin, _ticks(time, "delete"))
 
     @property
     def timers(self) -> list[int]:
@@ -223,3 +234,16 @@ class TimerProcessLogic(ProcessLogic):
             out.extend(self._conform(x) for x in to_batches(self.on_timer(key, time, KeyContext(self._timers, key, b)),
                                                             self.output_schema) if x.num_rows)
         return out
+
+
+def _ticks(time: Any, verb: str) -> int:
+    """A timer time as the integer ticks the watermarks use; anything else is refused, never truncated."""
+    if isinstance(time, bool) or not isinstance(time, (int, np.integer)):
+        hint = ""
+        if isinstance(time, (datetime.datetime, datetime.date)) or type(time).__name__ == "Timestamp":
+            hint = (" for a timestamp column pass its integer ticks, e.g. int(pd.Timestamp(t).value) for "
+                    "timestamp('ns') or that // 10**6 for timestamp('ms');")
+        raise TypeError(f"state.{verb}(time): expected an integer in the unit of the watermarks (the event-time "
+                        f"column's ticks), got {type(time).__name__} {time!r};{hint} state.watermark is in that "
+                        "unit")
+    return int(time)

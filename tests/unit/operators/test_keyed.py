@@ -504,3 +504,22 @@ def test_process_infers_row_outputs_over_all_keys_of_a_batch() -> None:
         {"k": None, "n": 2}, {"k": "a", "n": 1}, {"k": "b", "n": 1}]
     [later] = logic.process(pa.record_batch({"k": ["c"], "v": [5]}), 0)
     assert later.to_pylist() == [{"k": "c", "n": 1}]
+
+
+def test_timer_register_takes_integer_ticks_and_refuses_a_datetime_clearly() -> None:
+    import datetime
+
+    from chiray.operators.timers import KeyContext, TimerState
+
+    store = TimerState(NUM_BINS)
+    ctx = KeyContext(store, "a", 3)
+    ctx.register(np.int64(50))
+    ctx.register(10)
+    assert ctx.timers == [10, 50]
+    for bad in (datetime.datetime(2026, 1, 1), 12.5, True):
+        with pytest.raises(TypeError, match=r"state.register\(time\): expected an integer in the unit of the "
+                                            r"watermarks") as info:
+            ctx.register(bad)
+    assert "int(pd.Timestamp(t).value)" in str(pytest.raises(TypeError, ctx.register,
+                                                             datetime.datetime(2026, 1, 1)).value)
+    assert ctx.timers == [10, 50]  # nothing truncated in
