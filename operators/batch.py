@@ -22,8 +22,8 @@ def batch_nbytes(batch: pa.RecordBatch) -> int:
 def to_batches(value: Any, schema: pa.Schema | None = None) -> list[pa.RecordBatch]:
     """Normalise what a user function returned into a list of RecordBatches.
 
-    Accepts ``None``, a RecordBatch, a Table, a list of dicts (rows) or an
-    iterable of RecordBatches / Tables.
+    Accepts ``None``, a RecordBatch, a Table, a pandas DataFrame (its index
+    dropped), a list of dicts (rows) or an iterable of RecordBatches / Tables.
 
     Raises:
         TypeError: for anything else, naming the type received.
@@ -34,6 +34,8 @@ def to_batches(value: Any, schema: pa.Schema | None = None) -> list[pa.RecordBat
         return [value]
     if isinstance(value, pa.Table):
         return value.to_batches()
+    if type(value).__name__ == "DataFrame" and hasattr(value, "to_dict"):  # pandas, without importing it
+        return pa.Table.from_pandas(value, schema=schema, preserve_index=False).to_batches()
     if isinstance(value, dict):
         raise TypeError("expected a RecordBatch, a Table, or a list of rows; got a dict")
     if isinstance(value, (list, tuple)) and value and isinstance(value[0], dict):
@@ -49,8 +51,9 @@ def to_batches(value: Any, schema: pa.Schema | None = None) -> list[pa.RecordBat
                 out.extend(item.to_batches())
             else:
                 raise TypeError(
-                    f"expected an iterable of RecordBatch or Table, got an item of type {type(item).__name__}"
-                )
+                    f"expected a RecordBatch, a Table, a pandas DataFrame, a list of rows (dicts) or an iterable "
+                    f"of RecordBatches / Tables; got {type(value).__name__} with an item of type "
+                    f"{type(item).__name__}")
         return out
     raise TypeError(f"expected a RecordBatch, a Table, or a list of rows; got {type(value).__name__}")
 

@@ -62,7 +62,14 @@ class FilterLogic(_BatchFunction):
         if isinstance(mask, pa.ChunkedArray):
             mask = mask.combine_chunks()
         if not isinstance(mask, pa.Array):
-            mask = pa.array(np.asarray(mask, dtype=bool))
+            values = np.asarray(mask)
+            if values.dtype != bool:
+                raise TypeError(f"filter function {_name(self.fn)} returned a mask of {values.dtype} values; "
+                                "expected booleans (e.g. pc.greater(batch['x'], 0), or a NumPy bool array)")
+            mask = pa.array(values)
+        if not pa.types.is_boolean(mask.type):
+            raise TypeError(f"filter function {_name(self.fn)} returned a mask of type {mask.type}; expected "
+                            "booleans (e.g. pc.greater(batch['x'], 0) or pc.equal(...))")
         if len(mask) != batch.num_rows:
             raise ValueError(
                 f"filter function returned a mask of length {len(mask)} for a batch of {batch.num_rows} rows"
@@ -85,6 +92,15 @@ class FlatMapLogic(_BatchFunction):
         return [b for b in to_batches(self.call(batch), self.schema) if b.num_rows]
 
 
+def _name(fn: Any) -> str:
+    return getattr(fn, "__qualname__", None) or repr(fn)
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 def _rows_to_batches(rows: list[dict], schema: pa.Schema | None) -> Sequence[pa.RecordBatch]:
     if not rows:
         return ()
@@ -99,7 +115,12 @@ class MapRecordsLogic(OperatorLogic):
         self.schema = schema
 
     def process(self, batch: pa.RecordBatch, input_index: int) -> Sequence[pa.RecordBatch]:
-        return _rows_to_batches([self.fn(row) for row in batch.to_pylist()], self.schema)
+        rows = [self.fn(row) for row in batch.to_pylist()]
+        for row in rows:
+            if not isinstance(row, dict):
+                raise TypeError(f"map_records function {_name(self.fn)} returned {type(row).__name__} "
+                                f"{_short(row)}; expected a dict (one output record: {{'column': value, ...}})")
+        return _rows_to_batches(rows, self.schema)
 
 
 class FilterRecordsLogic(OperatorLogic):
