@@ -518,7 +518,7 @@ def test_timer_register_takes_integer_ticks_and_refuses_a_datetime_clearly() -> 
     assert ctx.timers == [10, 50]
     for bad in (datetime.datetime(2026, 1, 1), 12.5, True):
         with pytest.raises(TypeError, match=r"state.register\(time\): expected an integer in the unit of the "
-                                            r"watermarks") as info:
+                                            r"watermarks"):
             ctx.register(bad)
     assert "int(pd.Timestamp(t).value)" in str(pytest.raises(TypeError, ctx.register,
                                                              datetime.datetime(2026, 1, 1)).value)
