@@ -84,7 +84,9 @@ def aggregate_output_schema(input_schema: pa.Schema, key: str, aggs: Sequence[Ag
         if agg.column is not None and agg.column not in names:
             raise ValueError(f"aggregate {agg.name!r}: column {agg.column!r} is not in the input columns {names}")
         value_type = None if agg.column is None else input_schema.field(agg.column).type
-        out.append(pa.field(agg.name, _output_type(agg, value_type)))
+        scaled = agg.func == "mean" and value_type is not None and pa.types.is_decimal(value_type)
+        out.append(pa.field(agg.name, _output_type(agg, value_type),
+                            metadata={DECIMAL_SCALE: str(value_type.scale)} if scaled else None))
     return pa.schema(out)
 
 
@@ -92,13 +94,20 @@ def _output_type(agg: AggSpec, t: pa.DataType | None) -> pa.DataType:
     if agg.func == "count":
         return pa.int64()
     assert t is not None
-    numeric = pa.types.is_integer(t) or pa.types.is_floating(t)
+    if pa.types.is_decimal(t) and (not pa.types.is_decimal128(t) or t.precision > MAX_DECIMAL_PRECISION):
+        raise TypeError(
+            f"aggregate {agg.name!r}: column {agg.column!r} has type {t}; {agg.func} takes decimal128 up to "
+            f"precision {MAX_DECIMAL_PRECISION} (kept exactly as 64-bit unscaled integers): cast it to "
+            f"decimal128({MAX_DECIMAL_PRECISION}, {t.scale}) or to float64 first")
+    numeric = pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t)
     if agg.func in ("sum", "mean"):
         if not numeric:
             raise TypeError(
-                f"aggregate {agg.name!r}: {agg.func} needs an integer or floating column; "
+                f"aggregate {agg.name!r}: {agg.func} needs an integer, floating or decimal column; "
                 f"column {agg.column!r} has type {t}"
             )
+        if agg.func == "sum" and pa.types.is_decimal(t):
+            return pa.decimal128(38, t.scale)
         return pa.int64() if agg.func == "sum" and pa.types.is_integer(t) else pa.float64()
     if not (numeric or pa.types.is_boolean(t) or _is_temporal(t)):
         raise TypeError(
@@ -137,9 +146,46 @@ def _accumulators(input_schema: pa.Schema, aggs: Sequence[AggSpec]) -> list[Accu
     return list(accs.values())
 
 
+DECIMAL_SCALE = b"chiray.decimal_scale"
+"""Output field metadata of a decimal column's mean: the input's scale (its sum is kept unscaled)."""
+
+MAX_DECIMAL_PRECISION = 18
+"""Decimals are aggregated exactly as unscaled 64-bit integers: up to 18 digits."""
+
+
+def _unscaled(arr: pa.Array) -> np.ndarray:
+    """A decimal128 column's unscaled values as int64 (the low word of each 128-bit value).
+
+    Raises:
+        OverflowError: a value does not fit 64 bits.
+    """
+    words = np.frombuffer(arr.buffers()[1], dtype="<i8")[2 * arr.offset:2 * (arr.offset + len(arr))]
+    low, high = words[0::2], words[1::2]
+    fits = high == (low >> 63)
+    if arr.null_count:
+        fits |= ~arr.is_valid().to_numpy(zero_copy_only=False)
+    if not fits.all():
+        raise OverflowError(f"a {arr.type} value exceeds {MAX_DECIMAL_PRECISION} digits")
+    return low.copy()
+
+
+def _from_unscaled(unscaled: np.ndarray, t: pa.DataType, mask: np.ndarray | None) -> pa.Array:
+    """A decimal128 array of type ``t`` from unscaled int64 values (``mask``: null where true)."""
+    n = len(unscaled)
+    words = np.empty(2 * n, dtype="<i8")
+    words[0::2] = unscaled
+    words[1::2] = unscaled >> 63  # sign extension to 128 bits
+    validity = None if mask is None else pa.array(~mask).buffers()[1]
+    nulls = 0 if mask is None else int(mask.sum())
+    return pa.Array.from_buffers(t, n, [validity, pa.py_buffer(words.tobytes())], null_count=nulls)
+
+
 def _values(arr: pa.Array, dtype: str, valid: np.ndarray | None, fill: Any) -> np.ndarray:
-    """A column as NumPy ``dtype``, nulls replaced by ``fill``."""
+    """A column as NumPy ``dtype``, nulls replaced by ``fill`` (decimals: their unscaled integers)."""
     t = arr.type
+    if pa.types.is_decimal(t):
+        values = _unscaled(arr).astype(dtype, copy=False)
+        return values if valid is None else np.where(valid, values, fill)
     if pa.types.is_boolean(t):
         arr = arr.cast(pa.int8())
     elif _is_temporal(t):
@@ -150,19 +196,29 @@ def _values(arr: pa.Array, dtype: str, valid: np.ndarray | None, fill: Any) -> n
     return values if valid is None else np.where(valid, values, fill)
 
 
-def _finalise(agg: AggSpec, t: pa.DataType, values: dict[str, np.ndarray]) -> pa.Array:
-    """One aggregate's output column from the accumulators at some slots."""
+def _finalise(agg: AggSpec, field: pa.Field | pa.DataType, values: dict[str, np.ndarray]) -> pa.Array:
+    """One aggregate's output column from the accumulators at some slots (a decimal mean's output field
+    carries its input's scale in its metadata)."""
+    scale = int((field.metadata or {}).get(DECIMAL_SCALE, 0)) if isinstance(field, pa.Field) else 0
+    t = field.type if isinstance(field, pa.Field) else field
     if agg.func == "count":
         return pa.array(values["rows" if agg.column is None else f"nn:{agg.column}"], pa.int64())
     nn = values[f"nn:{agg.column}"]
     empty = nn == 0
     mask = empty if empty.any() else None
     if agg.func == "sum":
+        if pa.types.is_decimal(t):
+            return _from_unscaled(values[f"sum:{agg.column}"], t, mask)
         return pa.array(values[f"sum:{agg.column}"], t, mask=mask)
     if agg.func == "mean":
         sums = values[f"sum:{agg.column}"].astype(np.float64)
-        return pa.array(np.divide(sums, nn, out=np.zeros(len(nn)), where=~empty), t, mask=mask)
+        means = np.divide(sums, nn, out=np.zeros(len(nn)), where=~empty)
+        if scale:
+            means = means / 10.0 ** scale
+        return pa.array(means, t, mask=mask)
     extreme = values[f"{agg.func}:{agg.column}"]
+    if pa.types.is_decimal(t):
+        return _from_unscaled(extreme, t, mask)
     if pa.types.is_boolean(t):
         return pa.array(extreme.astype(bool), mask=mask)
     if _is_temporal(t):

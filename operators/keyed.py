@@ -196,7 +196,7 @@ class AggregateLogic(_KeyedLogic):
         values = self._state.values(slots)
         key_type = schema.field(0).type
         arrays = [keys if keys.type == key_type else keys.cast(key_type)]
-        arrays += [_finalise(agg, field.type, values) for agg, field in zip(self.aggs, list(schema)[1:])]
+        arrays += [_finalise(agg, field, values) for agg, field in zip(self.aggs, list(schema)[1:])]
         return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 

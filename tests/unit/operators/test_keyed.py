@@ -523,3 +523,61 @@ def test_timer_register_takes_integer_ticks_and_refuses_a_datetime_clearly() -> 
     assert "int(pd.Timestamp(t).value)" in str(pytest.raises(TypeError, ctx.register,
                                                              datetime.datetime(2026, 1, 1)).value)
     assert ctx.timers == [10, 50]  # nothing truncated in
+
+
+def _decimal_batches(seed: int, count: int = 6) -> list[pa.RecordBatch]:
+    import decimal
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(count):
+        n = int(rng.integers(0, 40))
+        keys = [f"k{int(i)}" for i in rng.integers(0, 9, n)]
+        cents = rng.integers(-10**12, 10**12, n)
+        values = [None if rng.random() < 0.1 else decimal.Decimal(int(c)).scaleb(-2) for c in cents]
+        out.append(pa.record_batch({"k": pa.array(keys, pa.string()), "v": pa.array(values, pa.decimal128(16, 2))}))
+    return out
+
+
+DECIMAL_AGGS = [AggSpec("s", "sum", "v"), AggSpec("lo", "min", "v"), AggSpec("hi", "max", "v"),
+                AggSpec("m", "mean", "v"), AggSpec("n", "count", "v")]
+
+
+def test_decimal_aggregates_are_exact_against_python_decimals_also_across_a_bin_migration() -> None:
+    """What Spark's DECIMAL becomes through the bridge: sums exact, min/max of the same type, mean as float."""
+    import decimal
+
+    batches = _decimal_batches(7)
+    first, second = (AggregateLogic("k", DECIMAL_AGGS, NUM_BINS) for _ in range(2))
+    half = len(batches) // 2
+    _run(first, batches[:half])
+    moving = [b for b in range(NUM_BINS) if b % 2]
+    second.state.install_bins(first.state.extract_bins(moving))  # half the bins move mid-stream
+    owner = np.array([1 if b % 2 else 0 for b in range(NUM_BINS)])
+    for batch in batches[half:]:
+        bins = bins_of(batch.column("k"), NUM_BINS)
+        for i, logic in enumerate((first, second)):
+            logic.process(batch.filter(pa.array(owner[bins] == i)), 0)
+    table = pa.Table.from_batches([b for logic in (first, second) for b in logic.finish()])
+    assert table.schema.field("s").type == pa.decimal128(38, 2)
+    assert table.schema.field("lo").type == pa.decimal128(16, 2) and table.schema.field("m").type == pa.float64()
+    got = {r["k"]: r for r in table.to_pylist()}
+    expected: dict[str, list] = {}
+    for batch in batches:  # the oracle: a plain loop over Python Decimals
+        for k, v in zip(batch.column("k").to_pylist(), batch.column("v").to_pylist()):
+            expected.setdefault(k, []).append(v)
+    assert set(got) == set(expected)
+    for k, values in expected.items():
+        present = [v for v in values if v is not None]
+        row = got[k]
+        assert row["n"] == len(present)
+        assert row["s"] == (sum(present, decimal.Decimal(0)) if present else None)
+        assert row["lo"] == (min(present) if present else None) and row["hi"] == (max(present) if present else None)
+        if present:
+            assert row["m"] == pytest.approx(float(sum(present) / len(present)), rel=1e-12)
+
+
+def test_wide_decimals_are_refused_with_a_way_out() -> None:
+    schema = pa.schema([("k", pa.string()), ("v", pa.decimal128(30, 4))])
+    with pytest.raises(TypeError, match=r"decimal128 up to precision 18.*cast it to decimal128\(18, 4\) or to float64"):
+        aggregate_output_schema(schema, "k", [AggSpec("s", "sum", "v")])
