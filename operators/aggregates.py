@@ -64,7 +64,7 @@ def aggregate_output_schema(input_schema: pa.Schema, key: str, aggs: Sequence[Ag
     """The schema an aggregation emits: the key, then one column per aggregate.
 
     count -> int64; sum of integers -> int64, of floats -> float64; min / max
-    -> the input type; mean -> float64. sum and mean take integer or floating
+    -> the input type; mean -> float64. sum and mean take integer, floating or decimal
     columns; min and max also take booleans and temporal types (not strings).
 
     Raises:
@@ -84,9 +84,9 @@ def aggregate_output_schema(input_schema: pa.Schema, key: str, aggs: Sequence[Ag
         if agg.column is not None and agg.column not in names:
             raise ValueError(f"aggregate {agg.name!r}: column {agg.column!r} is not in the input columns {names}")
         value_type = None if agg.column is None else input_schema.field(agg.column).type
-        scaled = agg.func == "mean" and value_type is not None and pa.types.is_decimal(value_type)
+        scale = value_type.scale if value_type is not None and pa.types.is_decimal(value_type) else None
         out.append(pa.field(agg.name, _output_type(agg, value_type),
-                            metadata={DECIMAL_SCALE: str(value_type.scale)} if scaled else None))
+                            metadata={DECIMAL_SCALE: str(scale)} if agg.func == "mean" and scale else None))
     return pa.schema(out)
 
 

@@ -14,11 +14,11 @@ from typing import Any, Callable
 
 import pyarrow as pa
 
-from .eventtime import check_time_field
+from .eventtime import check_time_field, ticks
 from .graph import OperatorKind, OperatorNode, Partition, describe_callable
 from .handles import StreamLike
 from .hashing import check_num_bins
-from .joins import CoProcessLogic, JoinLogic, WindowJoinLogic, join_tables
+from .joins import LATE_PORTS, CoProcessLogic, JoinLogic, WindowJoinLogic, join_tables
 from .windows import WindowSpec, window_output_schema
 
 Stream = StreamLike  # the runtime type is dataflow.Stream
@@ -80,10 +80,15 @@ class KeyedConnectedStreams:
         return self._add("join", lambda: JoinLogic(keys, bins), name, parallelism, self._join_schema())
 
     def window_join(self, spec: WindowSpec, *, on: str | tuple[str, str], name: str | None = None,
-                    parallelism: int | None = None) -> "Stream":
+                    parallelism: int | None = None, allowed_lateness: Any = 0,
+                    late_side_output: bool = False) -> "Stream":
         """Inner equi-join of rows in the same event-time window, emitted when the watermark passes its end.
 
-        ``on``: the event-time column (one name, or one per input).
+        ``on``: the event-time column (one name, or one per input). ``allowed_lateness`` (ticks or a
+        timedelta): a window still joins rows for that long after it fired, each late row at once with
+        the other side's rows of its key (an update). ``late_side_output=True``: rows that came after
+        their every window expired also go to ``side_output("late_left")`` / ``("late_right")``, besides
+        being counted.
         """
         op_name = self.left.flow._name("window_join", name)
         times = (on, on) if isinstance(on, str) else tuple(on)
@@ -98,10 +103,15 @@ class KeyedConnectedStreams:
         schema = self._join_schema()
         if schema is not None and time_type is not None:
             schema = window_output_schema(time_type, schema.field(0), list(schema)[1:])
-        keys, bins = self.keys, self.num_bins
-        stream = self._add("window_join", lambda: WindowJoinLogic(keys, times, spec, bins, time_type),  # type: ignore[arg-type]
-                           op_name, parallelism, schema)
+        ticks(allowed_lateness, time_type, f"operator {op_name!r}: allowed_lateness")  # checked at build time
+        keys, bins, late = self.keys, self.num_bins, bool(late_side_output)
+        pair: tuple[str, str] = (times[0], times[1])
+        stream = self._add("window_join", lambda: WindowJoinLogic(
+            keys, pair, spec, bins, time_type, allowed_lateness, late), op_name, parallelism, schema)
         stream.node.event_time = True
+        if late:
+            stream.node.side_outputs[LATE_PORTS[0]] = self.left.schema
+            stream.node.side_outputs[LATE_PORTS[1]] = self.right.schema
         return stream
 
     def process(self, fn: Callable[..., Any], *, on_timer: Callable[..., Any] | None = None,

@@ -28,16 +28,19 @@ import numpy as np
 import pyarrow as pa
 
 from .batch import to_batches
-from .eventtime import time_values
+from .eventtime import Duration, ticks, time_values
 from .hashing import bins_of, check_num_bins
 from .keyindex import encode_keys
-from .logic import OperatorLogic
+from .logic import OperatorLogic, SideOutput
 from .state import DictState
 from .timers import KeyContext, TimerState
 from .windows import WindowSpec, split_by_window, with_window
 from .windowstate import WindowState
 
-__all__ = ["JoinLogic", "WindowJoinLogic", "CoProcessLogic", "JoinPane", "join_tables"]
+__all__ = ["JoinLogic", "WindowJoinLogic", "CoProcessLogic", "JoinPane", "join_tables", "LATE_PORTS"]
+
+LATE_PORTS = ("late_left", "late_right")
+"""The side outputs of a window join's late rows, by input."""
 
 
 def _groups(batch: pa.RecordBatch, key: str, num_bins: int) -> list[tuple[Any, int, pa.RecordBatch]]:
@@ -130,11 +133,19 @@ class JoinPane(_TwoInputKeyed):
         return self._state
 
     def process(self, batch: pa.RecordBatch, input_index: int = 0) -> list[pa.RecordBatch]:
+        """Keep the rows; once the window fired (``emit="updates"``, within the allowed lateness), a late
+        row also joins at once with the other side's rows of its key, and that is emitted."""
+        out: list[pa.RecordBatch] = []
         for k, b, rows in _groups(batch, self._key(batch, input_index), self.num_bins):
             sides = list(self._state.get(k, b) or ([], []))
+            other = sides[1 - input_index]
+            if self.emit == "updates" and other:
+                pair = [pa.Table.from_batches([rows]), pa.Table.from_batches(other).combine_chunks()]
+                left, right = pair if input_index == 0 else pair[::-1]
+                out.extend(join_tables(left, right, *self.keys).combine_chunks().to_batches())
             sides[input_index] = sides[input_index] + [rows]
             self._state.put(k, b, tuple(sides))
-        return []
+        return [b for b in out if b.num_rows]
 
     def finish(self) -> list[pa.RecordBatch]:
         left = [r for _, (ls, _) in self._state.items() for r in ls]
@@ -155,10 +166,15 @@ class WindowJoinLogic(_TwoInputKeyed):
         spec: ``tumbling(...)`` or ``sliding(...)``.
         num_bins: the operator's bins.
         time_type: the time columns' type, if known (for timedelta durations).
+        allowed_lateness: how long (ticks or timedelta) a window still joins rows after it fired: a late
+            row is joined at once with the other side's rows of its key in that window (an update).
+        late_side_output: also emit the rows that came after their every window expired, as they came,
+            on side output ``"late_left"`` or ``"late_right"`` (by input).
     """
 
     def __init__(self, keys: tuple[str, str], times: tuple[str, str], spec: WindowSpec, num_bins: int,
-                 time_type: pa.DataType | None = None) -> None:
+                 time_type: pa.DataType | None = None, allowed_lateness: Duration = 0,
+                 late_side_output: bool = False) -> None:
         super().__init__(keys, num_bins)
         if spec.kind not in ("tumbling", "sliding"):
             raise ValueError(f"a window join takes tumbling or sliding windows, got {spec.kind!r}")
@@ -166,7 +182,10 @@ class WindowJoinLogic(_TwoInputKeyed):
         self._size, self._slide, _ = spec.resolve(time_type, "window join")
         self._time_type = time_type
         self.late_records = 0
-        self._state = WindowState(self.num_bins, lambda s, e: JoinPane(self.keys, self.num_bins), self._finalise)
+        self.late_side_output = late_side_output
+        lateness = ticks(allowed_lateness, time_type, "window join: allowed_lateness")
+        self._state = WindowState(self.num_bins, lambda s, e: JoinPane(self.keys, self.num_bins), self._finalise,
+                                  lateness)
 
     @property
     def state(self) -> WindowState:
@@ -188,9 +207,13 @@ class WindowJoinLogic(_TwoInputKeyed):
         keep = ~self._state.expired(starts + self._size)
         late = np.bincount(rows[~keep], minlength=batch.num_rows) == per_row
         self.late_records += int(late.sum())
+        if self.late_side_output and late.any():
+            out.append(SideOutput(LATE_PORTS[input_index], batch.filter(pa.array(late))))
         starts, rows = starts[keep], rows[keep]
         for start, members in (split_by_window(starts, self._slide) if len(starts) else []):
-            self._state.pane(start, start + self._size).process(batch.take(rows[members]), input_index)
+            end = start + self._size
+            pane = self._state.pane(start, end)
+            out.extend(self._finalise(start, end, pane.process(batch.take(rows[members]), input_index)))
         return out
 
     def on_watermark(self, watermark: int) -> list[pa.RecordBatch]:

@@ -429,7 +429,7 @@ def test_aggregates_reject_string_columns(verb, column):
 @pytest.mark.parametrize("column", ["b", "t"])
 def test_sum_and_mean_reject_boolean_and_temporal_columns(verb, column):
     _, keyed = _keyed()
-    expected = rf"'op'.*{verb} needs an integer or floating column.*{column!r} has type"
+    expected = rf"'op'.*{verb} needs an integer, floating or decimal column.*{column!r} has type"
     with pytest.raises(TypeError, match=expected):
         getattr(keyed, verb)(column, name="op")
 

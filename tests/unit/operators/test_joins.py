@@ -72,3 +72,41 @@ def test_join_state_moves_with_its_bins(windowed, seed):
         got = got.drop(columns="window_end")
     pd.testing.assert_frame_equal(sort(got), sort(expected[list(got.columns)]))
     assert sum(getattr(inst, "late_records", 0) for inst in instances) == 0
+
+
+def test_window_join_with_allowed_lateness_joins_late_rows_and_sends_expired_ones_aside():
+    """Window [0, 10): a right row within the lateness joins the left rows of its key at once (an update);
+    one after the window expired is late: counted and sent to side output 'late_right'."""
+    from chiray.operators.joins import LATE_PORTS
+    from chiray.operators.logic import SideOutput
+
+    logic = WindowJoinLogic(("k", "k"), ("t", "t"), tumbling(10), NUM_BINS, allowed_lateness=5,
+                            late_side_output=True)
+    left = pa.record_batch({"k": ["a", "a", "b"], "t": [1, 4, 2], "l": [10, 11, 12]})
+    right = pa.record_batch({"k": ["a"], "t": [3], "r": [100]})
+    assert logic.process(left, 0) == [] and logic.process(right, 1) == []
+    fired = pa.Table.from_batches(logic.on_watermark(12)).to_pylist()  # the window fires: two pairs
+    assert sorted((r["l"], r["r"]) for r in fired) == [(10, 100), (11, 100)]
+    late = pa.record_batch({"k": ["a", "b", "c"], "t": [7, 8, 9], "r": [200, 201, 202]})  # 9 + 5 > 12: in time
+    update = pa.Table.from_batches([b for b in logic.process(late, 1) if not isinstance(b, SideOutput)])
+    assert sorted((r["k"], r["l"], r["r"], r["window_start"], r["window_end"]) for r in update.to_pylist()) == [
+        ("a", 10, 200, 0, 10), ("a", 11, 200, 0, 10), ("b", 12, 201, 0, 10)]
+    assert logic.on_watermark(20) == [] and logic.late_records == 0  # expired now: dropped
+    out = logic.process(pa.record_batch({"k": ["a"], "t": [6], "r": [300]}), 1)
+    assert [type(o) for o in out] == [SideOutput] and out[0].port == LATE_PORTS[1]
+    assert out[0].batch.to_pylist() == [{"k": "a", "t": 6, "r": 300}] and logic.late_records == 1
+
+
+def test_window_join_options_in_the_user_api():
+    from chiray.operators import Dataflow, collect, from_items
+
+    flow = Dataflow("wj")
+    a = flow.source(from_items([{"k": "a", "t": 1}]), name="a")
+    b = flow.source(from_items([{"k": "a", "t": 1, "x": 1}]), name="b")
+    joined = a.connect(b).key_by("k").window_join(tumbling(10), on="t", allowed_lateness=5, late_side_output=True,
+                                                  name="wj")
+    joined.sink(collect(), name="out")
+    assert joined.side_output("late_left").schema.names == ["k", "t"]
+    assert joined.side_output("late_right").schema.names == ["k", "t", "x"]
+    with pytest.raises(ValueError, match="no side output 'late'"):
+        joined.side_output("late")

@@ -127,7 +127,7 @@ def test_output_schema_types() -> None:
 
 
 @pytest.mark.parametrize(("aggs", "error", "words"), [
-    ([AggSpec("x", "sum", "s")], TypeError, ["'s'", "string", "integer or floating"]),
+    ([AggSpec("x", "sum", "s")], TypeError, ["'s'", "string", "integer, floating or decimal"]),
     ([AggSpec("x", "min", "s")], TypeError, ["'s'", "strings are not supported"]),
     ([AggSpec("x", "sum", "nope")], ValueError, ["'nope'", "input columns"]),
     ([AggSpec("x", "count"), AggSpec("x", "sum", "i")], ValueError, ["'x'", "twice"]),
