@@ -40,7 +40,7 @@ from .keyed import _KeyedLogic
 from .keyindex import encode_keys
 from .state import BinnedState, DictState
 from .logic import SideOutput
-from .windows import LATE, WINDOW_COLUMNS, WindowSpec, session, window_output_schema
+from .windows import LATE, WINDOW_COLUMNS, WindowSpec, session, window_bounds, window_output_schema, with_key_and_window
 
 __all__ = ["SessionWindowLogic", "SessionState", "session"]
 
@@ -254,7 +254,10 @@ class SessionWindowLogic(_KeyedLogic):
             out: list[pa.RecordBatch] = []
             for key, (start, end, pieces) in fired:
                 rows = pa.Table.from_batches(pieces).combine_chunks()
-                out.extend(b for b in to_batches(self.fn(key, start, end, rows)) if b.num_rows)
+                result = self.fn(key, *window_bounds(start, end, self._time_type), rows)
+                key_type = rows.schema.field(self.key).type
+                out.extend(with_key_and_window(b, self.key, key, key_type, start, end, self._time_type)
+                           for b in to_batches(result) if b.num_rows)
             return out
         return [self._aggregate(fired)]
 

@@ -117,6 +117,27 @@ def with_window(batch: pa.RecordBatch, start: int, end: int, time_type: pa.DataT
     return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields))
 
 
+def window_bounds(start: int, end: int, time_type: pa.DataType | None) -> tuple[Any, Any]:
+    """A window's bounds as ``apply`` functions get them: timestamps for a timestamp column, else integers."""
+    if time_type is not None and pa.types.is_timestamp(time_type):
+        return pa.scalar(start, time_type).as_py(), pa.scalar(end, time_type).as_py()
+    return start, end
+
+
+def with_key_and_window(batch: pa.RecordBatch, key_name: str, key: Any, key_type: pa.DataType, start: int,
+                        end: int, time_type: pa.DataType | None) -> pa.RecordBatch:
+    """An ``apply`` result with the key and the window's bounds first, as ``agg`` emits them.
+
+    Columns of the result with those names are replaced (they can only hold the same values).
+    """
+    rest = [name for name in batch.schema.names if name not in (key_name, *WINDOW_COLUMNS)]
+    keyed = pa.RecordBatch.from_arrays([pa.array([key] * batch.num_rows, key_type),
+                                        *(batch.column(name) for name in rest)],
+                                       schema=pa.schema([pa.field(key_name, key_type),
+                                                         *(batch.schema.field(name) for name in rest)]))
+    return with_window(keyed, start, end, time_type or pa.int64())
+
+
 def split_by_window(starts: np.ndarray, slide: int, max_scan: int = 32) -> list[tuple[int, np.ndarray]]:
     """``(window start, positions)`` per distinct start, ascending (``starts`` are multiples of ``slide``).
 
@@ -136,15 +157,20 @@ def split_by_window(starts: np.ndarray, slide: int, max_scan: int = 32) -> list[
 class RowsPane(_KeyedLogic):
     """A window's rows per key (``DictState``: key -> list of batches); ``fn`` runs over them when it fires.
 
-    ``fn(key, window_start, window_end, rows) -> rows`` (a RecordBatch / Table,
-    a list of dicts or None). In update mode each ``process`` re-runs ``fn``
-    over every row so far of the keys it touched.
+    ``fn(key, window_start, window_end, rows) -> rows``: ``rows`` is a
+    ``pyarrow.Table`` of the key's rows in the window, the bounds are
+    timestamps for a timestamp time column (else integers), and the result (a
+    RecordBatch / Table, a list of dicts or None) is emitted with the key and
+    the window's bounds first, as ``agg`` emits them. In update mode each
+    ``process`` re-runs ``fn`` over every row so far of the keys it touched.
     """
 
-    def __init__(self, key: str, fn: Callable[..., Any], num_bins: int, window: tuple[int, int] = (0, 0)) -> None:
+    def __init__(self, key: str, fn: Callable[..., Any], num_bins: int, window: tuple[int, int] = (0, 0),
+                 time_type: pa.DataType | None = None) -> None:
         super().__init__(key, num_bins)
         self.fn = fn
         self.window = window
+        self.time_type = time_type
         self.emit = "final"
         self._state = DictState(num_bins)
 
@@ -174,10 +200,13 @@ class RowsPane(_KeyedLogic):
 
     def _run(self, keys: list[tuple[Any, int]]) -> list[pa.RecordBatch]:
         out: list[pa.RecordBatch] = []
+        start, end = self.window
         for key, b in keys:
             rows = pa.Table.from_batches(self._state.get(key, b)).combine_chunks()
-            result = self.fn(key, self.window[0], self.window[1], rows)
-            out.extend(b for b in to_batches(result) if b.num_rows)
+            result = self.fn(key, *window_bounds(start, end, self.time_type), rows)
+            key_type = rows.schema.field(self.key).type
+            out.extend(with_key_and_window(r, self.key, key, key_type, start, end, self.time_type)
+                       for r in to_batches(result) if r.num_rows)
         return out
 
 
@@ -220,7 +249,7 @@ class FixedWindowLogic(_KeyedLogic):
 
     def _new_pane(self, start: int, end: int) -> Any:
         if self.fn is not None:
-            return RowsPane(self.key, self.fn, self.num_bins, (start, end))
+            return RowsPane(self.key, self.fn, self.num_bins, (start, end), self._time_type)
         return AggregateLogic(self.key, self.aggs, self.num_bins)
 
     def _finalise(self, start: int, end: int, batches: list[pa.RecordBatch]) -> list[pa.RecordBatch]:

@@ -145,3 +145,32 @@ def test_user_function_over_each_window():
             assert len(a.state) == 0
     out += a.finish() + b.finish()
     pd.testing.assert_frame_equal(normal(out), oracle(pa.Table.from_batches(data), 40, 40), check_dtype=False)
+
+
+def test_apply_is_consistent_with_agg_timestamps_key_and_window_columns_first():
+    """A timestamp time column: apply's function gets datetime bounds and a Table; the output starts with the
+    key and the window's bounds as timestamps, exactly like agg's."""
+    import datetime
+
+    seen = []
+
+    def stats(key, start, end, rows):
+        seen.append((type(start), type(end), type(rows)))
+        return [{"n": rows.num_rows, "total": sum(rows.column("v").to_pylist())}]
+
+    t0 = datetime.datetime(2026, 1, 1)
+    ts = pa.array([t0 + datetime.timedelta(seconds=s) for s in (1, 5, 61, 62)], pa.timestamp("ms"))
+    batch = pa.record_batch({"k": ["a", "b", "a", "a"], "ts": ts, "v": [1, 2, 3, 4]})
+    minute = datetime.timedelta(minutes=1)
+    applied = FixedWindowLogic("k", "ts", tumbling(minute), NUM_BINS, fn=stats, time_type=pa.timestamp("ms"))
+    summed = FixedWindowLogic("k", "ts", tumbling(minute), NUM_BINS, aggs=[AggSpec("total", "sum", "v")],
+                              time_type=pa.timestamp("ms"))
+    out = pa.Table.from_batches(applied.process(batch, 0) + applied.finish())
+    agg = pa.Table.from_batches(summed.process(batch, 0) + summed.finish())
+    assert set(seen) == {(datetime.datetime, datetime.datetime, pa.Table)}
+    assert out.schema.names == ["k", "window_start", "window_end", "n", "total"]
+    assert out.schema.field("window_start").type == agg.schema.field("window_start").type == pa.timestamp("ms")
+    key = ["k", "window_start", "window_end"]
+    got = sorted(out.select(key + ["total"]).to_pylist(), key=lambda r: (r["k"], r["window_start"]))
+    want = sorted(agg.select(key + ["total"]).to_pylist(), key=lambda r: (r["k"], r["window_start"]))
+    assert got == want and len(got) == 3
