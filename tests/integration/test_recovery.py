@@ -219,17 +219,22 @@ def test_a_replaced_controller_keeps_the_job_history_and_its_restart_count(tmp_p
         job.cancel()
 
 
-@pytest.mark.parametrize("new_p", [1, 3])
-def test_restore_into_a_new_job_with_another_parallelism(tmp_path, new_p):
-    src = source(rate=50_000)
-    chk = str(tmp_path / "chk")
+def checkpoint_mid_run(src, chk: str) -> str:
+    """Run the keyed count on ``src`` until 40 % of it, checkpoint, cancel; the checkpoint's path."""
     first = build("before", src).submit(checkpoint_dir=chk)
     try:
         wait_progress(first, 0.4)
         checkpoint_id = first.checkpoint(timeout=60)
     finally:
         first.cancel()
-    restored = build("after", src, count_p=new_p).submit(restore_from=f"{chk}/chk-{checkpoint_id:06d}")
+    return f"{chk}/chk-{checkpoint_id:06d}"
+
+
+@pytest.mark.parametrize("new_p", [1, 3])
+def test_restore_into_a_new_job_with_another_parallelism(tmp_path, new_p):
+    src = source(rate=50_000)
+    path = checkpoint_mid_run(src, str(tmp_path / "chk"))
+    restored = build("after", src, count_p=new_p).submit(restore_from=path)
     try:
         restored.wait(timeout=180)
     finally:
@@ -257,14 +262,7 @@ def _renamed(name: str, src, count_name: str, uid: str | None = None) -> Dataflo
 def test_restore_matches_state_by_identity_and_refuses_state_with_nowhere_to_go(tmp_path):
     """A renamed keyed operator must not silently start empty while the sources resume from their offsets."""
     src = source(rate=50_000)
-    chk = str(tmp_path / "chk")
-    first = build("before", src).submit(checkpoint_dir=chk)
-    try:
-        wait_progress(first, 0.4)
-        checkpoint_id = first.checkpoint(timeout=60)
-    finally:
-        first.cancel()
-    path = f"{chk}/chk-{checkpoint_id:06d}"
+    path = checkpoint_mid_run(src, str(tmp_path / "chk"))
     with pytest.raises(CheckpointError, match=r"'count' \(keyed state.*count_v2.*uid"):
         submit(_renamed("renamed", src, "count_v2"), restore_from=path)
     other = Dataflow("other")
