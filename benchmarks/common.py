@@ -10,7 +10,7 @@ from typing import Any, Iterable
 
 import psutil
 
-__all__ = ["start_ray", "RssSampler", "emit"]
+__all__ = ["start_ray", "RssSampler", "emit", "key_counts"]
 
 
 def start_ray(num_cpus: int | None = None) -> None:
@@ -67,3 +67,15 @@ class RssSampler:
 def emit(figures: dict[str, Any]) -> None:
     """Print the benchmark's one closing JSON line."""
     print(json.dumps(figures, sort_keys=False))
+
+
+def key_counts(source: Any, column: str = "key") -> Any:
+    """Records per key of a replayable source, read straight from its splits (an oracle): a pandas Series."""
+    import pyarrow as pa
+
+    tables = []
+    for split in source.splits():
+        reader = source.open_split(split)
+        while (batch := reader.read()) is not None:  # pacing is advisory: read at once
+            tables.append(pa.Table.from_batches([batch]).select([column]))
+    return pa.concat_tables(tables).to_pandas().groupby(column).size().sort_index()

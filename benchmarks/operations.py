@@ -29,11 +29,10 @@ import time
 from typing import Any
 
 import pandas as pd
-import pyarrow as pa
 import pyarrow.parquet as pq
 
 from benchmarks.cluster import LocalCluster
-from benchmarks.common import emit
+from benchmarks.common import emit, key_counts
 
 DRIVER = """
 import sys, chiray
@@ -91,13 +90,7 @@ def _failover(job: Any, env: dict[str, str]) -> float:
 def _oracle(args: argparse.Namespace) -> pd.Series:
     import chiray
 
-    src = chiray.generate(args.records, batch_size=10_000, num_keys=args.keys, seed=5, num_splits=2)
-    tables = []
-    for split in src.splits():
-        reader = src.open_split(split)
-        while (batch := reader.read()) is not None:
-            tables.append(pa.Table.from_batches([batch]).select(["key"]))
-    return pa.concat_tables(tables).to_pandas().groupby("key").size().sort_index()
+    return key_counts(chiray.generate(args.records, batch_size=10_000, num_keys=args.keys, seed=5, num_splits=2))
 
 
 def _throughput(env: dict[str, str], args: argparse.Namespace, root: str, metrics: str, run: int = 0) -> float:

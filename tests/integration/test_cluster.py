@@ -30,6 +30,7 @@ sys.path.insert(0, str(SCRIPTS))
 import detached_flow  # noqa: E402
 
 from benchmarks.cluster import LocalCluster, free_ports  # noqa: E402
+from benchmarks.common import key_counts  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -73,15 +74,7 @@ def wait_for(condition, what: str, timeout: float = 45.0):
 
 
 def oracle() -> pd.Series:
-    import pyarrow as pa
-
-    src = detached_flow.source()
-    tables = []
-    for split in src.splits():
-        reader = src.open_split(split)
-        while (batch := reader.read()) is not None:
-            tables.append(pa.Table.from_batches([batch]).select(["key"]))
-    return pa.concat_tables(tables).to_pandas().groupby("key").size().sort_index()
+    return key_counts(detached_flow.source())
 
 
 def scrape(ports: list[int]) -> str:
