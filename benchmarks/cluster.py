@@ -47,7 +47,9 @@ class LocalCluster:
     """A head node of our own. Attributes once entered: ``address``, ``env`` (for subprocesses), ``metrics_port``."""
 
     def __init__(self, num_cpus: int = 4, metrics_report_ms: int = 500, worker_nodes: int = 0,
-                 worker_cpus: int = 2):
+                 worker_cpus: int = 2, dashboard: bool = False):
+        self.dashboard = dashboard
+        self.dashboard_address = ""  # http://127.0.0.1:PORT with dashboard=True: for ``ray job submit``
         self.num_cpus = num_cpus
         self.metrics_report_ms = metrics_report_ms
         self.temp = tempfile.mkdtemp(prefix="crt", dir="/tmp")  # short: Ray's socket paths have a length limit
@@ -61,13 +63,15 @@ class LocalCluster:
         self._head: subprocess.Popen | None = None
 
     def __enter__(self) -> "LocalCluster":
-        port, self.metrics_port, agent, agent_grpc, runtime_env, client, node_mgr, obj_mgr = free_ports(8)
+        port, self.metrics_port, agent, agent_grpc, runtime_env, client, node_mgr, obj_mgr, dash = free_ports(9)
         self.metrics_ports = [self.metrics_port]
         env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_ENABLE_AUTO_CONNECT": "0", "PYTHONWARNINGS": "ignore",
                "RAY_metrics_report_interval_ms": str(self.metrics_report_ms)}
         env.pop("RAY_ADDRESS", None)
         cmd = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block", f"--port={port}",
-               f"--temp-dir={self.temp}", f"--num-cpus={self.num_cpus}", "--include-dashboard=false",
+               f"--temp-dir={self.temp}", f"--num-cpus={self.num_cpus}",
+               *(["--include-dashboard=true", f"--dashboard-port={dash}", "--dashboard-host=127.0.0.1"]
+                 if self.dashboard else ["--include-dashboard=false"]),
                f"--metrics-export-port={self.metrics_port}", f"--dashboard-agent-listen-port={agent}",
                f"--dashboard-agent-grpc-port={agent_grpc}", f"--runtime-env-agent-port={runtime_env}",
                f"--ray-client-server-port={client}", f"--node-manager-port={node_mgr}",
@@ -75,6 +79,7 @@ class LocalCluster:
         self._head = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
                                       stderr=subprocess.DEVNULL)
         self.address = f"127.0.0.1:{port}"
+        self.dashboard_address = f"http://127.0.0.1:{dash}" if self.dashboard else ""
         self.env = {**env, "RAY_ADDRESS": self.address}
         try:
             self._wait_up(port)

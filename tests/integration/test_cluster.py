@@ -2,11 +2,11 @@
 this machine), operated only through the CLI.
 
 The test starts its own head node and a worker node (each with its own ports
-and temp dir, ``--block`` in a process group it owns) and stops exactly those
-processes whatever happens
-(``ray stop`` would stop every Ray on the machine). The driver script runs
-directly with ``RAY_ADDRESS`` (``ray job submit`` needs the dashboard, which
-this test does not start, to keep it light).
+and temp dir, ``--block`` in a process group it owns; the head runs the
+dashboard for ``ray job submit``) and stops exactly those processes whatever happens
+(``ray stop`` would stop every Ray on the machine). The first job is deployed
+as a user would, with ``ray job submit --no-wait`` of a driver script that
+submits a detached flow and exits; later drivers run directly with ``RAY_ADDRESS``.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ from benchmarks.common import key_counts  # noqa: E402
 @pytest.fixture(scope="module")
 def cluster():
     """A head node of our own (its own ports and temp dir); only its processes are stopped."""
-    with LocalCluster(num_cpus=4, worker_nodes=1, worker_cpus=2) as head:  # two ray start nodes, one machine
-        yield head.address, head.env, head.metrics_ports
+    with LocalCluster(num_cpus=4, worker_nodes=1, worker_cpus=2, dashboard=True) as head:  # two nodes, one machine
+        yield head.address, head.env, head.metrics_ports, head.dashboard_address
 
 
 def cli(env: dict, *args: str, ok: bool = True) -> subprocess.CompletedProcess:
@@ -56,6 +56,21 @@ def assert_one_line_error(done: subprocess.CompletedProcess, needle: str) -> Non
     assert done.returncode == 1, done.stdout + done.stderr
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and needle in lines[0], done.stderr
+
+
+def ray_cli(env: dict, *args: str) -> str:
+    done = subprocess.run([sys.executable, "-m", "ray.scripts.scripts", *args], env=env, capture_output=True,
+                          text=True, timeout=120)
+    return done.stdout + done.stderr
+
+
+def ray_job_submit(env: dict, dashboard: str, *args: str) -> str:
+    """``ray job submit --no-wait`` of the driver script (as a user deploys); the submission id."""
+    output = ray_cli(env, "job", "submit", "--address", dashboard, "--no-wait", "--",
+                     sys.executable, str(SCRIPTS / "detached_flow.py"), *args)
+    found = re.search(r"(raysubmit_\w+)", output)
+    assert found, output
+    return found.group(1)
 
 
 def driver(env: dict, *args: str) -> subprocess.CompletedProcess:
@@ -98,11 +113,12 @@ def scraped_records_in(text: str, job: str) -> dict[tuple[str, int], float]:
 
 
 def test_detached_job_through_the_cli(cluster, tmp_path):
-    address, env, metrics_ports = cluster
+    address, env, metrics_ports, dashboard = cluster
     out1, out2, chk1, chk2, sp = (str(tmp_path / d) for d in ("out1", "out2", "chk1", "chk2", "sp"))
-    done = driver(env, "wc", out1, chk1, "2")
-    assert done.returncode == 0, done.stderr  # the driver exits; the job runs on
-    listed = cli_json(env, "list", "--address", address)
+    submission = ray_job_submit(env, dashboard, "wc", out1, chk1, "2")  # the driver submits and exits
+    wait_for(lambda: "succeeded" in ray_cli(env, "job", "status", "--address", dashboard, submission),
+             "the submitted driver to exit")
+    listed = wait_for(lambda: cli_json(env, "list", "--address", address) or None, "the detached job")
     assert [j["name"] for j in listed] == ["wc"] and listed[0]["state"] == "RUNNING"
 
     duplicate = driver(env, "wc", out1, chk1, "2")  # Ray's own connect lines come first
