@@ -19,12 +19,13 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any, Sequence
 
 import numpy as np
 import pyarrow as pa
 
-from .state import Accumulator
+from .state import Accumulator, object_array
 
 __all__ = [
     "AGG_FUNCS",
@@ -32,8 +33,11 @@ __all__ = [
     "aggregate_output_schema",
 ]
 
-AGG_FUNCS = ("count", "sum", "min", "max", "mean")
+AGG_FUNCS = ("count", "sum", "min", "max", "mean", "first", "last", "arg_min", "arg_max", "count_distinct")
 """The built-in aggregate functions."""
+
+ARG_FUNCS = ("arg_min", "arg_max")
+"""Aggregates that give a value from the row where another column is least / greatest."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -45,11 +49,15 @@ class AggSpec:
         func: one of :data:`AGG_FUNCS`.
         column: the input column; ``None`` only for ``count`` (count rows);
             ``count`` of a column counts its non-null values.
+        of: ``arg_min`` / ``arg_max`` only: the column whose value they give
+            from the row where ``column`` is least / greatest; ``None`` gives
+            that whole row, as a struct.
     """
 
     name: str
     func: str
     column: str | None = None
+    of: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -58,6 +66,9 @@ class AggSpec:
             raise ValueError(f"aggregate {self.name!r}: func must be one of {AGG_FUNCS}, got {self.func!r}")
         if self.column is None and self.func != "count":
             raise ValueError(f"aggregate {self.name!r}: {self.func} needs a column (only count may have none)")
+        if self.of is not None and self.func not in ARG_FUNCS:
+            raise ValueError(f"aggregate {self.name!r}: only arg_min and arg_max take a third item "
+                             f"(the column to give), {self.func} does not")
 
 
 def aggregate_output_schema(input_schema: pa.Schema, key: str, aggs: Sequence[AggSpec]) -> pa.Schema:
@@ -81,19 +92,25 @@ def aggregate_output_schema(input_schema: pa.Schema, key: str, aggs: Sequence[Ag
         if agg.name in seen:
             raise ValueError(f"aggregate output name {agg.name!r} is used twice (the key is {key!r})")
         seen.add(agg.name)
-        if agg.column is not None and agg.column not in names:
-            raise ValueError(f"aggregate {agg.name!r}: column {agg.column!r} is not in the input columns {names}")
+        for column in (agg.column, agg.of):
+            if column is not None and column not in names:
+                raise ValueError(f"aggregate {agg.name!r}: column {column!r} is not in the input columns {names}")
         value_type = None if agg.column is None else input_schema.field(agg.column).type
         scale = value_type.scale if value_type is not None and pa.types.is_decimal(value_type) else None
-        out.append(pa.field(agg.name, _output_type(agg, value_type),
+        out.append(pa.field(agg.name, _output_type(agg, value_type, input_schema),
                             metadata={DECIMAL_SCALE: str(scale)} if agg.func == "mean" and scale else None))
     return pa.schema(out)
 
 
-def _output_type(agg: AggSpec, t: pa.DataType | None) -> pa.DataType:
-    if agg.func == "count":
+def _output_type(agg: AggSpec, t: pa.DataType | None, schema: pa.Schema) -> pa.DataType:
+    if agg.func in ("count", "count_distinct"):
+        if agg.func == "count_distinct" and t is not None and pa.types.is_nested(t):
+            raise TypeError(f"aggregate {agg.name!r}: count_distinct needs a column of scalar values; "
+                            f"column {agg.column!r} has type {t}")
         return pa.int64()
     assert t is not None
+    if agg.func in ("first", "last"):
+        return t
     if pa.types.is_decimal(t) and (not pa.types.is_decimal128(t) or t.precision > MAX_DECIMAL_PRECISION):
         raise TypeError(
             f"aggregate {agg.name!r}: column {agg.column!r} has type {t}; {agg.func} takes decimal128 up to "
@@ -114,7 +131,14 @@ def _output_type(agg: AggSpec, t: pa.DataType | None) -> pa.DataType:
             f"aggregate {agg.name!r}: {agg.func} needs a numeric, boolean or temporal column "
             f"(strings are not supported); column {agg.column!r} has type {t}"
         )
+    if agg.func in ARG_FUNCS:
+        return _row_type(schema) if agg.of is None else schema.field(agg.of).type
     return t
+
+
+def _row_type(schema: pa.Schema) -> pa.DataType:
+    """The type of a whole input row (``arg_min`` / ``arg_max`` without a column to give)."""
+    return pa.struct([pa.field(f.name, f.type, f.nullable) for f in schema])
 
 
 def _is_temporal(t: pa.DataType) -> bool:
@@ -128,22 +152,146 @@ def _state_dtype(t: pa.DataType) -> str:
     return "uint64" if pa.types.is_uint64(t) else "int64"
 
 
-def _accumulators(input_schema: pa.Schema, aggs: Sequence[AggSpec]) -> list[Accumulator]:
-    """The state columns the aggregates need (shared where two aggregates need the same)."""
-    accs: dict[str, Accumulator] = {}
+@dataclasses.dataclass(frozen=True, slots=True)
+class Recipe:
+    """How one accumulator's batch partial is computed: ``kind`` over ``column`` (``of``: the
+    column an ``argmin`` / ``argmax`` gives, ``None`` for the whole row)."""
+
+    kind: str
+    column: str | None = None
+    of: str | None = None
+
+
+def _accumulators(input_schema: pa.Schema, aggs: Sequence[AggSpec]) -> dict[str, tuple[Accumulator, Recipe]]:
+    """The state columns the aggregates need (shared where two aggregates need the same), each
+    with how a batch's partial for it is computed."""
+    accs: dict[str, tuple[Accumulator, Recipe]] = {}
+
+    def need(acc: Accumulator, recipe: Recipe) -> None:
+        accs.setdefault(acc.name, (acc, recipe))
+
     for agg in aggs:
         if agg.column is None:
-            accs["rows"] = Accumulator("rows", "sum", "int64")
+            need(Accumulator("rows", "sum", "int64"), Recipe("rows"))
             continue
-        t = input_schema.field(agg.column).type
-        accs[f"nn:{agg.column}"] = Accumulator(f"nn:{agg.column}", "sum", "int64")
+        column, t = agg.column, input_schema.field(agg.column).type
+        count = f"nn:{column}"
+        need(Accumulator(count, "sum", "int64"), Recipe("nn", column))
         if agg.func in ("sum", "mean"):
             dtype = "float64" if pa.types.is_floating(t) else "int64"
-            accs[f"sum:{agg.column}"] = Accumulator(f"sum:{agg.column}", "sum", dtype)
-        elif agg.func in ("min", "max"):
-            name = f"{agg.func}:{agg.column}"
-            accs[name] = Accumulator(name, agg.func, _state_dtype(t))
-    return list(accs.values())
+            need(Accumulator(f"sum:{column}", "sum", dtype), Recipe("sum", column))
+        elif agg.func in ("min", "max") or agg.func in ARG_FUNCS:
+            op = "min" if agg.func in ("min", "arg_min") else "max"
+            need(Accumulator(f"{op}:{column}", op, _state_dtype(t)), Recipe(op, column))
+            if agg.func in ARG_FUNCS:
+                given = _row_type(input_schema) if agg.of is None else input_schema.field(agg.of).type
+                need(Accumulator(_acc_name(agg), "arg" + op, "object", given, count, f"{op}:{column}"),
+                     Recipe("arg" + op, column, agg.of))
+        elif agg.func in ("first", "last"):
+            need(Accumulator(_acc_name(agg), agg.func, "object", t, count), Recipe(agg.func, column))
+        elif agg.func == "count_distinct":
+            need(Accumulator(_acc_name(agg), "union", "object", pa.list_(t)), Recipe("distinct", column))
+    return accs
+
+
+def _acc_name(agg: AggSpec) -> str:
+    """The accumulator an object-valued aggregate reads."""
+    if agg.func in ARG_FUNCS:
+        return f"{agg.func.replace('_', '')}:{json.dumps([agg.column, agg.of])}"
+    if agg.func == "count_distinct":
+        return f"distinct:{agg.column}"
+    return f"{agg.func}:{agg.column}"
+
+
+def _partials(batch: pa.RecordBatch, codes: np.ndarray, n: int,
+              accs: Sequence[tuple[Accumulator, Recipe]]) -> dict[str, np.ndarray]:
+    """Per accumulator, the partial of each of the ``n`` keys of ``batch`` (``codes``: the key of each row)."""
+    rows = np.bincount(codes, minlength=n)
+    valid: dict[str, np.ndarray | None] = {}
+    ranks: dict[str, np.ndarray] = {}
+    partials = {}
+    for acc, recipe in accs:
+        if recipe.kind == "rows":
+            partials[acc.name] = rows
+            continue
+        assert recipe.column is not None
+        arr = batch.column(recipe.column)
+        if recipe.column not in valid:
+            valid[recipe.column] = ~arr.is_null().to_numpy(zero_copy_only=False) if arr.null_count else None
+        ok = valid[recipe.column]
+        kind = recipe.kind
+        if kind == "nn":
+            partials[acc.name] = rows if ok is None else np.bincount(codes[ok], minlength=n)
+        elif kind == "distinct":
+            partials[acc.name] = _distinct(arr, codes, n, ok)
+        elif acc.dtype == "object":
+            rank = None
+            if kind in ("argmin", "argmax"):
+                assert acc.rank is not None
+                rank_acc = next(a for a, _ in accs if a.name == acc.rank)
+                rank = ranks.get(acc.rank)
+                if rank is None:
+                    rank = ranks[acc.rank] = _values(arr, rank_acc.dtype, ok, rank_acc.identity())
+            source = arr if kind in ("first", "last") else (
+                batch.to_struct_array() if recipe.of is None else batch.column(recipe.of))
+            partials[acc.name] = _take_objects(source, _pick_rows(kind, codes, n, ok, rank))
+        else:
+            values = _values(arr, acc.dtype, ok, acc.identity())
+            ranks[acc.name] = values
+            if kind == "sum" and acc.dtype == "float64":
+                partials[acc.name] = np.bincount(codes, weights=values, minlength=n)
+                continue
+            out = np.full(n, acc.identity(), dtype=acc.dtype)
+            {"sum": np.add, "min": np.minimum, "max": np.maximum}[kind].at(out, codes, values)
+            partials[acc.name] = out
+    return partials
+
+
+def _pick_rows(kind: str, codes: np.ndarray, n: int, ok: np.ndarray | None,
+               rank: np.ndarray | None) -> np.ndarray:
+    """Per key, the row a pick aggregate takes from this batch (``-1``: none). Only rows with a
+    value count; ``argmin`` / ``argmax`` take the earliest of the rows that tie."""
+    rows = np.arange(len(codes)) if ok is None else np.flatnonzero(ok)
+    keys = codes[rows]
+    out = np.full(n, -1, dtype=np.int64)
+    if kind in ("first", "last"):
+        if kind == "last":
+            rows, keys = rows[::-1], keys[::-1]
+        found, index = np.unique(keys, return_index=True)
+        out[found] = rows[index]
+        return out
+    assert rank is not None
+    if kind == "argmin":
+        order = np.lexsort((rows, rank[rows], keys))  # by key, then value, then row
+        keys_sorted = keys[order]
+        heads = np.flatnonzero(np.r_[True, keys_sorted[1:] != keys_sorted[:-1]])
+    else:
+        order = np.lexsort((-rows, rank[rows], keys))  # the last of a key's run: its greatest, earliest row
+        keys_sorted = keys[order]
+        heads = np.flatnonzero(np.r_[keys_sorted[1:] != keys_sorted[:-1], True])
+    out[keys_sorted[heads]] = rows[order[heads]]
+    return out
+
+
+def _take_objects(source: pa.Array | pa.ChunkedArray, picked: np.ndarray) -> np.ndarray:
+    """Per key, the value of ``source`` at its picked row as a Python object (``None`` where none)."""
+    out = np.full(len(picked), None, dtype=object)
+    where = np.flatnonzero(picked >= 0)
+    if where.size:
+        out[where] = object_array(source.take(pa.array(picked[where])).to_pylist())
+    return out
+
+
+def _distinct(arr: pa.Array, codes: np.ndarray, n: int, ok: np.ndarray | None) -> np.ndarray:
+    """Per key, the frozenset of its distinct non-null values in this batch (``None`` where none)."""
+    table = pa.table({"key": codes, "value": arr})
+    if ok is not None:
+        table = table.filter(pa.array(ok))
+    grouped = table.group_by("key", use_threads=False).aggregate([("value", "distinct")])
+    out = np.full(n, None, dtype=object)
+    for key, values in zip(grouped.column("key").to_numpy(), grouped.column("value_distinct").to_pylist()):
+        out[key] = frozenset(values)
+    return out
 
 
 DECIMAL_SCALE = b"chiray.decimal_scale"
@@ -203,6 +351,10 @@ def _finalise(agg: AggSpec, field: pa.Field | pa.DataType, values: dict[str, np.
     t = field.type if isinstance(field, pa.Field) else field
     if agg.func == "count":
         return pa.array(values["rows" if agg.column is None else f"nn:{agg.column}"], pa.int64())
+    if agg.func == "count_distinct":
+        return pa.array([0 if v is None else len(v) for v in values[_acc_name(agg)]], pa.int64())
+    if agg.func in ("first", "last") or agg.func in ARG_FUNCS:
+        return pa.array(list(values[_acc_name(agg)]), t)
     nn = values[f"nn:{agg.column}"]
     empty = nn == 0
     mask = empty if empty.any() else None

@@ -397,6 +397,14 @@ class KeyedStream:
             emit: str = "final", **aggregates: tuple[str | None, str]) -> Stream:
         """Several aggregations at once: ``agg(n=(None, "count"), total=("v", "sum"))``.
 
+        Functions (null values are skipped, as in SQL): ``count`` (rows, or a
+        column's non-null values), ``sum``, ``min``, ``max``, ``mean``,
+        ``first`` / ``last`` (the key's first / latest non-null value in
+        arrival order), ``count_distinct``, and ``arg_min`` / ``arg_max``:
+        ``("price", "arg_max", "bidder")`` gives ``bidder`` from the row with
+        the greatest ``price`` (the earliest such row on ties), and
+        ``("price", "arg_max")`` gives that whole row as a struct.
+
         Output columns: the key, then one per aggregate, in the order given.
         ``emit="final"`` emits at end of input; ``"updates"`` emits the new
         values of the keys each input batch touched.
@@ -420,15 +428,17 @@ class KeyedStream:
             raise ValueError(f"operator {op_name!r}: agg() needs at least one aggregate")
         specs = []
         for out_name, spec in aggregates.items():
-            if not (isinstance(spec, tuple) and len(spec) == 2):
+            if not (isinstance(spec, tuple) and len(spec) in (2, 3)):
                 raise TypeError(
-                    f"operator {op_name!r}: aggregate {out_name!r} must be (column, func), got {spec!r}"
+                    f"operator {op_name!r}: aggregate {out_name!r} must be (column, func) or, for arg_min "
+                    f"and arg_max, (column, func, column_to_give), got {spec!r}"
                 )
-            column, func = spec
-            if column is not None:
-                _require_column(self.stream, column, "column", op_name)
+            column, func, of = spec if len(spec) == 3 else (*spec, None)
+            for name in (column, of):
+                if name is not None:
+                    _require_column(self.stream, name, "column", op_name)
             try:
-                specs.append(keyed.AggSpec(out_name, func, column))
+                specs.append(keyed.AggSpec(out_name, func, column, of))
             except (TypeError, ValueError) as exc:
                 raise type(exc)(f"operator {op_name!r}: {exc}") from None
         return specs

@@ -25,12 +25,12 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import pyarrow as pa
 
-from .aggregates import AGG_FUNCS, AggSpec, _accumulators, _finalise, _values, aggregate_output_schema
+from .aggregates import AGG_FUNCS, AggSpec, Recipe, _accumulators, _finalise, _partials, aggregate_output_schema
 from .batch import to_batches
 from .hashing import bins_of, check_num_bins
 from .keyindex import encode_keys
 from .logic import InstanceInfo, OperatorLogic
-from .state import ColumnarAggState, DictState
+from .state import Accumulator, ColumnarAggState, DictState
 
 __all__ = [
     "AGG_FUNCS",
@@ -121,6 +121,7 @@ class AggregateLogic(_KeyedLogic):
         self._state = ColumnarAggState(self.num_bins)
         self._input_schema: pa.Schema | None = None
         self._output_schema: pa.Schema | None = None
+        self._recipes: list[tuple[Accumulator, Recipe]] = []
 
     @property
     def state(self) -> ColumnarAggState:
@@ -139,7 +140,7 @@ class AggregateLogic(_KeyedLogic):
         if batch.num_rows == 0:
             return []
         uniques, codes = encode_keys(self._key_column(batch))
-        slots = self._state.update(uniques, self._partials(batch, codes, len(uniques)))
+        slots = self._state.update(uniques, _partials(batch, codes, len(uniques), self._recipes))
         if self.emit == "updates":
             return [self._result(uniques, slots)]
         return []
@@ -161,34 +162,10 @@ class AggregateLogic(_KeyedLogic):
                 f"input schema changed: the aggregation's output would be {out}, "
                 f"but its state holds output {self._output_schema}"
             )
-        self._state.configure(schema.field(self.key).type, _accumulators(schema, self.aggs),
+        accs = _accumulators(schema, self.aggs)
+        self._state.configure(schema.field(self.key).type, [acc for acc, _ in accs.values()],
                               out.serialize().to_pybytes())
-        self._input_schema, self._output_schema = schema, out
-
-    def _partials(self, batch: pa.RecordBatch, codes: np.ndarray, n: int) -> dict[str, np.ndarray]:
-        rows = np.bincount(codes, minlength=n)
-        valid: dict[str, np.ndarray | None] = {}
-        partials = {}
-        for acc in self._state.layout[1]:
-            kind, _, column = acc.name.partition(":")
-            if kind == "rows":
-                partials[acc.name] = rows
-                continue
-            arr = batch.column(column)
-            if column not in valid:
-                valid[column] = ~arr.is_null().to_numpy(zero_copy_only=False) if arr.null_count else None
-            ok = valid[column]
-            if kind == "nn":
-                partials[acc.name] = rows if ok is None else np.bincount(codes[ok], minlength=n)
-                continue
-            values = _values(arr, acc.dtype, ok, acc.identity())
-            if kind == "sum" and acc.dtype == "float64":
-                partials[acc.name] = np.bincount(codes, weights=values, minlength=n)
-                continue
-            out = np.full(n, acc.identity(), dtype=acc.dtype)
-            {"sum": np.add, "min": np.minimum, "max": np.maximum}[kind].at(out, codes, values)
-            partials[acc.name] = out
-        return partials
+        self._input_schema, self._output_schema, self._recipes = schema, out, list(accs.values())
 
     def _result(self, keys: pa.Array, slots: np.ndarray) -> pa.RecordBatch:
         schema = self._output_schema

@@ -261,28 +261,66 @@ def dumps_compact(value: Any) -> bytes:
     return out.getvalue()
 
 
+PICK_OPS = ("first", "last", "argmin", "argmax")
+"""Object accumulators that keep one value per key, replaced when a batch's value wins."""
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Accumulator:
     """One NumPy state column of a :class:`ColumnarAggState`.
 
+    Numeric columns combine partials with ``op`` ``"sum"``, ``"min"`` or
+    ``"max"``. Object columns (``dtype="object"``) hold Python values of the
+    Arrow type ``value_type``, ``None`` for none:
+
+    * ``"first"`` / ``"last"``: the key's first / latest value. ``count`` names
+      the numeric (sum) accumulator counting the key's values; a batch's value
+      is taken where it has values, and for ``"first"`` only where the key had none.
+    * ``"argmin"`` / ``"argmax"``: the value beside the key's extreme. ``rank``
+      names the min / max accumulator; a batch's value is taken where its rank
+      is strictly better (ties keep the earlier value) or the key had none.
+    * ``"union"``: a frozenset of distinct values (``value_type`` is a list type).
+
+    Pick columns are compared against the state before any column is updated.
+
     Attributes:
         name: unique within the state.
-        op: how partials combine: ``"sum"``, ``"min"`` or ``"max"``.
-        dtype: ``"int64"``, ``"uint64"`` or ``"float64"``.
+        op: how partials combine.
+        dtype: ``"int64"``, ``"uint64"``, ``"float64"`` or ``"object"``.
+        value_type: object columns: the Arrow type of what they hold.
+        count: pick columns: the accumulator counting values per key.
+        rank: ``"argmin"`` / ``"argmax"``: the accumulator they follow.
     """
 
     name: str
     op: str
     dtype: str
+    value_type: pa.DataType | None = None
+    count: str | None = None
+    rank: str | None = None
 
     def __post_init__(self) -> None:
-        if self.op not in ("sum", "min", "max"):
+        numeric = self.dtype in ("int64", "uint64", "float64")
+        if self.dtype != "object" and not numeric:
+            raise ValueError(
+                f"accumulator {self.name!r}: dtype must be int64, uint64, float64 or object, got {self.dtype!r}")
+        if numeric and self.op not in ("sum", "min", "max"):
             raise ValueError(f"accumulator {self.name!r}: op must be sum, min or max, got {self.op!r}")
-        if self.dtype not in ("int64", "uint64", "float64"):
-            raise ValueError(f"accumulator {self.name!r}: dtype must be int64, uint64 or float64, got {self.dtype!r}")
+        if not numeric:
+            if self.op not in PICK_OPS + ("union",):
+                raise ValueError(f"accumulator {self.name!r}: an object column's op must be one of "
+                                 f"{PICK_OPS + ('union',)}, got {self.op!r}")
+            if self.value_type is None:
+                raise ValueError(f"accumulator {self.name!r}: an object column needs its value_type")
+            if self.op in PICK_OPS and self.count is None:
+                raise ValueError(f"accumulator {self.name!r}: {self.op} needs the name of its count accumulator")
+            if self.op in ("argmin", "argmax") and self.rank is None:
+                raise ValueError(f"accumulator {self.name!r}: {self.op} needs the name of its rank accumulator")
 
     def identity(self) -> Any:
         """The neutral value of ``op`` (what a new slot starts with, what null partials use)."""
+        if self.dtype == "object":
+            return None
         dtype = np.dtype(self.dtype)
         if self.op == "sum":
             return dtype.type(0)
@@ -290,6 +328,39 @@ class Accumulator:
             return dtype.type(np.inf if self.op == "min" else -np.inf)
         info = np.iinfo(dtype)
         return dtype.type(info.max if self.op == "min" else info.min)
+
+    def spec(self) -> list[Any]:
+        """What a bin's header records (the value type travels as the column's type)."""
+        return [self.name, self.op, self.dtype, self.count, self.rank]
+
+    def column_type(self) -> pa.DataType:
+        """The Arrow type of this column in a serialised bin."""
+        return self.value_type if self.value_type is not None else pa.from_numpy_dtype(np.dtype(self.dtype))
+
+    def to_arrow(self, values: np.ndarray) -> pa.Array:
+        """A state column (or part of one) as an Arrow array of :meth:`column_type`."""
+        if self.dtype != "object":
+            return pa.array(values)
+        if self.op == "union":
+            return pa.array([None if v is None else list(v) for v in values], self.value_type)
+        return pa.array(list(values), self.value_type)
+
+    def from_arrow(self, array: pa.Array | pa.ChunkedArray) -> np.ndarray:
+        """The inverse of :meth:`to_arrow`."""
+        if self.dtype != "object":
+            return array.to_numpy()
+        values = array.to_pylist()
+        if self.op == "union":
+            values = [None if v is None else frozenset(v) for v in values]
+        return object_array(values)
+
+
+def object_array(values: Sequence[Any]) -> np.ndarray:
+    """A 1-d object array of ``values`` as they are (lists, dicts and tuples stay one element each)."""
+    out = np.empty(len(values), dtype=object)
+    for i, value in enumerate(values):
+        out[i] = value
+    return out
 
 
 class ColumnarAggState(BinnedState):
@@ -394,17 +465,40 @@ class ColumnarAggState(BinnedState):
                 for acc in self._accs:
                     self._cols[acc.name][revived] = acc.identity()
                 self._dead -= len(revived)
+        taken = {acc.name: self._taken(acc, slots, partials) for acc in self._accs if acc.op in PICK_OPS}
         for acc in self._accs:
             column, part = self._cols[acc.name], partials[acc.name]
             if acc.op == "sum":
                 column[slots] += part
             elif acc.op == "min":
                 column[slots] = np.minimum(column[slots], part)
-            else:
+            elif acc.op == "max":
                 column[slots] = np.maximum(column[slots], part)
+            elif acc.op == "union":  # new sets, never changed in place: snapshots share them
+                for slot, values in zip(slots.tolist(), part):
+                    if values:
+                        old = column[slot]
+                        column[slot] = frozenset(values) if old is None else old | values
+            else:
+                take = taken[acc.name]
+                column[slots[take]] = part[take]
         self._versions += np.bincount(self._bin[slots], minlength=self._num_bins) > 0
         self._stamp[slots] = self._versions[self._bin[slots]]
         return slots
+
+    def _taken(self, acc: Accumulator, slots: np.ndarray, partials: Mapping[str, np.ndarray]) -> np.ndarray:
+        """Where a pick column takes the batch's value (decided on the state before this update)."""
+        assert acc.count is not None
+        offered = partials[acc.count] > 0
+        if acc.op == "last":
+            return offered
+        empty = self._cols[acc.count][slots] == 0
+        if acc.op == "first":
+            return offered & empty
+        assert acc.rank is not None
+        current, part = self._cols[acc.rank][slots], partials[acc.rank]
+        better = part < current if acc.op == "argmin" else part > current
+        return offered & (empty | better)
 
     def slots(self) -> np.ndarray:
         """Every slot in use, ascending (slot order is key insertion order)."""
@@ -439,7 +533,7 @@ class ColumnarAggState(BinnedState):
         self._dead = 0  # slots of extracted bins, marked with bin ``num_bins`` until the next compaction
         self._bin = np.zeros(capacity, dtype=np.int32)
         self._stamp = np.zeros(capacity, dtype=np.int64)  # per slot: its bin's version when last written
-        self._cols = {a.name: np.zeros(capacity, dtype=a.dtype) for a in self._accs}
+        self._cols = {a.name: _resized(np.zeros(0, dtype=a.dtype), capacity, 0) for a in self._accs}
         self._index = KeyIndex(self._key_type or pa.null(), table_hash_bits=self._index_hash_bits)
 
     def _bin_counts(self) -> np.ndarray:
@@ -614,18 +708,18 @@ class ColumnarAggState(BinnedState):
             if new.size:
                 self._grow(slots[new])
         for i, acc in enumerate(self._accs, start=1):
-            self._cols[acc.name][slots] = np.concatenate([t.column(i).to_numpy() for t in tables])
+            self._cols[acc.name][slots] = np.concatenate([acc.from_arrow(t.column(i)) for t in tables])
         self._stamp[slots] = self._versions[self._bin[slots]]
 
     def _encode_rows(self, b: int, version: int, keys: pa.Array | None, cols: dict[str, np.ndarray]) -> bytes:
         header = {"num_bins": self._num_bins, "bin": b, "version": version,
-                  "accumulators": [[a.name, a.op, a.dtype] for a in self._accs]}
+                  "accumulators": [a.spec() for a in self._accs]}
         metadata = {b"format": _COLUMNAR_FORMAT.encode(), b"header": json.dumps(header).encode(),
                     b"meta": self._meta}
         fields = [pa.field("key", self._key_type or pa.null())]
-        fields += [pa.field(f"acc{i}", a.dtype) for i, a in enumerate(self._accs)]
+        fields += [pa.field(f"acc{i}", a.column_type()) for i, a in enumerate(self._accs)]
         arrays = [keys if keys is not None else pa.nulls(0)]
-        arrays += [pa.array(cols[a.name]) for a in self._accs]
+        arrays += [a.to_arrow(cols[a.name]) for a in self._accs]
         table = pa.Table.from_arrays(arrays, schema=pa.schema(fields, metadata=metadata))
         sink = pa.BufferOutputStream()
         with pa.ipc.new_stream(sink, table.schema) as writer:
@@ -646,12 +740,20 @@ class ColumnarAggState(BinnedState):
                 f"bin {b}: payload is bin {header['bin']} of a state with {header['num_bins']} bins; "
                 f"this state has {self._num_bins} bins"
             )
-        accs = tuple(Accumulator(*spec) for spec in header["accumulators"])
+        accs = tuple(_accumulator(spec, table.schema.field(i).type)
+                     for i, spec in enumerate(header["accumulators"], start=1))
         layout = (table.schema.field(0).type, accs, metadata.get(b"meta", b""))
         return b, int(header["version"]), layout, table
 
 
+def _accumulator(spec: list[Any], column_type: pa.DataType) -> Accumulator:
+    """An accumulator from its header entry (:meth:`Accumulator.spec`) and its column's type."""
+    name, op, dtype, *links = spec
+    count, rank = (links + [None, None])[:2]
+    return Accumulator(name, op, dtype, column_type if dtype == "object" else None, count, rank)
+
+
 def _resized(array: np.ndarray, capacity: int, used: int) -> np.ndarray:
-    grown = np.zeros(capacity, dtype=array.dtype)
+    grown = np.full(capacity, None, dtype=object) if array.dtype == object else np.zeros(capacity, dtype=array.dtype)
     grown[:used] = array[:used]
     return grown

@@ -59,6 +59,7 @@ def build(batches: list[pa.RecordBatch], p: int) -> Dataflow:
         getattr(keyed, func)("v", parallelism=p, name=func).collect(name=f"o_{func}")
     keyed.agg(n=(None, "count"), s=("x", "sum"), parallelism=p, emit="updates",
               name="updates").collect(name="o_updates")
+    keyed.agg(d=("v", "count_distinct"), top=("x", "arg_max", "v"), name="picks").collect(name="o_picks")
     keyed.reduce(lambda acc, r: {**acc, "v": (acc["v"] or 0) + (r["v"] or 0)}, parallelism=p,
                  name="reduce").collect(name="o_reduce")
 
@@ -129,7 +130,7 @@ def test_operators_against_pandas(shape, p):
     job.wait(timeout=120)
     r = {name: job.result(f"o_{name}") for name in (
         "map", "filter", "flat_map", "map_records", "filter_records", "flat_map_records", "count",
-        "sum", "min", "max", "mean", "updates", "reduce", "process", "union")}
+        "sum", "min", "max", "mean", "updates", "reduce", "process", "union", "picks")}
 
     exp_map = df.assign(v2=df["v"] * 2)
     same_rows(frame(r["map"], ["k", "v", "x", "v2"]), frame(pa.Table.from_pandas(exp_map, preserve_index=False)))
@@ -148,6 +149,12 @@ def test_operators_against_pandas(shape, p):
     for func in ("count", "sum", "min", "max", "mean"):
         same_rows(frame(r[func], ["k", func]), oracle_agg(df, func))
 
+    if len(df):  # x is random floats: no ties, so the row of each key's greatest x is one row
+        g = df.groupby("k", dropna=False)
+        picks = pd.DataFrame({"d": g["v"].nunique(), "top": df.loc[g["x"].idxmax(), "v"].to_numpy()}).reset_index()
+        same_rows(frame(r["picks"], ["k", "d", "top"]), frame(pa.Table.from_pandas(picks, preserve_index=False)))
+    else:
+        assert r["picks"].num_rows == 0
     # The changelog's last value per key is the final aggregate.
     updates = r["updates"].to_pandas() if r["updates"].num_rows else pd.DataFrame(columns=["k", "n", "s"])
     last = updates.groupby("k", dropna=False, sort=False).tail(1)

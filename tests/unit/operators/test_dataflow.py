@@ -381,7 +381,7 @@ def test_agg_needs_an_aggregate():
         keyed.agg(name="stats")
 
 
-@pytest.mark.parametrize("spec", ["count", ("v",), ("v", "sum", "extra"), ["v", "sum"]])
+@pytest.mark.parametrize("spec", ["count", ("v",), ("v", "arg_max", "s", "extra"), ["v", "sum"]])
 def test_agg_spec_must_be_a_column_func_pair(spec):
     _, keyed = _keyed()
     with pytest.raises(TypeError) as info:
@@ -389,6 +389,17 @@ def test_agg_spec_must_be_a_column_func_pair(spec):
     message = str(info.value)
     assert "'stats'" in message and "'total'" in message
     assert "(column, func)" in message and f"got {spec!r}" in message
+
+
+def test_agg_third_item_is_only_for_arg_min_and_arg_max_and_must_be_a_column():
+    _, keyed = _keyed()
+    with pytest.raises(ValueError, match=r"operator 'stats'.*'total'.*only arg_min and arg_max take a third item"):
+        keyed.agg(name="stats", total=("v", "sum", "s"))
+    with pytest.raises(ValueError, match=r"operator 'stats': unknown column 'extra'"):
+        keyed.agg(name="stats", top=("v", "arg_max", "extra"))
+    out = keyed.agg(name="stats", top=("v", "arg_max", "s"), row=("v", "arg_min"), seen=("s", "count_distinct"))
+    assert out.schema.field("top").type == pa.string() and out.schema.field("seen").type == pa.int64()
+    assert out.schema.field("row").type.num_fields == 7
 
 
 def test_agg_unknown_function_names_the_operator():

@@ -581,3 +581,151 @@ def test_wide_decimals_are_refused_with_a_way_out() -> None:
     schema = pa.schema([("k", pa.string()), ("v", pa.decimal128(30, 4))])
     with pytest.raises(TypeError, match=r"decimal128 up to precision 18.*cast it to decimal128\(18, 4\) or to float64"):
         aggregate_output_schema(schema, "k", [AggSpec("s", "sum", "v")])
+
+
+# -- first, last, arg_min, arg_max, count_distinct ------------------------------------------------
+
+PICK_AGGS = [
+    AggSpec("first_s", "first", "s"),
+    AggSpec("last_s", "last", "s"),
+    AggSpec("first_t", "first", "t"),
+    AggSpec("last_i", "last", "i"),
+    AggSpec("lo_s", "arg_min", "i", "s"),
+    AggSpec("hi_s", "arg_max", "i", "s"),
+    AggSpec("hi_t", "arg_max", "t", "i"),
+    AggSpec("lo_row", "arg_min", "i"),
+    AggSpec("d_i", "count_distinct", "i"),
+    AggSpec("d_s", "count_distinct", "s"),
+    AggSpec("min_i", "min", "i"),  # shares its state column with arg_min of i
+]
+
+
+def _pick_batches(seed: int, count: int = 9) -> list[pa.RecordBatch]:
+    """Batches of (k, i, s, t) with nulls, repeated values (ties, duplicates) and an empty batch."""
+    rng = np.random.default_rng(seed)
+    schema = pa.schema([("k", pa.string()), ("i", pa.int64()), ("s", pa.string()), ("t", pa.timestamp("ms"))])
+    out = []
+    base = datetime.datetime(2026, 1, 1)
+    for b in range(count):
+        n = 0 if b == 4 else int(rng.integers(1, 300))
+        keys = [f"key-{v}" for v in rng.integers(0, 40, n)]
+        ints: list[Any] = rng.integers(0, 12, n).tolist()
+        strings: list[Any] = [f"s{v}" for v in rng.integers(0, 9, n)]
+        times: list[Any] = [base + datetime.timedelta(seconds=int(v)) for v in rng.integers(0, 50, n)]
+        for column in (ints, strings, times):
+            for i in np.flatnonzero(rng.random(n) < 0.15):
+                column[i] = None
+        out.append(pa.record_batch([pa.array(keys, pa.string()), pa.array(ints, pa.int64()),
+                                    pa.array(strings, pa.string()), pa.array(times, pa.timestamp("ms"))],
+                                   schema=schema))
+    return out
+
+
+def _pick_oracle(batches: Sequence[pa.RecordBatch]) -> dict[Any, tuple]:
+    """The aggregates of PICK_AGGS with a plain loop over the rows in arrival order."""
+    rows: dict[Any, list[dict]] = {}
+    for batch in batches:
+        for row in batch.to_pylist():
+            rows.setdefault(row["k"], []).append(row)
+
+    def values(group: list[dict], c: str) -> list[dict]:
+        return [r for r in group if r[c] is not None]
+
+    def arg(group: list[dict], c: str, pick: Callable) -> dict | None:
+        present = values(group, c)
+        if not present:
+            return None
+        best = pick(r[c] for r in present)
+        return next(r for r in present if r[c] == best)  # the earliest row on ties
+
+    out = {}
+    for k, group in rows.items():
+        lo, hi, hi_t = arg(group, "i", min), arg(group, "i", max), arg(group, "t", max)
+        out[k] = (
+            next((r["s"] for r in group if r["s"] is not None), None),
+            next((r["s"] for r in reversed(group) if r["s"] is not None), None),
+            next((r["t"] for r in group if r["t"] is not None), None),
+            next((r["i"] for r in reversed(group) if r["i"] is not None), None),
+            lo and lo["s"], hi and hi["s"], hi_t and hi_t["i"], lo,
+            len({r["i"] for r in values(group, "i")}),
+            len({r["s"] for r in values(group, "s")}),
+            min((r["i"] for r in values(group, "i")), default=None),
+        )
+    return out
+
+
+def test_pick_and_distinct_aggregates_match_a_loop_and_pandas() -> None:
+    batches = _pick_batches(11)
+    got = _as_dict(_run(AggregateLogic("k", PICK_AGGS, NUM_BINS), batches))
+    assert got == _pick_oracle(batches)
+    # pandas agrees where it has the same functions: first / last skip nulls, nunique, idxmax (the first on ties)
+    df = pa.Table.from_batches(batches).to_pandas()
+    g = df.groupby("k")
+    assert {k: got[k][0] for k in got} == {k: (None if pd.isna(v) else v) for k, v in g["s"].first().items()}
+    assert {k: got[k][8] for k in got} == g["i"].nunique().to_dict()
+    rows_hi = df.loc[g["i"].idxmax().dropna().astype(int)]
+    assert {k: got[k][5] for k in got if got[k][5] is not None or k in set(rows_hi["k"])} == \
+        {r.k: (None if pd.isna(r.s) else r.s) for r in rows_hi.itertuples()}
+
+
+def test_pick_aggregate_output_types() -> None:
+    schema = _pick_batches(1)[0].schema
+    out = aggregate_output_schema(schema, "k", PICK_AGGS)
+    assert [out.field(n).type for n in ("first_s", "first_t", "lo_s", "hi_t", "d_s")] == [
+        pa.string(), pa.timestamp("ms"), pa.string(), pa.int64(), pa.int64()]
+    assert out.field("lo_row").type == pa.struct(list(schema))
+
+
+@pytest.mark.parametrize("emit", ["final", "updates"])
+def test_pick_aggregates_survive_bins_moving_between_instances_mid_stream(emit: str) -> None:
+    """The object state columns (values, rows, sets) travel with their bins; the oracle is the one-instance loop."""
+    rng = np.random.default_rng(8)
+    batches = _pick_batches(12, count=12)
+    instances = [AggregateLogic("k", PICK_AGGS, NUM_BINS, emit) for _ in range(3)]
+    owner = np.zeros(NUM_BINS, dtype=np.int64)
+    owner[NUM_BINS // 2:] = 1
+    table: dict[Any, tuple] = {}
+    for step, batch in enumerate(batches):
+        bins = bins_of(batch.column("k"), NUM_BINS)
+        for i, logic in enumerate(instances):
+            table.update(_as_dict(logic.process(batch.filter(pa.array(owner[bins] == i)), 0)))
+        if step % 3 == 2:
+            src, dst = rng.choice(3, size=2, replace=False)
+            moving = [b for b in range(NUM_BINS) if owner[b] == src and rng.random() < 0.6]
+            instances[dst].state.install_bins(instances[src].state.extract_bins(moving))
+            owner[moving] = dst
+    for logic in instances:
+        table.update(_as_dict(logic.finish()))
+    assert table == _pick_oracle(batches)
+
+
+def test_pick_aggregates_changes_since_a_replica_carry_the_object_columns() -> None:
+    """extract_changes / apply_changes (a replicated bin's delta) keep first, arg_max and distinct sets."""
+    batches = _pick_batches(13)
+    old = AggregateLogic("k", PICK_AGGS, NUM_BINS)
+    old.open(InstanceInfo("op", 0, 1, NUM_BINS))
+    for batch in batches[:5]:
+        old.process(batch, 0)
+    replica = AggregateLogic("k", PICK_AGGS, NUM_BINS)
+    bins = old.state.bins()
+    replica.state.install_bins(old.state.snapshot_bins(bins))
+    versions = {b: old.state.version(b) for b in bins}
+    for batch in batches[5:]:
+        old.process(batch, 0)
+    everything = set(bins) | set(old.state.bins())
+    replica.state.install_bins(old.state.extract_bins(everything - set(bins)))
+    replica.state.apply_changes(old.state.extract_changes(versions))
+    assert _as_dict(replica.finish()) == _pick_oracle(batches)
+
+
+def test_pick_aggregate_specs_are_checked() -> None:
+    schema = _pick_batches(1)[0].schema
+    with pytest.raises(ValueError, match="only arg_min and arg_max take a third item"):
+        AggSpec("x", "first", "s", "i")
+    with pytest.raises(ValueError, match="column 'nope' is not in the input columns"):
+        aggregate_output_schema(schema, "k", [AggSpec("x", "arg_max", "i", "nope")])
+    with pytest.raises(TypeError, match="'x'.*arg_max needs a numeric, boolean or temporal column.*'s'"):
+        aggregate_output_schema(schema, "k", [AggSpec("x", "arg_max", "s", "i")])
+    nested = pa.schema([("k", pa.string()), ("l", pa.list_(pa.int64()))])
+    with pytest.raises(TypeError, match="count_distinct needs a column of scalar values; column 'l'"):
+        aggregate_output_schema(nested, "k", [AggSpec("x", "count_distinct", "l")])

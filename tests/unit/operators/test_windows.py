@@ -174,3 +174,34 @@ def test_apply_is_consistent_with_agg_timestamps_key_and_window_columns_first():
     got = sorted(out.select(key + ["total"]).to_pylist(), key=lambda r: (r["k"], r["window_start"]))
     want = sorted(agg.select(key + ["total"]).to_pylist(), key=lambda r: (r["k"], r["window_start"]))
     assert got == want and len(got) == 3
+
+
+def test_first_last_arg_max_and_count_distinct_per_window_move_with_their_bins():
+    """The object-valued aggregates per key and window, bins moving mid-stream, against pandas."""
+    aggs = [AggSpec("first_v", "first", "v"), AggSpec("last_v", "last", "v"),
+            AggSpec("t_of_max", "arg_max", "v", "t"), AggSpec("distinct", "count_distinct", "v")]
+    data = batches(7)
+    instances = [FixedWindowLogic("k", "t", tumbling(40), NUM_BINS, aggs=aggs) for _ in range(2)]
+    owner = np.array([b % 2 for b in range(NUM_BINS)])
+    out: list[pa.RecordBatch] = []
+    for i, batch in enumerate(data):
+        for inst, part in zip(instances, route(batch, owner)):
+            out += inst.process(part, 0)
+        if i % 7 == 3:
+            src = (i // 7) % 2
+            moving = [b for b in range(NUM_BINS) if owner[b] == src][:3]
+            instances[1 - src].state.install_bins(instances[src].state.extract_bins(moving))
+            owner[moving] = 1 - src
+    for inst in instances:
+        out += inst.finish()
+    got = pa.Table.from_batches([b for b in out if b.num_rows]).to_pandas()
+    got = got.sort_values(["k", "window_start"]).reset_index(drop=True)
+    df = pa.Table.from_batches(data).to_pandas()
+    df["window_start"] = df["t"] - df["t"] % 40
+    g = df.groupby(["k", "window_start"], sort=True)
+    expected = pd.DataFrame({
+        "first_v": g["v"].first(), "last_v": g["v"].last(),
+        "t_of_max": df.loc[g["v"].idxmax(), "t"].to_numpy(), "distinct": g["v"].nunique(),
+    }).reset_index()
+    pd.testing.assert_frame_equal(got[["k", "window_start", "first_v", "last_v", "t_of_max", "distinct"]],
+                                  expected, check_dtype=False)
