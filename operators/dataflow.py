@@ -35,7 +35,9 @@ from .logic import Sink, Source
 from .connected import ConnectedStreams
 from .timers import TimerProcessLogic
 from .watermarks import WatermarkedSource, WatermarkStrategy
-from .windowed import WindowedStream
+from .topn import TopLogic, top_output_schema
+from .windowed import ALL_ROWS, WindowedStream, with_all_rows_key
+from .windows import WINDOW_COLUMNS
 
 __all__ = ["Dataflow", "Stream", "KeyedStream"]
 
@@ -317,6 +319,50 @@ class Stream:
         _require_column(self, column, "key column")
         bins = self.flow.num_bins if num_bins is None else check_num_bins(num_bins)
         return KeyedStream(self, column, bins)
+
+    def window(self, spec: Any, *, on: str, allowed_lateness: Any = 0,
+               late_side_output: bool = False) -> WindowedStream:
+        """Event-time windows over the whole stream, without a key: ``window(tumbling(60), on="ts").agg(...)``.
+
+        As ``key_by(k).window(...)`` with one key for every row: ``agg`` emits
+        ``window_start, window_end`` and the aggregates, ``apply`` calls
+        ``fn(window_start, window_end, rows)``. All rows meet in one instance
+        (the window operator's parallelism is 1 unless given); a small map
+        before it gives every row the same key.
+        """
+        if ALL_ROWS in (self.schema.names if self.schema is not None else ()):
+            raise ValueError(f"window() after operator {self.name!r}: the column name {ALL_ROWS!r} is reserved")
+        schema = None if self.schema is None else self.schema.append(pa.field(ALL_ROWS, pa.int8()))
+        keyed = self.map(with_all_rows_key, name=self.flow._name("all_rows", None), schema=schema).key_by(ALL_ROWS)
+        return WindowedStream(keyed, spec, on, allowed_lateness, late_side_output, keyless=True)
+
+    def top(self, n: int, by: str, *, descending: bool = True, name: str | None = None,
+            parallelism: int | None = None) -> "Stream":
+        """The ``n`` best rows of each window by ``by`` (the greatest first, or the least with
+        ``descending=False``), after a window's ``agg`` or ``apply``.
+
+        Example: the top 3 products by revenue per minute::
+
+            revenue = bids.key_by("product").window(tumbling(minute), on="ts").agg(revenue=("price", "sum"))
+            top3 = revenue.top(3, by="revenue")
+
+        Output: the input's columns, then ``rank`` (1 for the best). A window's rows are emitted
+        when the watermark passes its end (when the window fired upstream); ties keep arrival
+        order and nulls rank last. Keyed by ``window_end``: windows spread over the instances.
+        """
+        op_name = self.flow._name("top", name)
+        where = f"operator {op_name!r}"
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"{where}: top() needs n >= 1 rows per window, got {n!r}")
+        if not isinstance(by, str) or not by:
+            raise ValueError(f"{where}: top() needs a column name to rank by, got {by!r}")
+        schema = None if self.schema is None else top_output_schema(self.schema, by, where)
+        bins = self.flow.num_bins
+        stream = KeyedStream(self, WINDOW_COLUMNS[1], bins)._keyed(
+            "top", lambda: TopLogic(n, by, bins, descending=descending), name=op_name,
+            parallelism=parallelism, schema=schema)
+        stream.node.event_time = True
+        return stream
 
     def union(self, *others: "Stream", name: str | None = None,
               parallelism: int | None = None) -> "Stream":

@@ -11,20 +11,72 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
+import numpy as np
 import pyarrow as pa
 
 from .aggregates import aggregate_output_schema
 from .eventtime import Duration, check_time_field, ticks
 from .graph import describe_callable
 from .handles import KeyedStreamLike, StreamLike
+from .logic import InstanceInfo, OperatorLogic, SideOutput
 from .windows import LATE, FixedWindowLogic, WindowSpec, window_output_schema
 
 Stream = StreamLike  # the runtime types are dataflow.Stream and dataflow.KeyedStream
 KeyedStream = KeyedStreamLike
 
-__all__ = ["WindowedStream"]
+__all__ = ["WindowedStream", "KeylessLogic", "ALL_ROWS", "with_all_rows_key"]
+
+ALL_ROWS = "__all_rows__"
+"""The constant key column a window over the whole stream runs on (added upstream, dropped on output)."""
+
+
+def with_all_rows_key(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """``batch`` with the constant key column of a window without a key."""
+    return batch.append_column(ALL_ROWS, pa.array(np.zeros(batch.num_rows, dtype=np.int8)))
+
+
+def _drop_all_rows(batch: pa.RecordBatch) -> pa.RecordBatch:
+    index = batch.schema.get_field_index(ALL_ROWS)
+    return batch if index < 0 else batch.drop_columns([ALL_ROWS])
+
+
+class KeylessLogic(OperatorLogic):
+    """A keyed window logic over the whole stream: its rows share the key :data:`ALL_ROWS`, which
+    every output (results and side outputs) drops."""
+
+    def __init__(self, inner: OperatorLogic) -> None:
+        self.inner = inner
+
+    def open(self, info: InstanceInfo) -> None:
+        super().open(info)
+        self.inner.open(info)
+
+    def process(self, batch: pa.RecordBatch, input_index: int) -> list[Any]:
+        return self._strip(self.inner.process(batch, input_index))
+
+    def on_watermark(self, watermark: int) -> list[Any]:
+        return self._strip(self.inner.on_watermark(watermark))
+
+    def finish(self) -> list[Any]:
+        return self._strip(self.inner.finish())
+
+    def close(self) -> None:
+        self.inner.close()
+
+    @property
+    def state(self) -> Any | None:
+        return self.inner.state
+
+    @property
+    def late_records(self) -> int:
+        return int(getattr(self.inner, "late_records", 0))
+
+    @staticmethod
+    def _strip(out: Sequence[Any]) -> list[Any]:
+        return [SideOutput(o.port, _drop_all_rows(o.batch)) if isinstance(o, SideOutput) else _drop_all_rows(o)
+                for o in out]
 
 
 class WindowedStream:
@@ -40,12 +92,13 @@ class WindowedStream:
     """
 
     def __init__(self, keyed: "KeyedStream", spec: WindowSpec, on: str, allowed_lateness: Duration = 0,
-                 late_side_output: bool = False):
+                 late_side_output: bool = False, keyless: bool = False):
         if not isinstance(spec, WindowSpec):
             raise TypeError(f"window() after operator {keyed.stream.name!r}: expected tumbling(...), "
                             f"sliding(...) or session(...), got {type(spec).__name__}")
         self.keyed, self.spec, self.on, self.allowed_lateness = keyed, spec, on, allowed_lateness
         self.late_side_output = bool(late_side_output)
+        self.keyless = keyless  # a window over the whole stream: keyed by ALL_ROWS, which outputs drop
 
     def _check(self, op_name: str) -> pa.DataType | None:
         where = f"operator {op_name!r}"
@@ -72,8 +125,11 @@ class WindowedStream:
                 values = aggregate_output_schema(stream_schema, self.keyed.key, specs)
             except (TypeError, ValueError) as exc:
                 raise type(exc)(f"operator {op_name!r}: {exc}") from None
-            schema = window_output_schema(time_type, values.field(0), list(values)[1:])
+            schema = self._output(window_output_schema(time_type, values.field(0), list(values)[1:]))
         return self._add(op_name, parallelism, schema, dict(aggs=specs), time_type)
+
+    def _output(self, schema: pa.Schema) -> pa.Schema:
+        return schema.remove(0) if self.keyless else schema
 
     def apply(self, fn: Callable[..., Any], *, name: str | None = None, parallelism: int | None = None,
               schema: pa.Schema | None = None) -> "Stream":
@@ -82,7 +138,13 @@ class WindowedStream:
         if not callable(fn):
             raise TypeError(f"operator {op_name!r}: apply() needs a function, got {type(fn).__name__}")
         time_type = self._check(op_name)
-        return self._add(op_name, parallelism, schema, dict(fn=fn), time_type, describe_callable(fn))
+        origin = describe_callable(fn)
+        if self.keyless:
+            user_fn = fn
+
+            def fn(key: Any, start: Any, end: Any, rows: pa.Table) -> Any:
+                return user_fn(start, end, rows.drop_columns([ALL_ROWS]))
+        return self._add(op_name, parallelism, schema, dict(fn=fn), time_type, origin)
 
     def count(self, *, name: str | None = None, parallelism: int | None = None) -> "Stream":
         """Records per key and window: column ``count``."""
@@ -113,9 +175,17 @@ class WindowedStream:
         else:
             def make() -> Any:
                 return FixedWindowLogic(key, on, spec, bins, allowed_lateness=lateness, time_type=time_type, **what)
+        if self.keyless:
+            make_keyed = make
+
+            def make() -> Any:
+                return KeylessLogic(make_keyed())
+            parallelism = 1 if parallelism is None else parallelism
         stream = self.keyed._keyed("window", make, name=op_name, parallelism=parallelism, schema=schema,
                                    origin=origin)
         if self.late_side_output:
-            stream.node.side_outputs[LATE] = self.keyed.stream.schema
+            late = self.keyed.stream.schema
+            stream.node.side_outputs[LATE] = late.remove(late.get_field_index(ALL_ROWS)) if (
+                self.keyless and late is not None) else late
         stream.node.event_time = True
         return stream

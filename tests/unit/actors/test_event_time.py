@@ -342,3 +342,90 @@ def test_results_do_not_depend_on_how_the_arrow_input_is_chunked(source_p):
             ["k", "window_start"]).reset_index(drop=True)
         pd.testing.assert_frame_equal(got.astype("int64", errors="ignore"), want.astype("int64", errors="ignore"),
                                       check_dtype=False)
+
+
+# -- windows without a key, and the top rows per window ------------------------------------------------
+
+def _window_starts(df: pd.DataFrame, size: int, slide: int) -> pd.DataFrame:
+    return pd.concat([df.assign(window_start=df["t"] - df["t"] % slide - j * slide) for j in range(size // slide)])
+
+
+@pytest.mark.parametrize("spec", [(50, 50), (60, 20)], ids=["tumbling", "sliding"])
+def test_a_window_without_a_key_equals_the_batch_group_by_over_all_rows(spec):
+    size, slide = spec
+    data = rows(4)
+    flow = Dataflow("global", num_bins=16)
+    src = flow.source(from_items(data, schema=SCHEMA, batch_size=7, num_splits=3), parallelism=3,
+                      watermarks=bounded_out_of_orderness("t", JITTER))
+    window = tumbling(size) if size == slide else sliding(size, slide)
+    result = src.window(window, on="t", late_side_output=True).agg(
+        name="all", n=(None, "count"), s=("v", "sum"), best=("v", "arg_max", "k"))
+    result.collect(name="out")
+    result.side_output("late").collect(name="late")
+    assert result.schema.names == ["window_start", "window_end", "n", "s", "best"]
+    local, got = run_flow(flow, seed=3)
+    out = got["out"].to_pandas().sort_values("window_start").reset_index(drop=True)
+    exploded = _window_starts(pd.DataFrame(data), size, slide)
+    g = exploded.reset_index(drop=True).groupby("window_start")
+    expected = pd.DataFrame({"n": g.size(), "s": g["v"].sum()}).reset_index()
+    pd.testing.assert_frame_equal(out[["window_start", "n", "s"]], expected, check_dtype=False)
+    assert (out["window_end"] == out["window_start"] + size).all()
+    # the best row's key: the greatest v of the window (rows in a window come in event-time order per split,
+    # so on ties any of the tied keys may be first; check the value instead)
+    best_v = {(r.window_start, r.best) for r in out.itertuples()}
+    maxima = g["v"].max().to_dict()
+    for start, key in best_v:
+        members = exploded[(exploded["window_start"] == start) & (exploded["k"] == key)]
+        assert maxima[start] in set(members["v"]), (start, key)
+    assert got["late"].num_rows == late_counts(local) == 0
+
+
+def test_apply_on_a_window_without_a_key_gets_the_bounds_and_the_rows():
+    data = rows(5, n=120)
+    flow = Dataflow("global-apply", num_bins=8)
+    src = flow.source(from_items(data, schema=SCHEMA, batch_size=11), watermarks=bounded_out_of_orderness("t", JITTER))
+    src.window(tumbling(50), on="t").apply(
+        lambda start, end, rows: [{"rows": rows.num_rows, "columns": ",".join(rows.schema.names)}],
+        name="apply").collect(name="out")
+    _, got = run_flow(flow, seed=1)
+    out = got["out"].to_pandas().sort_values("window_start")
+    counts = pd.DataFrame(data).assign(window_start=lambda d: d["t"] - d["t"] % 50).groupby("window_start").size()
+    assert out["rows"].tolist() == counts.tolist()
+    assert set(out["columns"]) == {"k,t,v"} and list(out.columns) == ["window_start", "window_end", "rows", "columns"]
+
+
+@pytest.mark.parametrize("p", [1, 2, 3])
+def test_top_n_per_window_equals_pandas_nlargest(p):
+    """Top 3 keys by their sum per window: two lines, against pandas' per-window ranking."""
+    data = rows(20 + p, n=600, keys=12)
+    flow = Dataflow("top", num_bins=16)
+    src = flow.source(from_items(data, schema=SCHEMA, batch_size=9, num_splits=2), parallelism=2,
+                      watermarks=bounded_out_of_orderness("t", JITTER))
+    per_key = src.key_by("k").window(tumbling(100), on="t").agg(name="sums", parallelism=2, s=("v", "sum"))
+    per_key.top(3, by="s", name="top3", parallelism=p).collect(name="out")
+    local, got = run_flow(flow, seed=p)
+    out = got["out"].to_pandas()
+    assert list(out.columns) == ["k", "window_start", "window_end", "s", "rank"]
+    df = pd.DataFrame(data).assign(window_start=lambda d: d["t"] - d["t"] % 100)
+    sums = df.groupby(["window_start", "k"])["v"].sum().rename("s").reset_index()
+    expected_sums = sums.groupby("window_start")["s"].apply(lambda s: sorted(s, reverse=True)[:3]).to_dict()
+    assert set(out["window_start"]) == set(expected_sums)
+    for start, rows_ in out.groupby("window_start"):
+        rows_ = rows_.sort_values("rank")
+        assert rows_["rank"].tolist() == list(range(1, len(rows_) + 1))
+        assert rows_["s"].tolist() == expected_sums[start]  # values, best first (ties may pick either key)
+        for r in rows_.itertuples():
+            assert sums[(sums.window_start == start) & (sums.k == r.k)]["s"].item() == r.s
+    assert late_counts(local) == 0
+
+
+def test_top_n_refuses_a_stream_without_window_columns_and_a_bad_n():
+    flow = Dataflow("top-bad")
+    src = flow.source(from_items(rows(1, n=5), schema=SCHEMA), watermarks=bounded_out_of_orderness("t", 5))
+    with pytest.raises(ValueError, match=r"operator 'top3'.*lacks \['window_start', 'window_end'\].*after a window"):
+        src.top(3, by="v", name="top3")
+    sums = src.key_by("k").window(tumbling(10), on="t").sum("v")
+    with pytest.raises(ValueError, match=r"operator 'top0': top\(\) needs n >= 1"):
+        sums.top(0, by="sum", name="top0")
+    with pytest.raises(ValueError, match=r"lacks \['nope'\]"):
+        sums.top(2, by="nope")
