@@ -357,6 +357,9 @@ class Job:
         Raises:
             OpFailedError / OpTimeoutError: the checkpoint failed (a host died, the input ended).
         """
+        if self._final is not None:
+            raise OpFailedError(f"job {self.name!r} has ended ({self._final.state.value.lower()}); there is nothing "
+                                f"left to checkpoint")
         storage = self._deployment.storage if self._deployment is not None else None
         before = max(storage.committed(), default=0) if storage is not None else 0
         op_id = self._call("checkpoint")

@@ -22,6 +22,7 @@ import ray
 from chiray.control.oprun import job_view
 from chiray.operators.dataflow import Dataflow
 from chiray.operators.graph import OperatorKind, PhysicalPlan, physical_plan
+from chiray.operators.pickling import check_picklable
 
 from .config import JobConfig
 from .controller import JobController
@@ -123,6 +124,7 @@ def submit(flow: Dataflow, *, config: JobConfig | None = None, restore_from: str
     elif options:
         config = dataclasses.replace(config, **options)
     flow.validate()
+    check_picklable(flow.graph)
     if config.name is not None and config.name != flow.name:
         flow = copy.copy(flow)
         flow.name = config.name

@@ -132,8 +132,9 @@ class OpRun:
         instances = [instance_id(i) for i in instances]
         unacked = sorted(set(instances) & self.acks_waiting)
         if unacked and self.state is OpState.RUNNING:
-            self.fail(OpFailedError(f"control op {self.op_id} ({self.op.kind}): {unacked} ended their "
-                                    "input before acknowledging it"))
+            self.fail(OpFailedError(f"control op {self.op_id} ({self.op.kind}): the job finished before the op "
+                                    f"completed: its input ended, and sinks {unacked} closed before the op "
+                                    f"reached them (an op on a finishing job has nothing left to act on)"))
             return
         self.waiting.difference_update(instances)
         self._maybe_complete()

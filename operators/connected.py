@@ -18,7 +18,7 @@ from .eventtime import check_time_field, ticks
 from .graph import OperatorKind, OperatorNode, Partition, describe_callable
 from .handles import StreamLike
 from .hashing import check_num_bins
-from .joins import LATE_PORTS, CoProcessLogic, JoinLogic, WindowJoinLogic, join_tables
+from .joins import LATE_PORTS, CoProcessLogic, JoinLogic, WindowJoinLogic, check_key_types, join_tables
 from .windows import WindowSpec, window_output_schema
 
 Stream = StreamLike  # the runtime type is dataflow.Stream
@@ -45,6 +45,10 @@ class ConnectedStreams:
             if stream.schema is not None and key not in stream.schema.names:
                 raise ValueError(f"connect().key_by(): unknown key column {key!r} of stream {stream.name!r}; "
                                  f"it has columns {stream.schema.names}")
+        if self.left.schema is not None and self.right.schema is not None:
+            check_key_types((left_key, right_key), (self.left.schema.field(left_key).type,
+                                                    self.right.schema.field(right_key).type),
+                            f"connect({self.left.name!r}, {self.right.name!r}).key_by(): ")
         bins = self.left.flow.num_bins if num_bins is None else check_num_bins(num_bins)
         return KeyedConnectedStreams(self.left, self.right, (left_key, right_key), bins)
 

@@ -22,7 +22,7 @@ add ``window_start`` and ``window_end`` after the key.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -37,7 +37,7 @@ from .timers import KeyContext, TimerState
 from .windows import WindowSpec, split_by_window, with_window
 from .windowstate import WindowState
 
-__all__ = ["JoinLogic", "WindowJoinLogic", "CoProcessLogic", "JoinPane", "join_tables", "LATE_PORTS"]
+__all__ = ["JoinLogic", "WindowJoinLogic", "CoProcessLogic", "JoinPane", "join_tables", "check_key_types", "LATE_PORTS"]
 
 LATE_PORTS = ("late_left", "late_right")
 """The side outputs of a window join's late rows, by input."""
@@ -71,12 +71,33 @@ class _TwoInputKeyed(OperatorLogic):
     def __init__(self, keys: tuple[str, str], num_bins: int) -> None:
         self.keys = keys
         self.num_bins = check_num_bins(num_bins)
+        self._key_types: list[pa.DataType | None] = [None, None]
 
     def _key(self, batch: pa.RecordBatch, side: int) -> str:
+        """The key column of input ``side``, checked: present, and of the other input's key type."""
         key = self.keys[side]
-        if key not in batch.schema.names:
+        index = batch.schema.get_field_index(key)
+        if index < 0:
             raise ValueError(f"key column {key!r} of input {side} is not in its columns {batch.schema.names}")
+        if self._key_types[side] is None:
+            self._key_types[side] = batch.schema.field(index).type
+            check_key_types(self.keys, self._key_types)
         return key
+
+
+def check_key_types(keys: tuple[str, str], types: Sequence[pa.DataType | None], where: str = "") -> None:
+    """Refuse two key columns of different types: their rows would never meet.
+
+    Raises:
+        TypeError: naming both keys and types.
+    """
+    left, right = types
+    if left is None or right is None or left == right:
+        return
+    raise TypeError(
+        f"{where}the key columns of the two inputs have different types: {keys[0]!r} of the left input is "
+        f"{left}, {keys[1]!r} of the right input is {right}; equal keys of different types never meet, so "
+        f"cast one of them (e.g. a map with pc.cast before connect()) to the other's type")
 
 
 class JoinLogic(_TwoInputKeyed):
@@ -198,6 +219,7 @@ class WindowJoinLogic(_TwoInputKeyed):
         out = self._state.take_pending()
         if batch.num_rows == 0:
             return out
+        self._key(batch, input_index)
         if self._time_type is None:
             self._time_type = batch.schema.field(self.times[input_index]).type
         times = time_values(batch, self.times[input_index], "window join")

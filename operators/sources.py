@@ -172,10 +172,47 @@ def from_items(
     _require("from_items: num_splits", num_splits)
     if isinstance(items, dict):
         raise TypeError("from_items: expected an iterable of dicts (rows), got a dict")
-    table = pa.Table.from_pylist(list(items), schema=schema)
+    rows = list(items)
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise TypeError(f"from_items: row {i} is a {type(row).__name__} ({row!r:.60}); expected dicts")
+    # every field of every row (pa.Table.from_pylist keeps only the first row's fields)
+    names = list(dict.fromkeys(k for row in rows for k in row))
+    if schema is not None:
+        extra = [n for n in names if n not in schema.names]
+        if extra:
+            at = next(i for i, row in enumerate(rows) if extra[0] in row)
+            raise ValueError(f"from_items: row {at} has field {extra[0]!r}, which the schema does not have "
+                             f"(it has {schema.names}); add it to the schema or leave it out of the rows")
+        names = schema.names
+    columns = {name: [row.get(name) for row in rows] for name in names}
+    try:
+        table = pa.Table.from_pydict(columns, schema=schema)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as exc:
+        raise _items_error(columns, schema, exc) from None
     batch = table.combine_chunks().to_batches()
     spans = _row_ranges(table.num_rows, int(num_splits))
     return ArrowSource(batch, table.schema, spans, int(batch_size), "from_items")
+
+
+def _items_error(columns: dict[str, list[Any]], schema: pa.Schema | None, exc: Exception) -> Exception:
+    """Why ``from_items`` could not make a table: the field whose values do not fit one type, with the
+    rows where each type first appears."""
+    for name, values in columns.items():
+        try:
+            pa.array(values, type=None if schema is None else schema.field(name).type)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as field_exc:
+            kinds: dict[str, int] = {}
+            for i, value in enumerate(values):
+                if value is not None:
+                    kinds.setdefault(type(value).__name__, i)
+            if schema is not None:
+                expected = f"the schema gives it type {schema.field(name).type}"
+            else:
+                expected = "every value of a field must have one type (or pass schema=)"
+            seen = ", ".join(f"{kind} (first at row {i})" for kind, i in kinds.items())
+            return TypeError(f"from_items: field {name!r} has values of types {seen}; {expected} ({field_exc})")
+    return TypeError(f"from_items: the rows do not make a table: {exc}")
 
 
 def _arrow_batches(data: pa.Table | pa.RecordBatch | Sequence[pa.RecordBatch]) -> list[pa.RecordBatch]:

@@ -27,6 +27,52 @@ __all__ = [
 ]
 
 
+class _SteadySchema:
+    """The output schema of a function without a declared one: what its first non-empty output had.
+
+    A later batch with other columns or types fails here, naming the function and the column, instead
+    of downstream (where the error would name the wrong operator). Two changes that lose nothing are
+    absorbed: columns in another order, and a column of all nulls (typed ``null`` when inferred).
+    """
+
+    def __init__(self, verb: str, fn: Any) -> None:
+        self.verb, self.fn = verb, fn
+        self.schema: pa.Schema | None = None
+
+    def check(self, batches: Sequence[pa.RecordBatch]) -> list[pa.RecordBatch]:
+        out = []
+        for batch in batches:
+            if self.schema is None:
+                if batch.num_rows:
+                    self.schema = batch.schema
+            elif not batch.schema.equals(self.schema):
+                if batch.num_rows == 0:
+                    continue
+                batch = self._conform(batch)
+            out.append(batch)
+        return out
+
+    def _conform(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        first = self.schema
+        assert first is not None
+        names = batch.schema.names
+        missing = [n for n in first.names if n not in names]
+        extra = [n for n in names if n not in first.names]
+        if missing or extra:
+            raise TypeError(
+                f"{self.verb} function {_name(self.fn)} changed its output columns between batches: first "
+                f"{first.names}, now {names}; every output batch must have the same columns (or declare schema=)")
+        for field in first:
+            now = batch.schema.field(field.name).type
+            if now != field.type and not pa.types.is_null(now):
+                raise TypeError(
+                    f"{self.verb} function {_name(self.fn)} changed the type of column {field.name!r} between "
+                    f"batches: first {field.type}, now {now}; cast it (pc.cast) or declare schema= so every "
+                    f"batch has one type")
+        return pa.RecordBatch.from_arrays([batch.column(n).cast(first.field(n).type) for n in first.names],
+                                          schema=first)
+
+
 class _BatchFunction(OperatorLogic):
     """A logic around a batch-level user function, with optional parameters."""
 
@@ -45,11 +91,13 @@ class MapLogic(_BatchFunction):
                  params: dict[str, Any] | None = None):
         super().__init__(fn, params)
         self.schema = schema
+        self._steady = _SteadySchema("map", fn)
 
     def process(self, batch: pa.RecordBatch, input_index: int) -> Sequence[pa.RecordBatch]:
         if batch.num_rows == 0:
             return ()
-        return to_batches(self.call(batch), self.schema)
+        out = to_batches(self.call(batch), self.schema)
+        return out if self.schema is not None else self._steady.check(out)
 
 
 class FilterLogic(_BatchFunction):
@@ -85,11 +133,13 @@ class FlatMapLogic(_BatchFunction):
                  params: dict[str, Any] | None = None):
         super().__init__(fn, params)
         self.schema = schema
+        self._steady = _SteadySchema("flat_map", fn)
 
     def process(self, batch: pa.RecordBatch, input_index: int) -> Sequence[pa.RecordBatch]:
         if batch.num_rows == 0:
             return ()
-        return [b for b in to_batches(self.call(batch), self.schema) if b.num_rows]
+        out = [b for b in to_batches(self.call(batch), self.schema) if b.num_rows]
+        return out if self.schema is not None else self._steady.check(out)
 
 
 def _name(fn: Any) -> str:
@@ -113,6 +163,7 @@ class MapRecordsLogic(OperatorLogic):
     def __init__(self, fn: Callable[[dict], dict], schema: pa.Schema | None = None):
         self.fn = fn
         self.schema = schema
+        self._steady = _SteadySchema("map_records", fn)
 
     def process(self, batch: pa.RecordBatch, input_index: int) -> Sequence[pa.RecordBatch]:
         rows = [self.fn(row) for row in batch.to_pylist()]
@@ -120,7 +171,8 @@ class MapRecordsLogic(OperatorLogic):
             if not isinstance(row, dict):
                 raise TypeError(f"map_records function {_name(self.fn)} returned {type(row).__name__} "
                                 f"{_short(row)}; expected a dict (one output record: {{'column': value, ...}})")
-        return _rows_to_batches(rows, self.schema)
+        out = _rows_to_batches(rows, self.schema)
+        return out if self.schema is not None else self._steady.check(out)
 
 
 class FilterRecordsLogic(OperatorLogic):
@@ -143,6 +195,7 @@ class FlatMapRecordsLogic(OperatorLogic):
     def __init__(self, fn: Callable[[dict], Iterable[dict]], schema: pa.Schema | None = None):
         self.fn = fn
         self.schema = schema
+        self._steady = _SteadySchema("flat_map_records", fn)
 
     def process(self, batch: pa.RecordBatch, input_index: int) -> Sequence[pa.RecordBatch]:
         rows: list[dict] = []
@@ -150,7 +203,8 @@ class FlatMapRecordsLogic(OperatorLogic):
             out = self.fn(row)
             if out is not None:
                 rows.extend(out)
-        return _rows_to_batches(rows, self.schema)
+        batches = _rows_to_batches(rows, self.schema)
+        return batches if self.schema is not None else self._steady.check(batches)
 
 
 class IdentityLogic(OperatorLogic):

@@ -287,6 +287,8 @@ def test_non_blocking_ops_do_not_stall_the_data():
     job.wait(timeout=120)
     max_gap, rows = job.result()
     assert rows == records
+    with pytest.raises(OpFailedError, match=r"job 'no-stall' has ended \(finished\); there is nothing left"):
+        job.checkpoint()
     assert len(handles) >= 20, "too few ops ran while data flowed"
     # Batches arrive every ~12 ms at this rate; a stall would show as a long gap (generous bound:
     # the real figures are in benchmarks.control_overhead).

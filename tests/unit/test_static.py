@@ -33,3 +33,20 @@ def test_mypy_is_clean(tmp_path):
 def test_ruff_finds_no_unused_or_undefined_names():
     done = run("ruff", "check", *PACKAGES, "chiray", "benchmarks", "tests", "--select", "F,E9", "--quiet")
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_library_logs_instead_of_printing():
+    """Only the command-line entry points print; everything a running job says goes to ``logging``."""
+    import ast
+
+    talkers = {"spark_bridge/demo.py"}  # the demo command's own output
+    found = []
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            rel = path.relative_to(ROOT).as_posix()
+            if rel in talkers:
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "print":
+                    found.append(f"{rel}:{node.lineno}")
+    assert not found, f"print() in library code (use logging): {found}"

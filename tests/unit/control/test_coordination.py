@@ -234,3 +234,20 @@ def test_restart_limit_keeps_a_user_error_that_takes_other_arguments():
     assert life.state is JobState.FAILED
     assert isinstance(life.error, OperatorError) and life.error.__cause__ is cause
     assert "the limit" in life.events[-1]
+
+
+class Acked(Calls):
+    """An op every sink must acknowledge (as a checkpoint's instances do)."""
+
+    def expected_acks(self, ctx: Any) -> Any:
+        return SINKS
+
+
+def test_an_op_whose_sinks_close_before_acknowledging_says_the_job_finished():
+    coord = OpCoordinator("ctl", VIEW)
+    message = coord.start(Acked())
+    coord.sinks_finished(SINKS)
+    run = coord.runs[message.op_id]
+    assert run.state is OpState.FAILED
+    assert "the job finished before the op completed" in str(run.error)
+    assert str(SINKS[0]) in str(run.error)

@@ -110,3 +110,20 @@ def test_window_join_options_in_the_user_api():
     assert joined.side_output("late_right").schema.names == ["k", "t", "x"]
     with pytest.raises(ValueError, match="no side output 'late'"):
         joined.side_output("late")
+
+
+def test_join_keys_of_different_types_are_refused_at_build_and_at_the_first_batches():
+    from chiray.operators import Dataflow, from_items
+
+    flow = Dataflow("keys")
+    left = flow.source(from_items([{"k": 1, "x": 1}]), name="left")
+    right = flow.source(from_items([{"id": "1", "y": 1}]), name="right")
+    with pytest.raises(TypeError, match=r"connect\('left', 'right'\).key_by\(\): the key columns of the two inputs "
+                                        r"have different types: 'k' of the left input is int64, 'id' of the right "
+                                        r"input is string.*cast one"):
+        left.connect(right).key_by("k", "id")
+    # schemas unknown at build time (a map without schema=): the logic refuses at the first batch of each side
+    for logic in (JoinLogic(("k", "id"), 8), WindowJoinLogic(("k", "id"), ("t", "t"), tumbling(10), 8)):
+        logic.process(pa.record_batch({"k": [1], "t": [1]}), 0)
+        with pytest.raises(TypeError, match=r"'k' of the left input is int64, 'id' of the right input is string"):
+            logic.process(pa.record_batch({"id": ["1"], "t": [2]}), 1)

@@ -360,3 +360,25 @@ def test_zipf_sampler_equals_plain_inverse_cdf():
     assert got.min() >= 0 and got.max() < num_keys
     freq = np.bincount(got[:100_000], minlength=num_keys) / 100_000
     np.testing.assert_allclose(freq[:5], weights[:5] / weights.sum(), atol=0.01)
+
+
+def test_from_items_with_mixed_types_names_the_field_and_the_rows():
+    with pytest.raises(TypeError, match=r"from_items: field 'a' has values of types int \(first at row 0\), "
+                                        r"str \(first at row 2\); every value of a field must have one type"):
+        from_items([{"a": 1}, {"a": None}, {"a": "x"}])
+    schema = pa.schema([("a", pa.int64())])
+    with pytest.raises(TypeError, match=r"field 'a' has values of types str \(first at row 0\); "
+                                        r"the schema gives it type int64"):
+        from_items([{"a": "1"}], schema=schema)
+
+
+def test_from_items_keeps_fields_that_only_later_rows_have_and_refuses_what_has_no_column():
+    # pa.Table.from_pylist keeps only the first row's fields and reads a non-dict row as nulls
+    assert from_items([{"a": 1}, {"a": 2, "b": "x"}]).schema().names == ["a", "b"]
+    source = from_items([{"a": 1}, {"a": 2, "b": "x"}])
+    reader = source.open_split(source.splits()[0])
+    assert reader.read().to_pylist() == [{"a": 1, "b": None}, {"a": 2, "b": "x"}]
+    with pytest.raises(TypeError, match=r"from_items: row 1 is a tuple \(\(1,\)\); expected dicts"):
+        from_items([{"a": 1}, (1,)])
+    with pytest.raises(ValueError, match=r"from_items: row 1 has field 'z', which the schema does not have"):
+        from_items([{"a": 1}, {"a": 2, "z": 3}], schema=pa.schema([("a", pa.int64())]))
