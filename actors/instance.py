@@ -115,6 +115,8 @@ class OperatorInstance:
         self.extra_ops_sent: set[str] = set()  # ops sent along extra edges (told with the end notice)  # closed by a rescale, to flush once more  # op id -> topology change it activates
         self.replicas: dict[tuple[str, int], tuple[int, bytes]] = {}  # (operator, bin) -> (version, state)
         self._held = HeldRecords(info.num_bins)  # records of bins whose state is on its way (migration)
+        self._deferred_mark: Watermark | None = None  # event time held back while they wait
+        self._sent_mark: Watermark | None = None  # the last watermark sent on the outputs
         self.took_control = False  # the last step took a control message (no data, no operator code)
         self._call(self.logic.open, info)
 
@@ -318,6 +320,9 @@ class OperatorInstance:
         """The state of ``bins`` is installed: process their buffered records, in arrival order."""
         for batch, input_index in self._held.release(bins):
             self._process(batch, input_index)
+        if not self._held.active and self._deferred_mark is not None:
+            mark, self._deferred_mark = self._deferred_mark, None
+            self._advance(mark)
 
     # -- topology changes (rescale) -----------------------------------------------------
 
@@ -342,7 +347,9 @@ class OperatorInstance:
             if change is None:
                 self._forward(c)
                 continue
+            before = {ch.channel for chans in self.outputs for ch in chans}
             change.open_outputs(self)
+            self._announce_watermark([ch for chans in self.outputs for ch in chans if ch.channel not in before])
             self._forward(c)
             change.close_outputs(self)
         for source, blocked in self.control.take_block_changes():
@@ -408,12 +415,27 @@ class OperatorInstance:
         self._emit([batch])
         self._advance(self.watermarks.output.offer(*self._call(self.logic.watermark)))  # type: ignore[union-attr]
 
+    def _announce_watermark(self, channels: list[Any]) -> None:
+        """New output channels (a rescale) start from the watermark already sent on the others."""
+        if channels and self._sent_mark is not None:
+            for ch in channels:
+                ch.enqueue(self._sent_mark)
+
     def _advance(self, mark: Watermark | None) -> None:
-        """Event time moved: let the operator react (fire windows, timers), then send ``mark`` on."""
+        """Event time moved: let the operator react (fire windows, timers), then send ``mark`` on.
+
+        While the state of some bins is on its way here (a migration step), event time waits: their
+        held records and their windows must meet the watermark they were sent under, so the newest
+        mark is kept and applied once the bins are installed and their records processed.
+        """
         if mark is None:
+            return
+        if self._held.active and not self.is_source:
+            self._deferred_mark = mark
             return
         if not mark.idle and not self.is_source:
             self._emit(self._call(self.logic.on_watermark, mark.timestamp))  # type: ignore[union-attr]
+        self._sent_mark = mark
         for ch in self.output_channels():
             ch.enqueue(mark)
 

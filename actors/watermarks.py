@@ -68,13 +68,15 @@ class InputWatermarks:
     def add_inputs(self, num_inputs: int) -> None:
         """The instance now has ``num_inputs`` inputs (a rescale added channels at the end): track them.
 
-        A new input counts from its first watermark on; the instance's
-        watermark never goes backwards because of it.
+        A new input holds the minimum until its first watermark (its sender
+        sends its current watermark when it opens the channel): records may come
+        on it with any time before that. The instance's watermark never goes
+        backwards because of it; it waits.
         """
         extra = num_inputs - len(self._marks)
         if extra > 0:
             self._marks += [MIN_WATERMARK] * extra
-            self._idle += [True] * extra  # not in the minimum until it sends a watermark
+            self._idle += [False] * extra
             self._ended += [False] * extra
 
     def on_watermark(self, input: int, mark: Watermark) -> Watermark | None:

@@ -42,14 +42,7 @@ def _check(job, query: str, parquet) -> None:
     assert difference is None, f"{query}: {difference}"
 
 
-# q5 after a live rescale of its sliding-window count once gave one window's hottest auctions twice (55 rows
-# against DuckDB's 54): a window result reached the next stage after that stage's watermark had passed the
-# window's end. Kept visible here until the runtime's watermark across a rescale is examined.
-RESCALED = [pytest.param(q, marks=pytest.mark.xfail(reason="a late window result after a rescale, see above",
-                                                    strict=False)) if q == "q5" else q for q in sorted(HEAVIEST)]
-
-
-@pytest.mark.parametrize("query", RESCALED)
+@pytest.mark.parametrize("query", sorted(HEAVIEST))
 def test_stateful_query_rescaled_2_3_2_live_equals_duckdb(query, parquet):
     job = all_queries()[query](EVENTS, 2).submit(spare_hosts=1)
     try:

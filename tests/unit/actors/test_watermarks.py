@@ -57,11 +57,15 @@ def test_an_input_back_from_idle_cannot_lower_the_watermark():
     assert tracker.on_watermark(0, Watermark(15)) == Watermark(15)
 
 
-def test_an_input_added_later_joins_the_minimum_from_its_first_watermark():
+def test_an_input_added_later_holds_the_minimum_until_its_first_watermark():
     tracker = InputWatermarks(1)
     assert tracker.on_watermark(0, Watermark(10)) == Watermark(10)
-    tracker.add_inputs(2)  # a rescale added a channel: it does not stall event time before it speaks
-    assert tracker.on_watermark(0, Watermark(12)) == Watermark(12)
-    assert tracker.on_watermark(1, Watermark(11)) is None  # now it holds the minimum (never lowering it)
+    tracker.add_inputs(2)  # a rescale added a channel: records of any time may come on it until it speaks
+    assert tracker.on_watermark(0, Watermark(12)) is None
+    assert tracker.on_watermark(1, Watermark(11)) == Watermark(11)
     assert tracker.on_watermark(0, Watermark(20)) is None
     assert tracker.on_watermark(1, Watermark(25)) == Watermark(20)
+    tracker.add_inputs(3)
+    assert tracker.on_watermark(2, Watermark(5)) is None  # it speaks late: event time never goes back
+    assert tracker.on_watermark(0, Watermark(30)) is None
+    assert tracker.on_watermark(2, Watermark(40)) == Watermark(25)
