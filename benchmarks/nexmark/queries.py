@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 
 from chiray import Dataflow, Stream
 
-from .generator import NexmarkConfig
+from .generator import SCHEMAS, NexmarkConfig
 from .source import NexmarkSource, watermarks
 
 __all__ = ["Events", "QUERIES", "all_queries", "q0", "q1", "q2", "q3"]
@@ -36,6 +36,10 @@ class Events:
     config: NexmarkConfig = NexmarkConfig()
     batch_events: int = 50_000
     rate: float | None = None
+
+    def bid_schema(self) -> pa.Schema:
+        """The columns of the bid stream."""
+        return SCHEMAS["bid"]
 
     def stream(self, flow: Dataflow, kind: str, parallelism: int) -> Stream:
         """The ``kind`` stream (person, auction, bid) as a source with the reference's watermarks."""
@@ -104,6 +108,6 @@ QUERIES: dict[str, Callable[[Events, int], Dataflow]] = {"q0": q0, "q1": q1, "q2
 
 def all_queries() -> dict[str, Callable[[Events, int], Dataflow]]:
     """Every query built so far, by name (``q4``... live in ``stateful.py``)."""
-    from . import stateful
+    from . import more, stateful
 
-    return {**QUERIES, "q4": stateful.q4, "q5": stateful.q5, "q7": stateful.q7, "q8": stateful.q8}
+    return {**QUERIES, "q4": stateful.q4, "q5": stateful.q5, "q7": stateful.q7, "q8": stateful.q8, **more.MORE}

@@ -19,11 +19,15 @@ def parquet(tmp_path_factory):
     return write_parquet(str(tmp_path_factory.mktemp("nexmark")), EVENTS.num_events, EVENTS.config)
 
 
-@pytest.mark.parametrize("parallelism", [1, 2])
-@pytest.mark.parametrize("query", sorted(all_queries()))
+CORE = {"q0", "q1", "q2", "q3", "q4", "q5", "q7", "q8"}  # also at parallelism 1; the rest at 2 (suite time)
+ONE_ROW = {"q15"}  # statistics per day: 200 s of events are one day
+
+
+@pytest.mark.parametrize("query,parallelism", [(q, p) for q in sorted(all_queries(), key=lambda q: int(q[1:]))
+                                               for p in ((1, 2) if q in CORE else (2,))])
 def test_query_equals_duckdb(query, parallelism, parquet):
     got = LocalRun(all_queries()[query](EVENTS, parallelism)).run()["out"].to_pandas()
     expected = run_sql(query, parquet)
-    assert len(expected) >= 5, f"{query}: the oracle selects almost nothing; the test would prove little"
+    assert len(expected) >= (1 if query in ONE_ROW else 5), f"{query}: the oracle selects almost nothing"
     difference = same_rows(got, expected)
     assert difference is None, f"{query} at parallelism {parallelism}: {difference}"
