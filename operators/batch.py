@@ -6,7 +6,7 @@ from typing import Any, Iterable, Sequence
 
 import pyarrow as pa
 
-__all__ = ["empty_batch", "to_batches", "batch_nbytes", "concat_batches"]
+__all__ = ["empty_batch", "to_batches", "batch_nbytes", "concat_batches", "merge_runs"]
 
 
 def empty_batch(schema: pa.Schema) -> pa.RecordBatch:
@@ -65,3 +65,31 @@ def concat_batches(batches: Sequence[pa.RecordBatch], schema: pa.Schema | None =
             return pa.table({})
         return schema.empty_table()
     return pa.Table.from_batches(list(batches))
+
+
+def merge_runs(outputs: Sequence[Any]) -> list[Any]:
+    """Consecutive batches of one schema merged into one (anything else, e.g. a side output, kept in place).
+
+    A function called once per key (or per timer) returns a few rows each time; sent as they come, each
+    would cost a channel message. Order is kept.
+    """
+    out: list[Any] = []
+    run: list[pa.RecordBatch] = []
+
+    def flush() -> None:
+        if len(run) == 1:
+            out.append(run[0])
+        elif run:
+            out.extend(pa.Table.from_batches(run).combine_chunks().to_batches())
+        run.clear()
+
+    for item in outputs:
+        if isinstance(item, pa.RecordBatch):
+            if run and not item.schema.equals(run[0].schema):
+                flush()
+            run.append(item)
+        else:
+            flush()
+            out.append(item)
+    flush()
+    return out

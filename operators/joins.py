@@ -27,7 +27,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import pyarrow as pa
 
-from .batch import to_batches
+from .batch import merge_runs, to_batches
 from .eventtime import Duration, ticks, time_values
 from .hashing import bins_of, check_num_bins
 from .keyindex import encode_keys
@@ -266,11 +266,11 @@ class CoProcessLogic(_TwoInputKeyed):
         out = self._fire()
         for k, b, rows in _groups(batch, self._key(batch, input_index), self.num_bins):
             out += self._batches(self.fn(k, rows, KeyContext(self._state, k, b), input_index))
-        return out + self._fire()
+        return merge_runs(out + self._fire())
 
     def on_watermark(self, watermark: int) -> list[pa.RecordBatch]:
         self._state.watermark = max(self._state.watermark, watermark)
-        return self._fire()
+        return merge_runs(self._fire())
 
     def finish(self) -> list[pa.RecordBatch]:
         return self.on_watermark(1 << 62)

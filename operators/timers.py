@@ -35,7 +35,7 @@ import cloudpickle
 import numpy as np
 import pyarrow as pa
 
-from .batch import to_batches
+from .batch import merge_runs, to_batches
 from .keyed import ProcessLogic, _check_fn
 from .state import BinnedState, DictState
 
@@ -217,11 +217,11 @@ class TimerProcessLogic(ProcessLogic):
 
     def process(self, batch: pa.RecordBatch, input_index: int = 0) -> list[pa.RecordBatch]:
         out = self._fire()  # timers that installed bins or earlier calls left due
-        return out + super().process(batch, input_index) + self._fire()
+        return merge_runs(out + super().process(batch, input_index) + self._fire())
 
     def on_watermark(self, watermark: int) -> list[pa.RecordBatch]:
         self._timers.watermark = max(self._timers.watermark, watermark)
-        return self._fire()
+        return merge_runs(self._fire())
 
     def finish(self) -> list[pa.RecordBatch]:
         """End of input: event time ends, every pending timer fires."""

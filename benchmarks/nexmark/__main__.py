@@ -3,8 +3,9 @@
 Per query: events/s at parallelism 2 on a private local Ray (the generator inside the timed
 pipeline, as any source; the time runs from submit() to the last result), DuckDB's rate on the
 same events read from Parquet (batch, one thread), and whether chiray's output equals DuckDB's.
-Spark's rate is reported as null: no Spark Structured Streaming run is wired in yet. Progress
-lines for a person go to stderr; one JSON line ends the run.
+Spark Structured Streaming's rate on the same events (after chiray's runs, for the queries it
+runs: ``spark.py``; ``--no-spark`` skips it). Progress lines for a person go to stderr; one
+JSON line ends the run.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=None, help="events per query (default 1,000,000)")
     parser.add_argument("--parallelism", type=int, default=2)
     parser.add_argument("--batch-events", type=int, default=50_000)
+    parser.add_argument("--no-spark", action="store_true", help="skip the Spark Structured Streaming runs")
     args = parser.parse_args()
     names = [q.strip() for q in args.queries.split(",") if q.strip()]
     unknown = [q for q in names if q not in all_queries()]
@@ -70,7 +72,33 @@ def main() -> None:
             _say(f"{name}: {result['events_per_s']:,} events/s on chiray (parallelism {args.parallelism}), "
                  f"{result['duckdb_events_per_s']:,} on DuckDB (1 thread), exact={result['exact']}")
             results.append(result)
+        if not args.no_spark:
+            _spark_rates(results, paths, num_events)
     emit({"queries": results, "migration": None, "parallelism": args.parallelism})
+
+
+def _spark_rates(results: list[dict[str, Any]], paths: dict[str, str], num_events: int) -> None:
+    """Spark Structured Streaming's rate on the same events, for the queries it runs (after chiray's runs)."""
+    from chiray import spark_session
+
+    from .spark import SPARK_SQL, spark_rate, stream_folders
+
+    wanted = [r for r in results if r["query"] in SPARK_SQL]
+    if not wanted:
+        return
+    _say("starting Spark (local[2]) for Structured Streaming runs of the same events")
+    spark = spark_session(2, app_name="nexmark", conf={"spark.sql.shuffle.partitions": "4",
+                                                       "spark.ui.enabled": "false"})
+    folders = stream_folders(paths)
+    try:
+        for result in wanted:
+            rate = spark_rate(spark, result["query"], folders, num_events)
+            result["spark_events_per_s"] = None if rate is None else round(rate)
+            result["over_spark"] = None if not rate else round(result["events_per_s"] / rate, 2)
+            _say(f"{result['query']}: {result['spark_events_per_s']:,} events/s on Spark Structured Streaming "
+                 f"(chiray {result['over_spark']}x)")
+    finally:
+        spark.stop()
 
 
 if __name__ == "__main__":

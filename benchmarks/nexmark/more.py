@@ -327,8 +327,8 @@ def _auction_and_best_bid(auction: Any, rows: pa.RecordBatch, ctx: Any, side: in
         pending, held["pending"] = held["pending"], []
         for bids in pending:
             _take_best(held, bids)
-    elif held["auction"] is None:
-        held["pending"].append(rows)
+    elif held["auction"] is None:  # a copy: a slice would keep the whole batch it came in alive
+        held["pending"].append(rows.take(pa.array(np.arange(rows.num_rows))))
     else:
         _take_best(held, rows)
     ctx.value = held
@@ -337,19 +337,14 @@ def _auction_and_best_bid(auction: Any, rows: pa.RecordBatch, ctx: Any, side: in
 def _take_best(held: dict, bids: pa.RecordBatch) -> None:
     """Keep the highest bid in the auction's lifetime, the earliest of equal ones."""
     _, start, expires = held["auction"]
-    times = _ms(bids, "date_time")
-    bids = bids.filter(pa.array((times >= start) & (times <= expires)))
-    if bids.num_rows == 0:
+    times, prices = _ms(bids, "date_time"), bids.column("price").to_numpy()
+    inside = np.flatnonzero((times >= start) & (times <= expires))
+    if len(inside) == 0:
         return
-    first = pc.sort_indices(bids, sort_keys=[("price", "descending"), ("date_time", "ascending")])[0].as_py()
-    row = bids.slice(first, 1).to_pylist()[0]
+    i = inside[np.lexsort((times[inside], -prices[inside]))[0]]  # highest price, then earliest
     best = held["best"]
-    if best is None or (row["price"], -_stamp(row)) > (best["price"], -_stamp(best)):
-        held["best"] = row
-
-
-def _stamp(row: dict) -> int:
-    return int(pa.scalar(row["date_time"], pa.timestamp("ms")).value)
+    if best is None or (prices[i], -times[i]) > (best[0], -best[1]):
+        held["best"] = (int(prices[i]), int(times[i]), bids.slice(int(i), 1).to_pylist()[0])
 
 
 def _close_with_winner(auction: Any, time: int, ctx: Any) -> list[dict]:
@@ -357,7 +352,7 @@ def _close_with_winner(auction: Any, time: int, ctx: Any) -> list[dict]:
     ctx.clear()
     if held["best"] is None:
         return []
-    row, bid = dict(held["auction"][0]), held["best"]
+    row, bid = dict(held["auction"][0]), held["best"][2]
     row.update(auction=bid["auction"], bidder=bid["bidder"], price=bid["price"], bid_date_time=bid["date_time"],
                bid_extra=bid["extra"])
     return [row]
