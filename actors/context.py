@@ -67,6 +67,13 @@ class InstanceControlContext:
     def release_bins(self, bins: list[int]) -> None:
         self._instance.release_bins(bins)
 
+    def pause_event_time(self) -> None:
+        """Hold the instance's watermark (kept and applied on resume) while bins leave it."""
+        self._instance.pause_event_time()
+
+    def resume_event_time(self) -> None:
+        self._instance.resume_event_time()
+
     def keep_replicas(self, operator: str, replicas: dict[int, tuple[int, bytes]]) -> None:
         for b, (version, data) in replicas.items():
             self._instance.replicas[(operator, b)] = (version, data)

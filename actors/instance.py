@@ -117,6 +117,7 @@ class OperatorInstance:
         self._held = HeldRecords(info.num_bins)  # records of bins whose state is on its way (migration)
         self._deferred_mark: Watermark | None = None  # event time held back while they wait
         self._sent_mark: Watermark | None = None  # the last watermark sent on the outputs
+        self._event_time_paused = 0  # > 0 while bins are leaving (a non-blocking migration step)
         self.took_control = False  # the last step took a control message (no data, no operator code)
         self._call(self.logic.open, info)
 
@@ -320,7 +321,18 @@ class OperatorInstance:
         """The state of ``bins`` is installed: process their buffered records, in arrival order."""
         for batch, input_index in self._held.release(bins):
             self._process(batch, input_index)
-        if not self._held.active and self._deferred_mark is not None:
+        self._apply_deferred_mark()
+
+    def pause_event_time(self) -> None:
+        """Keep incoming watermarks from the operator (the newest is applied on resume)."""
+        self._event_time_paused += 1
+
+    def resume_event_time(self) -> None:
+        self._event_time_paused = max(0, self._event_time_paused - 1)
+        self._apply_deferred_mark()
+
+    def _apply_deferred_mark(self) -> None:
+        if not self._held.active and not self._event_time_paused and self._deferred_mark is not None:
             mark, self._deferred_mark = self._deferred_mark, None
             self._advance(mark)
 
@@ -430,7 +442,7 @@ class OperatorInstance:
         """
         if mark is None:
             return
-        if self._held.active and not self.is_source:
+        if (self._held.active or self._event_time_paused) and not self.is_source:
             self._deferred_mark = mark
             return
         if not mark.idle and not self.is_source:

@@ -226,7 +226,9 @@ class WindowJoinLogic(_TwoInputKeyed):
         per_row = self._size // self._slide
         starts = ((times - np.mod(times, self._slide))[None, :] - self._slide * np.arange(per_row)[:, None]).ravel()
         rows = np.tile(np.arange(batch.num_rows), per_row)
-        keep = ~self._state.expired(starts + self._size)
+        bins = (bins_of(batch.column(self.keys[input_index]), self.num_bins)[rows]
+                if self._state.has_floors else None)
+        keep = ~self._state.expired(starts + self._size, bins)
         late = np.bincount(rows[~keep], minlength=batch.num_rows) == per_row
         self.late_records += int(late.sum())
         if self.late_side_output and late.any():

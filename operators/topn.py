@@ -137,7 +137,8 @@ class TopLogic(_KeyedLogic):
             return out
         starts = time_values(batch, WINDOW_COLUMNS[0], "top")
         ends = time_values(batch, WINDOW_COLUMNS[1], "top")
-        late = self._state.expired(ends)
+        late = self._state.expired(ends, bins_of(batch.column(self.key), self.num_bins)
+                                   if self._state.has_floors else None)
         if late.any():  # a window that was emitted already (rows updated after the window fired upstream)
             self.late_records += int(late.sum())
             keep = np.flatnonzero(~late)

@@ -268,7 +268,8 @@ class FixedWindowLogic(_KeyedLogic):
         last_start = times - np.mod(times, self._slide)
         starts = (last_start[None, :] - self._slide * np.arange(per_row)[:, None]).ravel()
         rows = np.tile(np.arange(batch.num_rows), per_row)
-        keep = ~self._state.expired(starts + self._size)
+        bins = bins_of(batch.column(self.key), self.num_bins)[rows] if self._state.has_floors else None
+        keep = ~self._state.expired(starts + self._size, bins)
         if not keep.all():
             late = np.bincount(rows[~keep], minlength=batch.num_rows) == per_row
             self.late_records += int(late.sum())

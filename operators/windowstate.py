@@ -62,15 +62,27 @@ class WindowState(BinnedState):
         self.fired_upto = MIN_TIME  # windows with end - 1 <= fired_upto have fired
         self._remembered: set[int] = set()  # bins that held windows since purged (their watermark travels)
         self._pending: list[pa.RecordBatch] = []
+        self._floors: dict[int, int] = {}  # installed bins whose sender's watermark is ahead of ours
 
     # -- windows ------------------------------------------------------------------
 
     def fired(self, end: int) -> bool:
         return end - 1 <= self.fired_upto
 
-    def expired(self, end: np.ndarray | int) -> Any:
-        """Whether windows ending at ``end`` are past the allowed lateness (records for them are late)."""
-        return end - 1 + self.allowed_lateness <= self.watermark
+    def expired(self, end: np.ndarray | int, bins: np.ndarray | None = None) -> Any:
+        """Whether windows ending at ``end`` are past the allowed lateness (records for them are late);
+        with ``bins`` (the bin of each), also past the watermark their bin was installed with."""
+        late = end - 1 + self.allowed_lateness <= self.watermark
+        if self._floors and bins is not None:
+            floors = np.full(self._num_bins, MIN_TIME, dtype=np.int64)
+            floors[list(self._floors)] = list(self._floors.values())
+            late = late | (end - 1 + self.allowed_lateness <= floors[bins])
+        return late
+
+    @property
+    def has_floors(self) -> bool:
+        """Some installed bins carry a watermark ahead of this state's (``expired`` then wants ``bins``)."""
+        return bool(self._floors)
 
     def pane(self, start: int, end: int) -> Pane:
         """The pane of window ``[start, end)``, created if needed (in update mode if it has fired)."""
@@ -84,6 +96,8 @@ class WindowState(BinnedState):
     def advance(self, watermark: int) -> list[pa.RecordBatch]:
         """Raise the watermark; fire the windows it passes (by end) and drop expired ones."""
         self.watermark = max(self.watermark, watermark)
+        if self._floors:
+            self._floors = {b: f for b, f in self._floors.items() if f > self.watermark}
         out = self.take_pending() + self._fire_local()
         self._purge()
         return out
@@ -142,13 +156,14 @@ class WindowState(BinnedState):
         wanted = self._check_bins(bins)
         parts = {w: pane.state.snapshot_later(wanted) for w, pane in self.windows.items()}
         versions = {b: self.version(b) for b in wanted}
-        watermark, num_bins = self.watermark, self._num_bins
+        marks = {b: max(self.watermark, self._floors.get(b, MIN_TIME)) for b in wanted}
+        num_bins = self._num_bins
 
         def encode() -> dict[int, bytes]:
             encoded = {w: make() for w, make in parts.items()}
             return {b: cloudpickle.dumps({
                 "format": _FORMAT, "num_bins": num_bins, "bin": b, "version": versions[b],
-                "watermark": watermark, "windows": {w: e[b] for w, e in encoded.items() if b in e}})
+                "watermark": marks[b], "windows": {w: e[b] for w, e in encoded.items() if b in e}})
                 for b in wanted}
 
         return encode
@@ -169,7 +184,15 @@ class WindowState(BinnedState):
     def install_bins(self, data: Mapping[int, bytes]) -> None:
         docs = {self._check_bin(b): self._decode(b, payload) for b, payload in data.items()}
         carried = max((d["watermark"] for d in docs.values()), default=MIN_TIME)
-        if carried > self.watermark:  # the local windows the carried watermark passes fire first
+        live = bool(self.windows or self._remembered)
+        if carried > self.watermark and live and self.allowed_lateness == 0:
+            # This state's own bins may still receive records behind the sender's watermark (their
+            # channels are behind the sender's): only the installed bins keep it, as a floor. (Their
+            # windows the sender fired are gone with it: without lateness a window is dropped as it fires.)
+            for b, doc in docs.items():
+                if doc["watermark"] > self.watermark:
+                    self._floors[b] = max(self._floors.get(b, MIN_TIME), int(doc["watermark"]))
+        elif carried > self.watermark:  # the local windows the carried watermark passes fire first
             self.watermark = carried
             self._pending.extend(self._fire_local())
         by_window: dict[tuple[int, int], dict[int, bytes]] = {}

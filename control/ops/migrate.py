@@ -126,6 +126,10 @@ class MigrateBins(ControlOp):
             op: MigrateBins = self.op  # type: ignore[assignment]
             if not op.blocking and self.config and self.config["receive"]:
                 ctx.hold_bins(self.config["receive"], op.key)
+            if not op.blocking and self.config and self.config["send"]:
+                # Event time stops here until the bins leave: the watermarks that come meanwhile on
+                # inputs the op has passed belong to records routed to the new owner already.
+                ctx.pause_event_time()
 
         def on_next(self, ctx: Any, payload: Any, sender: Any) -> None:
             if not (isinstance(payload, dict) and "bins" in payload and self.config):
@@ -166,6 +170,8 @@ class MigrateBins(ControlOp):
                 nbytes += bins_payload_size(payload) + bins_payload_size(changes or {})
             ctx.ack({"bins": sent, "bytes": nbytes, "reloaded": reloaded,
                      "extract_s": time.perf_counter() - started})
+            if not op.blocking:
+                ctx.resume_event_time()
 
     def on_complete(self, ctx: Any) -> dict[str, int]:
         acks = [a for a in self.acks.values() if a]

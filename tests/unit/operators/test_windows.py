@@ -205,3 +205,25 @@ def test_first_last_arg_max_and_count_distinct_per_window_move_with_their_bins()
     }).reset_index()
     pd.testing.assert_frame_equal(got[["k", "window_start", "first_v", "last_v", "t_of_max", "distinct"]],
                                   expected, check_dtype=False)
+
+
+def test_an_install_ahead_in_event_time_does_not_make_the_receivers_own_records_late():
+    """The sender's watermark stays with the bins it sends: the receiver's own bins keep their event time."""
+    sender, receiver = logic(tumbling(10)), logic(tumbling(10))
+    keys = [f"k{i}" for i in range(40)]
+    bins = bins_of(pa.array(keys), NUM_BINS)
+    mine = next(k for k, b in zip(keys, bins) if b != bins[0])  # a key of another bin than the moving one
+    moving = keys[0]
+    receiver.process(pa.record_batch({"k": [mine], "t": [3], "v": [1]}), 0)
+    receiver.on_watermark(5)
+    sender.process(pa.record_batch({"k": [moving], "t": [4], "v": [1]}), 0)
+    sender.process(pa.record_batch({"k": [moving], "t": [25], "v": [1]}), 0)
+    fired = sender.on_watermark(22)  # window [0, 10) of the moving key fires at the sender
+    assert [r["n"] for b in fired for r in b.to_pylist()] == [1]
+    receiver.state.install_bins(sender.state.extract_bins([int(bins[0])]))
+    assert receiver.process(pa.record_batch({"k": [mine], "t": [8], "v": [1]}), 0) == []
+    assert receiver.late_records == 0  # its own record at 8 > its watermark 5: in time
+    assert receiver.process(pa.record_batch({"k": [moving], "t": [9], "v": [1]}), 0) == []
+    assert receiver.late_records == 1  # behind the watermark the moving bin came with
+    out = pa.Table.from_batches(receiver.finish()).to_pylist()
+    assert sorted((r["k"], r["window_start"], r["n"]) for r in out) == sorted([(mine, 0, 2), (moving, 20, 1)])
