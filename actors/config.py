@@ -22,8 +22,11 @@ class JobConfig:
         channel_capacity: data messages a channel may hold, in flight plus
             buffered (the initial credit); about 8 keeps Ray's 2-3 ms call cost hidden.
         channel_capacity_bytes: bytes a channel may hold (one larger batch still goes alone).
-        num_hosts: host actors to start; default: the largest keyed parallelism plus the
-            largest other parallelism (see ``placement``).
+        num_hosts: host actors to start; default: the largest parallelism, instances of
+            every operator sharing them (see ``placement``).
+        colocate: without ``num_hosts``, keyed instances share hosts with the others (the
+            default: fewer processes, less memory); False gives keyed instances hosts of
+            their own (the largest keyed plus the largest other parallelism hosts).
         host_num_cpus: CPUs each host actor requests (fractions allowed) so that
             Ray spreads hosts over nodes by resources.
         host_resources: extra custom resources each host requests.
@@ -76,6 +79,7 @@ class JobConfig:
     channel_capacity: int = 8
     channel_capacity_bytes: int = 64 << 20
     num_hosts: int | None = None
+    colocate: bool = True
     host_num_cpus: float = 0.5
     host_resources: dict[str, float] = dataclasses.field(default_factory=dict)
     host_options: dict[str, Any] = dataclasses.field(default_factory=dict)

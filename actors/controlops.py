@@ -10,6 +10,7 @@ controller's ops are injected through the job controller.
 from __future__ import annotations
 
 import asyncio
+import os
 from typing import Any
 
 import ray
@@ -68,6 +69,10 @@ class ControllerOps:
     async def op_ack(self, op_id: str, instance: tuple, payload: Any) -> None:
         self.ops.on_ack(op_id, tuple(instance), payload)
         self._ops_changed()
+
+    async def pid(self) -> int:
+        """This controller's process id (tools measure its memory)."""
+        return os.getpid()
 
     async def sinks_finished(self, sinks: list) -> None:
         self.ops.sinks_finished(sinks)

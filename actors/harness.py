@@ -46,7 +46,7 @@ class LocalRun:
         flow.validate()
         self.config = config or JobConfig()
         self.plan = physical_plan(flow.graph)
-        n, self.placement = place(self.plan, self.config.num_hosts, self.config.placement)
+        n, self.placement = place(self.plan, self.config.num_hosts, self.config.placement, self.config.colocate)
         self.hosts = [HostCore(i, self.plan, self.placement, self.config) for i in range(n)]
         self.rng = random.Random(seed) if seed is not None else None
         self._in_flight: list[tuple[int, Parcel]] = []

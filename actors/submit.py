@@ -137,7 +137,7 @@ def submit(flow: Dataflow, *, config: JobConfig | None = None, restore_from: str
     plan = physical_plan(_private_graph(flow))
     restore = (restore_point(restore_from, plan, allow_non_restored_state)
                if restore_from is not None else None)
-    num_hosts, placement = place(plan, config.num_hosts, config.placement)
+    num_hosts, placement = place(plan, config.num_hosts, config.placement, config.colocate)
     own_dir = config.checkpoint_dir is None
     root = tempfile.mkdtemp(prefix=f"chiray-{flow.name}-") if config.checkpoint_dir is None else config.checkpoint_dir
     storage = CheckpointStorage(root)

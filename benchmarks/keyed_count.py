@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from typing import Any
 
 import pyarrow as pa
 
@@ -47,7 +48,10 @@ def reference(batches: list[pa.RecordBatch], repeats: int = 3) -> float:
     return best
 
 
-def run_job(batches: list[pa.RecordBatch], parallelism: int) -> tuple[pa.Table, float, float]:
+def run_job(batches: list[pa.RecordBatch], parallelism: int,
+            num_hosts: int | None = None) -> tuple[pa.Table, float, dict[str, Any]]:
+    """Run the job; returns its result, the seconds it ran and its memory: ``peak_rss_mb`` (hosts),
+    ``job_rss_mb`` (hosts and controller: the job's own processes) and ``hosts``."""
     import ray
 
     from chiray.operators import Dataflow, from_arrow
@@ -57,16 +61,34 @@ def run_job(batches: list[pa.RecordBatch], parallelism: int) -> tuple[pa.Table, 
          .key_by("key")
          .agg(count=(None, "count"), total=("value", "sum"), parallelism=parallelism, name="count")
          .collect(name="out"))
-    job = flow.submit()
-    pids = ray.get([h.pid.remote() for h in job.actors[:-1]])
-    with RssSampler(pids) as rss:
+    job = flow.submit(num_hosts=num_hosts)
+    hosts = ray.get([h.pid.remote() for h in job.actors[:-1]])
+    controller = ray.get(job.actors[-1].pid.remote())
+    with RssSampler(hosts) as rss, RssSampler([*hosts, controller]) as job_rss:
         t0 = time.perf_counter()
         job.wait()
         elapsed = time.perf_counter() - t0
     for s in job.statistics().instances:
         print(f"    {s.operator}[{s.index}] on host {s.host}: busy {s.busy_s:.2f} s, "
               f"back-pressured {s.backpressured_s:.2f} s, {s.records_in:,} records in")
-    return job.result(), elapsed, rss.peak_mb
+    return job.result(), elapsed, {"peak_rss_mb": rss.peak_mb, "job_rss_mb": job_rss.peak_mb,
+                                   "hosts": len(hosts)}
+
+
+def state_bytes_per_key(keys: int) -> dict[str, float]:
+    """Bytes per key the count-and-sum state holds in memory (columns with spare capacity, key index),
+    for ``keys`` string keys (as the job's) and as many integer keys, measured in this process."""
+    import numpy as np
+
+    from chiray.operators.keyed import AggregateLogic, AggSpec
+
+    out = {}
+    for kind, column in (("string", pa.array([f"key-{i}" for i in range(keys)])),
+                         ("int64", pa.array(np.arange(keys, dtype=np.int64) * 7919))):
+        logic = AggregateLogic("key", [AggSpec("count", "count"), AggSpec("total", "sum", "value")], 1024)
+        logic.process(pa.record_batch({"key": column, "value": np.ones(keys, dtype=np.int64)}), 0)
+        out[kind] = round(logic.state.memory_nbytes() / keys, 1)
+    return out
 
 
 def check(result: pa.Table, batches: list[pa.RecordBatch]) -> None:
@@ -86,6 +108,8 @@ def main() -> None:
                         help="rows per source batch (each of the 2 routed parts is then ~2 MB)")
     parser.add_argument("--parallelism", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help="1,000,000 records")
+    parser.add_argument("--num-hosts", type=int, default=None,
+                        help="host processes (default: the runtime's; see JobConfig.num_hosts)")
     args = parser.parse_args()
     records = 1_000_000 if args.quick else args.records
     print(f"generating {records:,} records, {args.keys:,} keys ({args.dist}) ...", flush=True)
@@ -95,7 +119,7 @@ def main() -> None:
           flush=True)
     start_ray()
     print("running the dataflow ...", flush=True)
-    result, elapsed, peak_mb = run_job(batches, args.parallelism)
+    result, elapsed, memory = run_job(batches, args.parallelism, args.num_hosts)
     print(f"  {records / elapsed / 1e6:.2f} M records/s ({elapsed:.2f} s)", flush=True)
     check(result, batches)
     print("  result matches pandas", flush=True)
@@ -103,7 +127,8 @@ def main() -> None:
         "benchmark": "keyed_count", "records": records, "keys": args.keys, "dist": args.dist,
         "parallelism": args.parallelism, "records_per_s": round(records / elapsed),
         "reference_records_per_s": round(records / ref_elapsed),
-        "ratio": round(ref_elapsed / elapsed, 3), "reference_threads": 1, "peak_rss_mb": peak_mb,
+        "ratio": round(ref_elapsed / elapsed, 3), "reference_threads": 1, **memory,
+        "state_bytes_per_key": state_bytes_per_key(args.keys),
     })
 
 

@@ -14,17 +14,23 @@ Example:
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from .hashing import _float_bits, _hash_array
 
-try:  # pandas' C hash table: internal, but stable for years; we fail loudly if it moves
-    from pandas._libs.hashtable import Int64HashTable
-except ImportError as exc:  # pragma: no cover
-    raise ImportError(f"chiray.operators.keyindex needs pandas' Int64HashTable (pandas {pd.__version__}): {exc}") from exc
+
+def _int64_hash_table(expected: int) -> Any:
+    """pandas' C hash table, imported on first use: a process without keyed state never loads pandas
+    (about 35 MB). Internal to pandas, but stable for years; it fails loudly if it moves."""
+    try:
+        from pandas._libs.hashtable import Int64HashTable
+    except ImportError as exc:  # pragma: no cover
+        raise ImportError(f"chiray.operators.keyindex needs pandas' Int64HashTable: {exc}") from exc
+    return Int64HashTable(expected)
 
 __all__ = ["encode_keys", "KeyIndex"]
 
@@ -123,6 +129,10 @@ class KeyIndex:
         """Bytes the stored keys occupy."""
         return self._keys.nbytes()
 
+    def memory_nbytes(self) -> int:
+        """Bytes the index holds: the stored keys, their hashes (with spare capacity) and the hash table."""
+        return self._keys.nbytes() + self._hash.nbytes + self._table.nbytes()
+
     def compact(self, keep: np.ndarray) -> None:
         """Keep only the keys at slots ``keep`` (ascending); they become slots ``0..len(keep)-1``.
 
@@ -201,7 +211,7 @@ class _SlotTable:
     """``hash -> slot`` in pandas' C hash table (``Int64HashTable``: 10x a NumPy probing loop here)."""
 
     def __init__(self, expected: int = 0) -> None:
-        self._table = Int64HashTable(expected)
+        self._table = _int64_hash_table(expected)
 
     def find(self, hashes: np.ndarray) -> np.ndarray:
         """The slot stored under each hash, or -1."""
@@ -220,6 +230,10 @@ class _SlotTable:
     def put(self, hashes: np.ndarray, slots: np.ndarray) -> None:
         """Store ``hash -> slot`` pairs known to be distinct and absent."""
         self._table.map_keys_to_values(hashes.view(np.int64), slots.astype(np.int64))
+
+    def nbytes(self) -> int:
+        """The table's allocated bytes."""
+        return int(self._table.sizeof())
 
 
 class _KeyStore:

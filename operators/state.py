@@ -552,6 +552,12 @@ class ColumnarAggState(BinnedState):
         per_slot += self._index.keys_nbytes() / max(self._n, 1)
         return {b: int(round(n * per_slot)) for b, n in self.bin_key_counts().items()}
 
+    def memory_nbytes(self) -> int:
+        """Bytes this state holds in memory: its columns with their spare capacity, and the key index
+        (object columns count their references only)."""
+        columns = self._bin.nbytes + self._stamp.nbytes + sum(col.nbytes for col in self._cols.values())
+        return int(columns + self._index.memory_nbytes())
+
     def snapshot_bins(self, bins: Iterable[int]) -> dict[int, bytes]:
         return self.snapshot_later(bins)()
 

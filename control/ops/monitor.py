@@ -56,6 +56,8 @@ def instance_metrics(ctx: Any) -> dict[str, Any]:
         counts = state.bin_key_counts()
         out["state_bytes"] = int(sum(sizes.values()))
         out["keys"] = int(sum(counts.values()))
+        memory = getattr(state, "memory_nbytes", None)  # what the state really holds, where it can say
+        out["state_memory_bytes"] = int(memory()) if memory is not None else out["state_bytes"]
         out["keys_per_bin"] = counts
         out["bytes_per_bin"] = sizes
     loads = {}

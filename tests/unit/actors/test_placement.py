@@ -34,16 +34,30 @@ def _keyed(plan: PhysicalPlan, op: str) -> bool:
     return plan.graph.nodes[op].kind is OperatorKind.KEYED
 
 
-@pytest.mark.parametrize("src_p,map_p,keyed_p,sink_p", [
+SHAPES = [
     (1, 1, (1,), 1),
     (2, 2, (3,), 1),
     (3, 1, (2, 3), 2),
     (1, 3, (1, 2), 3),
     (2, 2, (), 2),
-])
-def test_default_rule(src_p, map_p, keyed_p, sink_p):
+]
+
+
+@pytest.mark.parametrize("src_p,map_p,keyed_p,sink_p", SHAPES)
+def test_default_rule_shares_hosts_one_per_instance_index(src_p, map_p, keyed_p, sink_p):
     plan = _plan(src_p, map_p, keyed_p, sink_p)
     n, placement = place(plan)
+    assert n == max(src_p, map_p, sink_p, *keyed_p)
+    assert set(placement) == set(plan.instances)
+    for (op, i), host in placement.items():
+        assert host == (i % n if _keyed(plan, op) else (n - 1 - i) % n), (op, i)
+    assert set(placement.values()) <= set(range(n))
+
+
+@pytest.mark.parametrize("src_p,map_p,keyed_p,sink_p", SHAPES)
+def test_without_colocation_keyed_instances_get_hosts_of_their_own(src_p, map_p, keyed_p, sink_p):
+    plan = _plan(src_p, map_p, keyed_p, sink_p)
+    n, placement = place(plan, colocate=False)
     big_k = max(keyed_p, default=0)
     free = max(src_p, map_p, sink_p)
     assert n == big_k + free
@@ -53,9 +67,9 @@ def test_default_rule(src_p, map_p, keyed_p, sink_p):
         assert 0 <= host < n
 
 
-def test_default_rule_keeps_keyed_instances_apart_from_the_rest():
+def test_without_colocation_keyed_instances_are_apart_from_the_rest():
     plan = _plan(src_p=2, map_p=3, keyed_p=(2, 3), sink_p=1)
-    n, placement = place(plan)
+    n, placement = place(plan, colocate=False)
     keyed_hosts = {h for (op, _), h in placement.items() if _keyed(plan, op)}
     other_hosts = {h for (op, _), h in placement.items() if not _keyed(plan, op)}
     assert keyed_hosts == {0, 1, 2}
@@ -64,9 +78,10 @@ def test_default_rule_keeps_keyed_instances_apart_from_the_rest():
     assert n <= 2 * max(node.parallelism for node in plan.graph.nodes.values())
 
 
-def test_default_rule_keeps_equal_parallelism_forward_chains_on_one_host():
+@pytest.mark.parametrize("colocate", [True, False])
+def test_default_rule_keeps_equal_parallelism_forward_chains_on_one_host(colocate):
     plan = _plan(src_p=3, map_p=3, keyed_p=(2,), sink_p=3)
-    _, placement = place(plan)
+    _, placement = place(plan, colocate=colocate)
     for c in plan.channels:
         src_node, dst_node = plan.graph.nodes[c.src[0]], plan.graph.nodes[c.dst[0]]
         stateless = not src_node.stateful and not dst_node.stateful
@@ -88,10 +103,10 @@ def test_pins_override_the_default_rule():
     plan = _plan(src_p=2, map_p=2, keyed_p=(3,), sink_p=1)
     pins = {"count0": [4, 4, 0], "rows": [2]}
     n, placement = place(plan, pins=pins)
-    assert n == 3 + 2  # the default count suffices
+    assert n == 5  # the pins need five hosts; the others follow the rule for five
     assert [placement[("count0", i)] for i in range(3)] == [4, 4, 0]
     assert placement[("rows", 0)] == 2
-    _, unpinned = place(plan)
+    _, unpinned = place(plan, num_hosts=n)
     for inst, host in placement.items():
         if inst[0] not in pins:
             assert host == unpinned[inst], inst
@@ -168,7 +183,7 @@ def test_job_config_placement_pins_the_local_run():
     run = LocalRun(_flow(), JobConfig(placement={"out": [0], "src": [1, 1]}))
     assert run.placement[("out", 0)] == 0
     assert run.placement[("src", 0)] == run.placement[("src", 1)] == 1
-    assert len(run.hosts) == 2 + 2
+    assert len(run.hosts) == 2  # the largest parallelism: instances share hosts
     hosted = sorted((i.info.operator, i.info.index) for h in run.hosts for i in h.instances)
     assert hosted == sorted(run.plan.instances)
     for host in run.hosts:
