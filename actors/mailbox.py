@@ -115,6 +115,9 @@ class HostCore:
             self._dst[c.channel_id] = c.dst
             self._src_host[c.channel_id] = placement[c.src]
         for inst in list(self.instances):
+            if inst.finished and (inst.name not in plan.instances or placement[inst.name] != self.host_id):
+                self._forget(inst)  # retired by an earlier rescale on a host that others still use
+                continue
             change = plan_instance_change(inst, plan, self.config.channel_capacity,
                                           self.config.channel_capacity_bytes)
             if change is None:
@@ -130,6 +133,16 @@ class HostCore:
         for name in plan.instances:
             if placement[name] == self.host_id and name not in self.by_name:
                 self._add_instance(build_instance(plan, name, self.config, self.host_id))
+
+    def _forget(self, inst: OperatorInstance) -> None:
+        """Drop a finished instance that is no longer part of the job here (its name may come back
+        elsewhere). Its channels' ids are never reused, so their entries may stay."""
+        self.instances.remove(inst)
+        if self.by_name.get(inst.name) is inst:
+            del self.by_name[inst.name]
+        self._candidates.pop(inst, None)
+        self._timer_due.pop(inst, None)
+        self._injected.pop(inst, None)
 
     def _add_instance(self, inst: OperatorInstance) -> None:
         self.instances.append(inst)

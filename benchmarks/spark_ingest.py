@@ -48,6 +48,11 @@ The dataflow's own part, in one process without Ray, is 0.6 CPU s (half of
 it hashing the string keys); the rest of the hosts' share is Ray's calls
 and serialisation between processes.
 
+``naive_rows_per_s``: what a user would write instead of the bridge,
+``from_arrow(df.toArrow())`` into the same dataflow (same hosts, same run), timed from
+``toArrow()`` to the job's end; ``ratio_to_naive`` = bridge / naive (target >= 1.0 at 5M
+rows); ``driver_rss_mb_naive_5m`` and its growth: the whole table passes the driver.
+
 Run: ``python -m benchmarks.spark_ingest [--quick] [--rows N] [--small-rows N] [--master M]``.
 ``--quick`` (under a minute): 1,000,000 and 200,000 rows (the JSON's
 ``rows`` / ``small_rows`` say which sizes the two RSS figures are for).
@@ -143,6 +148,39 @@ def run_bridge(spark: Any, rows: int, partitions: int) -> dict[str, Any]:
     }
 
 
+def run_naive(spark: Any, rows: int, partitions: int) -> dict[str, Any]:
+    """What a user would do instead of the bridge: ``from_arrow(df.toArrow())`` into the same dataflow
+    (the whole table through the driver), timed from ``toArrow()`` to the end of the job."""
+    from chiray.actors import wait_warm_actors
+    from chiray.operators import Dataflow, from_arrow
+
+    df = dataframe(spark, rows, partitions)
+    wait_warm_actors(120)
+    me, jvm = driver_pids()
+    with RssSampler([me]) as py_rss, RssSampler(jvm) as jvm_rss:
+        t0 = time.perf_counter()
+        table = df.toArrow()
+        flow = Dataflow(f"spark-naive-{rows}")
+        flow.source(from_arrow(table, num_splits=2), parallelism=2, name="src").key_by("key").count(
+            parallelism=2, name="count").collect(name="out")
+        job = flow.submit(num_hosts=NUM_HOSTS, warm_hosts=NUM_HOSTS)
+        try:
+            job.wait(timeout=1800)
+        finally:
+            job.cancel()
+        elapsed = time.perf_counter() - t0
+    delivered = table.num_rows
+    expected = {r["key"]: r["n"] for r in table.group_by("key").aggregate([("key", "count")])
+                .rename_columns(["key", "n"]).to_pylist()}
+    got = {r["key"]: r["count"] for r in job.result("out").to_pylist()}
+    if got != expected:
+        raise SystemExit("spark_ingest: the naive run's counts differ from its own table's")
+    del table
+    return {"rows_per_s": delivered / elapsed, "rows": delivered,
+            "rss_mb": round(py_rss.peak_mb + jvm_rss.peak_mb, 1),
+            "rss_growth_mb": round(py_rss.growth_mb + jvm_rss.growth_mb, 1)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=5_000_000)
@@ -187,6 +225,11 @@ def main() -> None:
     )
     del table
     print(f"  {to_arrow / 1e6:.2f} M rows/s", flush=True)
+    print(f"spark_ingest: from_arrow(df.toArrow()) of the same {args.rows:,} rows into the same dataflow",
+          flush=True)
+    naive = run_naive(spark, args.rows, args.partitions)
+    print(f"  {naive['rows_per_s'] / 1e6:.2f} M rows/s, peak driver RSS {naive['rss_mb']} MB "
+          f"(+{naive['rss_growth_mb']} MB)", flush=True)
     spark.stop()
     release_warm_actors()
     release_warm_coordinators()
@@ -195,6 +238,10 @@ def main() -> None:
             "bridge_rows_per_s": round(bridge),
             "to_arrow_rows_per_s": round(to_arrow),
             "ratio": round(bridge / to_arrow, 3),
+            "naive_rows_per_s": round(naive["rows_per_s"]),
+            "ratio_to_naive": round(bridge / naive["rows_per_s"], 3),
+            "driver_rss_mb_naive_5m": naive["rss_mb"],
+            "driver_rss_growth_mb_naive_5m": naive["rss_growth_mb"],
             "driver_rss_mb_1m": small["rss_mb"],
             "driver_rss_mb_5m": large["rss_mb"],
             "driver_python_rss_mb_1m": small["python_rss_mb"],
