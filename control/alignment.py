@@ -48,11 +48,6 @@ class AlignmentState:
     def complete(self) -> bool:
         return self.missing == 0
 
-    @property
-    def blocked(self) -> frozenset:
-        """Inputs to hold back now."""
-        return frozenset() if self.complete else frozenset(self.arrived)
-
     def _next(self) -> "AlignmentState":
         kind = Aligned if self.missing == 0 else Collecting
         return self if type(self) is kind else kind(self.expected, self.arrived, self.missing)

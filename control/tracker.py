@@ -1,8 +1,8 @@
 """tracker.py: non-blocking tracking of one control op at one instance.
 
-Same interface as ``alignment``'s states, but nothing is ever blocked: data
-keeps flowing on every input while the op's handlers run on first, each and
-last arrival.
+Same interface as ``alignment``'s states; the processor blocks nothing for it:
+data keeps flowing on every input while the op's handlers run on first, each
+and last arrival.
 """
 
 from __future__ import annotations
@@ -13,13 +13,9 @@ __all__ = ["Tracking"]
 
 
 class Tracking(AlignmentState):
-    """A non-blocking op's progress: like alignment, with ``blocked`` always empty."""
+    """A non-blocking op's progress: like alignment; the processor holds back no input for it."""
 
     __slots__ = ()
-
-    @property
-    def blocked(self) -> frozenset:
-        return frozenset()
 
     def _next(self) -> "AlignmentState":
         return self

@@ -30,7 +30,11 @@ from .state import Accumulator, object_array
 __all__ = [
     "AGG_FUNCS",
     "AggSpec",
+    "Recipe",
     "aggregate_output_schema",
+    "batch_partials",
+    "result_column",
+    "state_columns",
 ]
 
 AGG_FUNCS = ("count", "sum", "min", "max", "mean", "first", "last", "arg_min", "arg_max", "count_distinct")
@@ -162,7 +166,7 @@ class Recipe:
     of: str | None = None
 
 
-def _accumulators(input_schema: pa.Schema, aggs: Sequence[AggSpec]) -> dict[str, tuple[Accumulator, Recipe]]:
+def state_columns(input_schema: pa.Schema, aggs: Sequence[AggSpec]) -> dict[str, tuple[Accumulator, Recipe]]:
     """The state columns the aggregates need (shared where two aggregates need the same), each
     with how a batch's partial for it is computed."""
     accs: dict[str, tuple[Accumulator, Recipe]] = {}
@@ -203,7 +207,7 @@ def _acc_name(agg: AggSpec) -> str:
     return f"{agg.func}:{agg.column}"
 
 
-def _partials(batch: pa.RecordBatch, codes: np.ndarray, n: int,
+def batch_partials(batch: pa.RecordBatch, codes: np.ndarray, n: int,
               accs: Sequence[tuple[Accumulator, Recipe]]) -> dict[str, np.ndarray]:
     """Per accumulator, the partial of each of the ``n`` keys of ``batch`` (``codes``: the key of each row)."""
     rows = np.bincount(codes, minlength=n)
@@ -344,7 +348,7 @@ def _values(arr: pa.Array, dtype: str, valid: np.ndarray | None, fill: Any) -> n
     return values if valid is None else np.where(valid, values, fill)
 
 
-def _finalise(agg: AggSpec, field: pa.Field | pa.DataType, values: dict[str, np.ndarray]) -> pa.Array:
+def result_column(agg: AggSpec, field: pa.Field | pa.DataType, values: dict[str, np.ndarray]) -> pa.Array:
     """One aggregate's output column from the accumulators at some slots (a decimal mean's output field
     carries its input's scale in its metadata)."""
     scale = int((field.metadata or {}).get(DECIMAL_SCALE, 0)) if isinstance(field, pa.Field) else 0

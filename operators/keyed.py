@@ -25,7 +25,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import pyarrow as pa
 
-from .aggregates import AGG_FUNCS, AggSpec, Recipe, _accumulators, _finalise, _partials, aggregate_output_schema
+from .aggregates import (AGG_FUNCS, AggSpec, Recipe, aggregate_output_schema, batch_partials, result_column,
+                         state_columns)
 from .batch import to_batches
 from .hashing import bins_of, check_num_bins
 from .keyindex import encode_keys
@@ -140,7 +141,7 @@ class AggregateLogic(_KeyedLogic):
         if batch.num_rows == 0:
             return []
         uniques, codes = encode_keys(self._key_column(batch))
-        slots = self._state.update(uniques, _partials(batch, codes, len(uniques), self._recipes))
+        slots = self._state.update(uniques, batch_partials(batch, codes, len(uniques), self._recipes))
         if self.emit == "updates":
             return [self._result(uniques, slots)]
         return []
@@ -162,7 +163,7 @@ class AggregateLogic(_KeyedLogic):
                 f"input schema changed: the aggregation's output would be {out}, "
                 f"but its state holds output {self._output_schema}"
             )
-        accs = _accumulators(schema, self.aggs)
+        accs = state_columns(schema, self.aggs)
         self._state.configure(schema.field(self.key).type, [acc for acc, _ in accs.values()],
                               out.serialize().to_pybytes())
         self._input_schema, self._output_schema, self._recipes = schema, out, list(accs.values())
@@ -173,7 +174,7 @@ class AggregateLogic(_KeyedLogic):
         values = self._state.values(slots)
         key_type = schema.field(0).type
         arrays = [keys if keys.type == key_type else keys.cast(key_type)]
-        arrays += [_finalise(agg, field, values) for agg, field in zip(self.aggs, list(schema)[1:])]
+        arrays += [result_column(agg, field, values) for agg, field in zip(self.aggs, list(schema)[1:])]
         return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 

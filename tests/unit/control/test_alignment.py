@@ -20,23 +20,29 @@ INPUTS = frozenset({"a", "b", "c"})
 # --------------------------------------------------------------------------- blocking
 
 
+def held(state):
+    """What an op holds back in this state: a blocking op the inputs it arrived on, until aligned;
+    a non-blocking one nothing."""
+    return frozenset() if isinstance(state, Tracking) or state.complete else frozenset(state.arrived)
+
+
 def test_waiting_collecting_aligned():
     state = WaitingForFirst(INPUTS)
-    assert not state.complete and state.blocked == frozenset()
+    assert not state.complete and held(state) == frozenset()
     state = state.arrive("b")
     assert isinstance(state, Collecting)
-    assert state.blocked == {"b"} and not state.complete
+    assert held(state) == {"b"} and not state.complete
     state = state.arrive("a")
-    assert isinstance(state, Collecting) and state.blocked == {"a", "b"}
+    assert isinstance(state, Collecting) and held(state) == {"a", "b"}
     state = state.arrive("c")
     assert isinstance(state, Aligned)
     assert state.complete and state.arrived == INPUTS
-    assert state.blocked == frozenset(), "an aligned op holds back nothing"
+    assert held(state) == frozenset(), "an aligned op holds back nothing"
 
 
 def test_single_input_aligns_on_first_arrival():
     state = WaitingForFirst(frozenset({"only"})).arrive("only")
-    assert isinstance(state, Aligned) and state.blocked == frozenset()
+    assert isinstance(state, Aligned) and held(state) == frozenset()
 
 
 def test_states_share_one_arrived_set_so_each_arrival_is_constant_time():
@@ -61,10 +67,10 @@ def test_arriving_on_an_unexpected_input_is_a_bug():
 
 def test_input_ended_before_arrival_lets_the_op_complete():
     state = WaitingForFirst(INPUTS).arrive("a").arrive("b")
-    assert state.blocked == {"a", "b"}
+    assert held(state) == {"a", "b"}
     state = state.input_ended("c")
     assert isinstance(state, Aligned) and state.complete
-    assert state.expected == {"a", "b"} and state.blocked == frozenset()
+    assert state.expected == {"a", "b"} and held(state) == frozenset()
 
 
 def test_every_input_ending_completes_without_any_arrival():
@@ -72,7 +78,7 @@ def test_every_input_ending_completes_without_any_arrival():
     state = state.input_ended("a")
     assert not state.complete
     state = state.input_ended("b")
-    assert state.complete and state.blocked == frozenset()
+    assert state.complete and held(state) == frozenset()
 
 
 def test_input_ended_after_arrival_or_unknown_changes_nothing():
@@ -84,7 +90,7 @@ def test_input_ended_after_arrival_or_unknown_changes_nothing():
 def test_extra_edge_inputs_align_like_channels():
     extra = ("extra", ("old", 0))
     state = WaitingForFirst(frozenset({0, 1, extra})).arrive(0).arrive(extra)
-    assert state.blocked == {0, extra} and not state.complete
+    assert held(state) == {0, extra} and not state.complete
     assert state.arrive(1).complete
 
 
@@ -95,9 +101,9 @@ def test_tracking_never_blocks():
     state: AlignmentState = Tracking(INPUTS)
     for source in ("c", "a"):
         state = state.arrive(source)
-        assert isinstance(state, Tracking) and state.blocked == frozenset() and not state.complete
+        assert isinstance(state, Tracking) and held(state) == frozenset() and not state.complete
     state = state.arrive("b")
-    assert isinstance(state, Tracking) and state.complete and state.blocked == frozenset()
+    assert isinstance(state, Tracking) and state.complete and held(state) == frozenset()
 
 
 def test_tracking_detects_the_same_bugs():
@@ -141,6 +147,6 @@ def test_random_arrivals_and_ends_match_a_set_oracle(n, events, blocking):
         done = expected <= arrived
         assert state.complete == done
         assert state.arrived == arrived and state.expected == expected
-        assert state.blocked == (frozenset() if done or not blocking else arrived)
+        assert held(state) == (frozenset() if done or not blocking else arrived)
         if blocking:
             assert isinstance(state, Aligned if done else (Collecting, WaitingForFirst))
