@@ -7,7 +7,7 @@ Attachments are collected by the control processor around ``on_complete``.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 from chiray.control.message import InstanceId
 from chiray.operators.endpoints import SinkLogic, SourceLogic
@@ -61,7 +61,7 @@ class InstanceControlContext:
             if isinstance(router, HashRouter) and router.operator == operator:
                 router.set_table(table, max(router.num_targets, max(table) + 1))
 
-    def hold_bins(self, bins: list[int], key: str) -> None:
+    def hold_bins(self, bins: list[int], key: str | Sequence[str]) -> None:
         self._instance.hold_bins(bins, key)
 
     def release_bins(self, bins: list[int]) -> None:

@@ -30,7 +30,7 @@ class HeldRecords:
     def __init__(self, num_bins: int) -> None:
         self.num_bins = num_bins
         self._mask: np.ndarray | None = None  # bins whose records wait for their state
-        self._key: str | None = None
+        self._keys: tuple[str, ...] = ()  # the key column per input (one: every input)
         self._held: list[tuple[pa.RecordBatch, np.ndarray, int]] = []  # (records, their bins, input index)
 
     @property
@@ -42,17 +42,19 @@ class HeldRecords:
         """Some records are held."""
         return bool(self._held)
 
-    def hold(self, bins: Sequence[int], key: str) -> None:
-        """From now on, hold back records of ``bins`` (their key column is ``key``)."""
+    def hold(self, bins: Sequence[int], key: str | Sequence[str]) -> None:
+        """From now on, hold back records of ``bins``; ``key``: their key column, or one per input (a
+        two-input operator keys each input by its own column)."""
         if self._mask is None:
             self._mask = np.zeros(self.num_bins, dtype=bool)
         self._mask[np.asarray(list(bins), dtype=np.int64)] = True
-        self._key = key
+        self._keys = (key,) if isinstance(key, str) else tuple(key)
 
     def split(self, batch: pa.RecordBatch, input_index: int) -> pa.RecordBatch | None:
         """Keep the records of held bins; return the rest (``None`` if nothing is left to process now)."""
-        assert self._mask is not None and self._key is not None
-        bins = bins_of(batch.column(self._key), self.num_bins)
+        assert self._mask is not None and self._keys
+        key = self._keys[input_index] if len(self._keys) > 1 else self._keys[0]
+        bins = bins_of(batch.column(key), self.num_bins)
         held = self._mask[bins]
         if not held.any():
             return batch

@@ -313,7 +313,7 @@ class OperatorInstance:
 
     # -- migration: holding the records of bins whose state is on its way -----------
 
-    def hold_bins(self, bins: Sequence[int], key: str) -> None:
+    def hold_bins(self, bins: Sequence[int], key: str | Sequence[str]) -> None:
         """Buffer records of ``bins`` (in arrival order) until :meth:`release_bins`."""
         self._held.hold(bins, key)
 

@@ -249,7 +249,9 @@ class RescaleRun(threading.Thread):
             moves = {b: result.moves[b] for b in chunk}
             if replicate and moves:  # copy this step's bins now: the step then moves what changed since
                 replicas = self._replicate(moves)
-            op = MigrateBins(self.operator, list(table), moves, blocking, node.key, replicas,
+            keys = [e.key for e in node.inputs]
+            key = keys[0] if len(set(keys)) == 1 else tuple(keys)  # a two-input operator: one per input
+            op = MigrateBins(self.operator, list(table), moves, blocking, key, replicas,
                              timeout_s=self.knobs.get("step_timeout_s", 120.0),
                              everywhere=self.strategy == "all_at_once")
             self._step(job.plan, new_plan, op)

@@ -55,6 +55,11 @@ def main() -> None:
     parser.add_argument("--parallelism", type=int, default=2)
     parser.add_argument("--batch-events", type=int, default=50_000)
     parser.add_argument("--no-spark", action="store_true", help="skip the Spark Structured Streaming runs")
+    parser.add_argument("--migration", action="store_true",
+                        help="Megaphone's experiment: rescale each stateful query live, per strategy")
+    parser.add_argument("--load", type=float, default=0.6, help="the migration runs' pace, of capacity")
+    parser.add_argument("--migration-seconds", type=float, default=10.0, help="event time per migration run")
+    parser.add_argument("--png", default=None, help="write the migration runs' latency over time here")
     args = parser.parse_args()
     names = [q.strip() for q in args.queries.split(",") if q.strip()]
     unknown = [q for q in names if q not in all_queries()]
@@ -74,7 +79,18 @@ def main() -> None:
             results.append(result)
         if not args.no_spark:
             _spark_rates(results, paths, num_events)
-    emit({"queries": results, "migration": None, "parallelism": args.parallelism})
+    migration = None
+    if args.migration:
+        from .migration import experiment, plot, public
+
+        capacities = {r["query"]: r["events_per_s"] for r in results}
+        _say(f"migration: each stateful query at {args.load:.0%} of its capacity, rescaled 2 -> 3 -> 2 live")
+        runs = experiment(capacities, args.load, args.migration_seconds, _say)
+        if args.png:
+            plot(runs, args.png)
+            _say(f"latency over time: {args.png}")
+        migration = public(runs)
+    emit({"queries": results, "migration": migration, "parallelism": args.parallelism})
 
 
 def _spark_rates(results: list[dict[str, Any]], paths: dict[str, str], num_events: int) -> None:

@@ -39,7 +39,7 @@ state sends such a bin whole.
 from __future__ import annotations
 
 import time
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 from ..message import InstanceId
 from ..op import ControlOp, InstanceHandler
@@ -67,7 +67,7 @@ class MigrateBins(ControlOp):
         table: the bin table after this step.
         moves: the bins this step moves.
         blocking: aligned (True) or Spacker's non-disruptive protocol (False).
-        key: the operator's key column (for buffering at new owners).
+        key: the operator's key column (for buffering at new owners), or one per input.
         replicas: (bin -> version) of replicas the new owners' hosts hold, from ``ReplicateBins``.
         timeout_s: the op's timeout.
         everywhere: a blocking op holds the inputs of every instance (True), or
@@ -79,7 +79,7 @@ class MigrateBins(ControlOp):
     acks: dict[InstanceId, Any]  # filled at the controller as old owners acknowledge
 
     def __init__(self, operator: str, table: list[int] | None, moves: Mapping[int, tuple[int, int]],
-                 blocking: bool = True, key: str | None = None,
+                 blocking: bool = True, key: str | Sequence[str] | None = None,
                  replicas: Mapping[int, int] | None = None, timeout_s: float | None = 120.0,
                  everywhere: bool = True):
         super().__init__()

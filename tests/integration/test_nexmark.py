@@ -42,14 +42,20 @@ def _check(job, query: str, parquet) -> None:
     assert difference is None, f"{query}: {difference}"
 
 
-@pytest.mark.parametrize("query", sorted(HEAVIEST))
-def test_stateful_query_rescaled_2_3_2_live_equals_duckdb(query, parquet):
+# Every stateful query all at once; the two-input ones (a join, a co-process, a window join) also
+# non-disruptively, where the new owner holds back each input's records by that input's own key column.
+RESCALES = [(q, "all_at_once", {}) for q in sorted(HEAVIEST)] + [
+    (q, "non_disruptive", {"chunk_bins": 64}) for q in ("q3", "q4", "q8")]
+
+
+@pytest.mark.parametrize("query,strategy,knobs", RESCALES)
+def test_stateful_query_rescaled_2_3_2_live_equals_duckdb(query, strategy, knobs, parquet):
     job = all_queries()[query](EVENTS, 2).submit(spare_hosts=1)
     try:
         _wait_events(job, 0.1)
         for parallelism in (3, 2):
-            progress = job.rescale(HEAVIEST[query], parallelism, "all_at_once",
-                                   planner="round_robin").result(120)
+            progress = job.rescale(HEAVIEST[query], parallelism, strategy, planner="round_robin",
+                                   **knobs).result(120)
             assert progress["state"] == "DONE" and progress["parallelism"] == parallelism, progress
         assert job.status().state.name == "RUNNING", "the input ended before the rescales"
         job.wait(timeout=180)
