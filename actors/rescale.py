@@ -249,7 +249,7 @@ class RescaleRun(threading.Thread):
             moves = {b: result.moves[b] for b in chunk}
             if replicate and moves:  # copy this step's bins now: the step then moves what changed since
                 replicas = self._replicate(moves)
-            keys = [e.key for e in node.inputs]
+            keys = [e.key or "" for e in node.inputs]  # keyed inputs are hash edges: each has its key
             key = keys[0] if len(set(keys)) == 1 else tuple(keys)  # a two-input operator: one per input
             op = MigrateBins(self.operator, list(table), moves, blocking, key, replicas,
                              timeout_s=self.knobs.get("step_timeout_s", 120.0),
