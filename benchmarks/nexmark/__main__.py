@@ -58,7 +58,7 @@ def main() -> None:
     parser.add_argument("--migration", action="store_true",
                         help="Megaphone's experiment: rescale each stateful query live, per strategy")
     parser.add_argument("--load", type=float, default=0.6, help="the migration runs' pace, of capacity")
-    parser.add_argument("--migration-seconds", type=float, default=10.0, help="event time per migration run")
+    parser.add_argument("--migration-seconds", type=float, default=20.0, help="event time per migration run")
     parser.add_argument("--png", default=None, help="write the migration runs' latency over time here")
     args = parser.parse_args()
     names = [q.strip() for q in args.queries.split(",") if q.strip()]
