@@ -49,7 +49,7 @@ def run_query(name: str, events: Events, paths: dict[str, str], parallelism: int
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="100,000 events (unless --events)")
+    parser.add_argument("--quick", action="store_true", help="100,000 events (unless --events), no Spark runs")
     parser.add_argument("--queries", default=",".join(all_queries()), help="comma-separated, e.g. q0,q1")
     parser.add_argument("--events", type=int, default=None, help="events per query (default 1,000,000)")
     parser.add_argument("--parallelism", type=int, default=2)
@@ -77,7 +77,7 @@ def main() -> None:
             _say(f"{name}: {result['events_per_s']:,} events/s on chiray (parallelism {args.parallelism}), "
                  f"{result['duckdb_events_per_s']:,} on DuckDB (1 thread), exact={result['exact']}")
             results.append(result)
-        if not args.no_spark:
+        if not (args.no_spark or args.quick):  # --quick stays under a minute: no Spark session
             _spark_rates(results, paths, num_events)
     migration = None
     if args.migration:
