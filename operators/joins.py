@@ -37,13 +37,14 @@ from .timers import KeyContext, TimerState
 from .windows import WindowSpec, split_by_window, with_window
 from .windowstate import WindowState
 
-__all__ = ["JoinLogic", "WindowJoinLogic", "CoProcessLogic", "JoinPane", "join_tables", "check_key_types", "LATE_PORTS"]
+__all__ = ["JoinLogic", "WindowJoinLogic", "CoProcessLogic", "JoinPane", "join_tables", "check_key_types", "key_groups",
+           "LATE_PORTS"]
 
 LATE_PORTS = ("late_left", "late_right")
 """The side outputs of a window join's late rows, by input."""
 
 
-def _groups(batch: pa.RecordBatch, key: str, num_bins: int) -> list[tuple[Any, int, pa.RecordBatch]]:
+def key_groups(batch: pa.RecordBatch, key: str, num_bins: int) -> list[tuple[Any, int, pa.RecordBatch]]:
     """``(key, bin, rows)`` per distinct key of ``batch``, in order of first appearance."""
     uniques, codes = encode_keys(batch.column(key))
     bins = bins_of(uniques, num_bins).tolist()
@@ -127,7 +128,7 @@ class JoinLogic(_TwoInputKeyed):
             return []
         other = 1 - input_index
         matches: list[pa.RecordBatch] = []
-        for k, b, rows in _groups(batch, key, self.num_bins):
+        for k, b, rows in key_groups(batch, key, self.num_bins):
             sides: tuple[list, list] = self._state.get(k, b) or ([], [])
             matches.extend(sides[other])
             new = list(sides)
@@ -157,7 +158,7 @@ class JoinPane(_TwoInputKeyed):
         """Keep the rows; once the window fired (``emit="updates"``, within the allowed lateness), a late
         row also joins at once with the other side's rows of its key, and that is emitted."""
         out: list[pa.RecordBatch] = []
-        for k, b, rows in _groups(batch, self._key(batch, input_index), self.num_bins):
+        for k, b, rows in key_groups(batch, self._key(batch, input_index), self.num_bins):
             sides = list(self._state.get(k, b) or ([], []))
             other = sides[1 - input_index]
             if self.emit == "updates" and other:
@@ -266,7 +267,7 @@ class CoProcessLogic(_TwoInputKeyed):
 
     def process(self, batch: pa.RecordBatch, input_index: int = 0) -> list[pa.RecordBatch]:
         out = self._fire()
-        for k, b, rows in _groups(batch, self._key(batch, input_index), self.num_bins):
+        for k, b, rows in key_groups(batch, self._key(batch, input_index), self.num_bins):
             out += self._batches(self.fn(k, rows, KeyContext(self._state, k, b), input_index))
         return merge_runs(out + self._fire())
 

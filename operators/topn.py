@@ -27,8 +27,8 @@ import pyarrow.compute as pc
 
 from .eventtime import time_values
 from .hashing import bins_of
+from .joins import key_groups
 from .keyed import _KeyedLogic
-from .keyindex import encode_keys
 from .state import DictState
 from .windows import WINDOW_COLUMNS
 from .windowstate import WindowState
@@ -71,16 +71,14 @@ class _TopPane(_KeyedLogic):
         return self._state
 
     def process(self, batch: pa.RecordBatch, input_index: int = 0) -> list[pa.RecordBatch]:
-        uniques, codes = encode_keys(self._key_column(batch))
-        bins = bins_of(uniques, self.num_bins).tolist()
         touched = []
-        for i, key in enumerate(uniques.to_pylist()):
-            rows = pa.Table.from_batches([batch.filter(pa.array(codes == i))])
-            kept = self._state.get(key, bins[i])
+        for key, b, group in key_groups(batch, self.key, self.num_bins):
+            rows = pa.Table.from_batches([group])
+            kept = self._state.get(key, b)
             if kept is not None:
                 rows = pa.concat_tables([kept, rows.cast(kept.schema)])  # earlier rows first: ties keep them
-            self._state.put(key, bins[i], self._best(rows))
-            touched.append((key, bins[i]))
+            self._state.put(key, b, self._best(rows))
+            touched.append((key, b))
         return self._emit(touched) if self.emit == "updates" else []
 
     def finish(self) -> list[pa.RecordBatch]:

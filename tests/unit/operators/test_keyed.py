@@ -198,26 +198,33 @@ def test_aggregate_updates_replay_to_the_oracle(key_kind: str) -> None:
 @pytest.mark.parametrize("key_kind", sorted(KEY_TYPES))
 def test_aggregate_bins_move_between_instances_mid_stream(key_kind: str, emit: str) -> None:
     """Three instances behind a bin -> instance table; random bins move while the stream runs."""
-    rng = np.random.default_rng(5)
     batches = _batches(3, key_kind, count=12)
     instances = [AggregateLogic("k", ALL_AGGS, NUM_BINS, emit) for _ in range(3)]
-    owner = np.zeros(NUM_BINS, dtype=np.int64)  # instance 2 starts with no bins and no input
+    table, owner = _run_moving_bins(instances, batches, np.random.default_rng(5))
+    for logic in instances:
+        assert set(logic.state.bins()) <= set(np.flatnonzero(owner == instances.index(logic)).tolist())
+    _assert_same(table, _pandas_oracle(batches, ALL_AGGS))
+
+
+def _run_moving_bins(instances: list, batches: Sequence[pa.RecordBatch],
+                     rng: np.random.Generator) -> tuple[dict[Any, tuple], np.ndarray]:
+    """Batches routed by bin to ``instances`` (the last starts with none); every third batch some bins
+    move between two of them. Returns the results by key (the latest per key) and the bin owners."""
+    owner = np.zeros(NUM_BINS, dtype=np.int64)
     owner[NUM_BINS // 2:] = 1
     table: dict[Any, tuple] = {}
     for step, batch in enumerate(batches):
         bins = bins_of(batch.column("k"), NUM_BINS)
         for i, logic in enumerate(instances):
-            part = batch.filter(pa.array(owner[bins] == i))
-            table.update(_as_dict(logic.process(part, 0)))
+            table.update(_as_dict(logic.process(batch.filter(pa.array(owner[bins] == i)), 0)))
         if step % 3 == 2:
-            src, dst = rng.choice(3, size=2, replace=False)
+            src, dst = rng.choice(len(instances), size=2, replace=False)
             moving = [b for b in range(NUM_BINS) if owner[b] == src and rng.random() < 0.6]
             instances[dst].state.install_bins(instances[src].state.extract_bins(moving))
             owner[moving] = dst
     for logic in instances:
         table.update(_as_dict(logic.finish()))
-        assert set(logic.state.bins()) <= set(np.flatnonzero(owner == instances.index(logic)).tolist())
-    _assert_same(table, _pandas_oracle(batches, ALL_AGGS))
+    return table, owner
 
 
 def test_aggregate_instance_with_installed_bins_only_can_finish() -> None:
@@ -679,23 +686,9 @@ def test_pick_aggregate_output_types() -> None:
 @pytest.mark.parametrize("emit", ["final", "updates"])
 def test_pick_aggregates_survive_bins_moving_between_instances_mid_stream(emit: str) -> None:
     """The object state columns (values, rows, sets) travel with their bins; the oracle is the one-instance loop."""
-    rng = np.random.default_rng(8)
     batches = _pick_batches(12, count=12)
     instances = [AggregateLogic("k", PICK_AGGS, NUM_BINS, emit) for _ in range(3)]
-    owner = np.zeros(NUM_BINS, dtype=np.int64)
-    owner[NUM_BINS // 2:] = 1
-    table: dict[Any, tuple] = {}
-    for step, batch in enumerate(batches):
-        bins = bins_of(batch.column("k"), NUM_BINS)
-        for i, logic in enumerate(instances):
-            table.update(_as_dict(logic.process(batch.filter(pa.array(owner[bins] == i)), 0)))
-        if step % 3 == 2:
-            src, dst = rng.choice(3, size=2, replace=False)
-            moving = [b for b in range(NUM_BINS) if owner[b] == src and rng.random() < 0.6]
-            instances[dst].state.install_bins(instances[src].state.extract_bins(moving))
-            owner[moving] = dst
-    for logic in instances:
-        table.update(_as_dict(logic.finish()))
+    table, _ = _run_moving_bins(instances, batches, np.random.default_rng(8))
     assert table == _pick_oracle(batches)
 
 
