@@ -22,6 +22,7 @@ from chiray.control.coordination import JobLifecycle, JobState, LifecycleSnapsho
 from chiray.control.message import ControlMessage
 from chiray.control.oprun import OpState
 from chiray.control.trees import Relay, Tree
+from chiray.operators.inflight import CallWindow
 
 from .controlops import ControllerOps
 from .errors import JobFailedError
@@ -29,6 +30,17 @@ from .messages import Parcel
 from .transport import when_returned
 
 __all__ = ["JobController"]
+
+_Injections = CallWindow[int, tuple[Any, Parcel]]
+"""Per host: (its handle, the injections waiting for the next call there); one call in flight."""
+
+
+def _fold_injections(queued: tuple[Any, Parcel], item: tuple[Any, Parcel]) -> tuple[Any, Parcel]:
+    """Injections queued for one host go together; a host replaced meanwhile gets only what follows."""
+    if queued[0] is not item[0]:
+        return item
+    queued[1].add(item[1])
+    return queued
 
 
 @ray.remote(num_cpus=0)
@@ -73,8 +85,7 @@ class JobController(ControllerOps):
         self._periodic: asyncio.Task | None = None
         self._checkpoint_op: str | None = None
         self._seq = 0
-        self._injections: dict[int, tuple[Any, Parcel]] = {}  # host -> (handle, injections waiting)
-        self._injecting: dict[int, Any] = {}  # host -> the injection call in flight
+        self._injections: _Injections = CallWindow(_fold_injections)
         self._injected_at = float("-inf")  # event-loop time of the last injection call
         self._injection_due = False
         self._injected_waiters: list[asyncio.Future] = []  # callers of _until_injected
@@ -191,8 +202,7 @@ class JobController(ControllerOps):
                      seconds: float) -> None:
         """The supervisor re-created the hosts from ``checkpoint_id``: run again."""
         self.incarnation = incarnation
-        self._injections.clear()  # queued for the old hosts (whose ops failed), not for the new ones
-        self._injecting.clear()
+        self._injections = CallWindow(_fold_injections)  # the old hosts' ops failed; their calls are ignored
         self._wake_if_injected()
         self._seq = 0  # new hosts: control inboxes start again at 0
         self._checkpoint_op = None
@@ -291,7 +301,7 @@ class JobController(ControllerOps):
         waits here, so the ops it is given meanwhile go in its next call: one call per window
         rather than one per op.
         """
-        if not self._injections:
+        if self._injections.idle:
             return
         waiter = asyncio.get_running_loop().create_future()
         self._injected_waiters.append(waiter)
@@ -330,11 +340,8 @@ class JobController(ControllerOps):
         channel hop, one return), which is what a high rate of ops costs most; an op that finds no
         other running (one after another, or after a quiet spell) goes at once.
         """
-        handle = self.hosts[host]
-        queued = self._injections.get(host)
-        if queued is None or queued[0] is not handle:
-            queued = self._injections[host] = (handle, Parcel())
-        getattr(queued[1], "relays" if method == "relay" else "injections").append(item)
+        parcel = Parcel(relays=[item]) if method == "relay" else Parcel(injections=[item])
+        self._injections.put(host, (self.hosts[host], parcel))
         self._schedule_injections()
 
     def _schedule_injections(self) -> None:
@@ -356,14 +363,12 @@ class JobController(ControllerOps):
         """Send the queued injections of every host that has no call in flight."""
         self._injection_due = False
         sent = False
-        for host in list(self._injections):
-            handle, parcel = self._injections[host]
-            if self._injecting.get(host) is not None:
-                continue
-            del self._injections[host]
+        for host in self._injections.ready():
+            taken = self._injections.take(host)
+            assert taken is not None, "bug in JobController: a ready host has no injections"
+            handle, parcel = taken
             ref = handle.receive.remote(parcel)
-            self._injecting[host] = ref
-            when_returned(ref, functools.partial(self._injected, host, ref))
+            when_returned(ref, functools.partial(self._injected, self._injections, host))
             sent = True
         if sent:
             self._injected_at = asyncio.get_running_loop().time()
@@ -371,17 +376,16 @@ class JobController(ControllerOps):
 
     def _wake_if_injected(self) -> None:
         """Release the ``_until_injected`` waiters once nothing is queued."""
-        if self._injections or not self._injected_waiters:
+        if not self._injections.idle or not self._injected_waiters:
             return
         waiters, self._injected_waiters = self._injected_waiters, []
         for waiter in waiters:
             if not waiter.done():
                 waiter.set_result(None)
 
-    def _injected(self, host: int, ref: Any, future: Any) -> None:
-        if self._injecting.get(host) is ref:
-            del self._injecting[host]
-        if host in self._injections:
+    def _injected(self, injections: _Injections, host: int, future: Any) -> None:
+        """An injection call returned: what waited for it goes (calls from before a recovery are ignored)."""
+        if injections is self._injections and injections.returned(host) and injections.queued(host):
             self._schedule_injections()
 
     async def set_hosts(self, hosts: dict[int, Any]) -> None:

@@ -8,6 +8,7 @@ from typing import Any
 import ray
 
 from chiray.control.oprun import OpFailedError, OpState, OpTimeoutError
+from chiray.operators.inflight import CallWindow, concat
 
 __all__ = ["OpHandle", "OpSender"]
 
@@ -25,13 +26,14 @@ class OpSender:
     An op that cannot be sent (it does not pickle) is reported to the
     controller, so its handle fails instead of waiting. Lifecycle:
     ``OPEN -> CLOSED`` (``close()``: what is queued is still sent, then the
-    thread ends).
+    thread ends). The sending thread and ``submit`` touch ``_calls`` under
+    ``_cond`` only.
     """
 
     def __init__(self, controller: Any, name: str):
         self._controller = controller
         self._name = name
-        self._queue: list[tuple[Any, str]] = []
+        self._calls: CallWindow[str, list[tuple[Any, str]]] = CallWindow(concat)  # one key: the controller
         self._cond = threading.Condition()
         self._closed = False
         self._thread: threading.Thread | None = None
@@ -42,7 +44,7 @@ class OpSender:
         with self._cond:
             if self._closed:
                 raise RuntimeError(f"control op {op_id}: the job's control sender is closed (the job ended)")
-            self._queue.append((op, op_id))
+            self._calls.put(self._name, [(op, op_id)])
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name=f"chiray-ops-{self._name}", daemon=True)
                 self._thread.start()
@@ -57,12 +59,15 @@ class OpSender:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._queue and not self._closed:
+                batch = self._calls.take(self._name)
+                while batch is None and not self._closed:
                     self._cond.wait()
-                if not self._queue:
+                    batch = self._calls.take(self._name)
+                if batch is None:
                     return
-                batch, self._queue = self._queue, []
             self._send(batch)
+            with self._cond:
+                self._calls.returned(self._name)
 
     def _send(self, batch: list[tuple[Any, str]]) -> None:
         try:

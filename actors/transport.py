@@ -23,6 +23,9 @@ import asyncio
 import functools
 from typing import Any, Callable
 
+from chiray.control.message import ControlReturn
+from chiray.operators.inflight import CallWindow, concat
+
 from .outbox import Outbox
 from .messages import Parcel
 
@@ -32,6 +35,12 @@ __all__ = ["Transport", "when_returned"]
 def when_returned(ref: Any, callback: Callable[[asyncio.Future], None]) -> None:
     """Call ``callback(future)`` on this event loop once the Ray call ``ref`` has returned or failed."""
     asyncio.wrap_future(ref.future()).add_done_callback(callback)
+
+
+def _fold(queued: Parcel, parcel: Parcel) -> Parcel:
+    """A parcel still waiting to go takes the one that follows it."""
+    queued.add(parcel)
+    return queued
 
 
 class Transport:
@@ -50,9 +59,8 @@ class Transport:
         self.peers = peers
         self.on_error = on_error
         self.controllers = controllers if controllers is not None else {}
-        self._waiting: dict[int, Parcel] = {}  # parcels held back while a call to that host is in flight
-        self._returns: dict[str, list] = {}  # the same for controllers
-        self._in_flight: dict[Any, Any] = {}  # host id or ("controller", name) -> the call's ref
+        self._parcels: CallWindow[int, Parcel] = CallWindow(_fold)  # per peer host
+        self._returns: CallWindow[str, list[ControlReturn]] = CallWindow(concat)  # per controller
         self.calls = 0
         self.forgotten: set[int] = set()
         self.closed = False
@@ -60,73 +68,64 @@ class Transport:
     @property
     def idle(self) -> bool:
         """Nothing waits to be sent."""
-        return not self._waiting and not self._returns
+        return self._parcels.idle and self._returns.idle
 
     def forget(self, host_ids: list[int]) -> None:
         """Retired hosts: nothing is sent to them any more (only credit and notices could be)."""
         self.forgotten.update(host_ids)
         for host in host_ids:
             self.peers.pop(host, None)
-            self._waiting.pop(host, None)
-            self._in_flight.pop(host, None)
+            self._parcels.forget(host)
 
     def send(self, outbox: Outbox) -> None:
         """Send ``outbox`` now, or with the next call to each receiver still busy with the last one."""
         if self.closed:
             return
         for host, parcel in outbox.parcels().items():
-            if host in self.forgotten:
-                continue
-            waiting = self._waiting.get(host)
-            if waiting is None:
-                self._waiting[host] = parcel
-            else:
-                waiting.add(parcel)
+            if host not in self.forgotten:
+                self._parcels.put(host, parcel)
         for ret in outbox.control.returns:
-            self._returns.setdefault(ret.origin, []).append(ret)
-        for host in list(self._waiting):
-            if host not in self._in_flight:
-                self._post(host)
-        for origin in list(self._returns):
-            if ("controller", origin) not in self._in_flight:
-                self._post_returns(origin)
+            self._returns.put(ret.origin, [ret])
+        for host in self._parcels.ready():
+            self._post(host)
+        for origin in self._returns.ready():
+            self._post_returns(origin)
 
     def _post(self, host: int) -> None:
-        parcel = self._waiting.pop(host)
-        self._track(host, self.peers[host].receive.remote(parcel))
+        parcel = self._parcels.take(host)
+        if parcel is not None:
+            self._track(self._peer_returned, host, self.peers[host].receive.remote(parcel))
 
     def _post_returns(self, origin: str) -> None:
-        returns = self._returns.pop(origin)
         handle = self.controllers.get(origin)
-        if handle is not None:  # a controller that is gone has no op to return to
-            self._track(("controller", origin), handle.op_returned.remote(returns))
+        if handle is None:  # a controller that is gone has no op to return to
+            self._returns.forget(origin)
+            return
+        returns = self._returns.take(origin)
+        if returns is not None:
+            self._track(self._controller_returned, origin, handle.op_returned.remote(returns))
 
-    def _track(self, key: Any, ref: Any) -> None:
+    def _track(self, returned: Callable[[Any, Any], None], key: Any, ref: Any) -> None:
         self.calls += 1
-        self._in_flight[key] = ref
-        when_returned(ref, functools.partial(self._returned, key, ref))
+        when_returned(ref, functools.partial(returned, key))
 
-    def _returned(self, key: Any, ref: Any, future: Any) -> None:
-        """A call came back: report its failure, send what waited for it."""
-        if self._in_flight.get(key) is not ref:
-            return  # forgotten meanwhile
-        del self._in_flight[key]
-        if self.closed:
-            return
+    def _peer_returned(self, host: int, future: Any) -> None:
+        """A call to a peer came back: report its failure, or send what waited for it."""
+        if not self._parcels.returned(host) or self.closed:
+            return  # forgotten meanwhile, or closed
         error = None if future.cancelled() else future.exception()
-        if isinstance(key, tuple):
-            if key[1] in self._returns:
-                self._post_returns(key[1])
-            return
         if error is not None:  # a dead or failing peer: the controller decides
-            self.on_error(key, error)
+            self.on_error(host, error)
             return
-        if key in self._waiting and key not in self.forgotten:
-            self._post(key)
+        self._post(host)
+
+    def _controller_returned(self, origin: str, future: Any) -> None:
+        """A call to a controller came back: send the returns that waited for it."""
+        if self._returns.returned(origin) and not self.closed:
+            self._post_returns(origin)
 
     def close(self) -> None:
         """Send nothing more (the host stopped). Idempotent."""
         self.closed = True
-        self._waiting.clear()
+        self._parcels.clear()
         self._returns.clear()
-        self._in_flight.clear()

@@ -38,6 +38,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from chiray.operators.inflight import CallWindow
+
 from .messages import Destination, Push
 from .schema import conform
 
@@ -163,12 +165,17 @@ def _merged(
 
 
 class _Pusher:
-    """Sends one attempt's batches to its reader, at most ``window`` in flight; knows how it went."""
+    """Sends one attempt's batches to its reader, at most ``window`` in flight; knows how it went.
+
+    ``_calls`` counts the pushes in flight (one receiver: the unit's reader; pushes are never
+    coalesced, a push waits for credit instead); ``_in_flight`` holds their refs, for ``ray.wait``.
+    """
 
     def __init__(self, destination: Destination, unit: tuple[int, int], generation: int, attempt: int,
                  window: int) -> None:
         self._destination, self._unit = destination, unit
-        self._generation, self._attempt, self._window = generation, attempt, window
+        self._generation, self._attempt = generation, attempt
+        self._calls: CallWindow[tuple[int, int], Push] = CallWindow(window=window)
         self._in_flight: list[Any] = []
         self.seq = self.rows = 0
         self.accepted = True  # every push so far was queued at the reader's host
@@ -178,13 +185,15 @@ class _Pusher:
         """Push ``batch`` (waiting for credit first); ``False``: stop, the reader's host is gone."""
         import ray
 
-        while len(self._in_flight) >= self._window and self.accepted:  # no credit: wait, stops Spark upstream
+        while self._calls.full(self._unit) and self.accepted:  # no credit: wait, stops Spark upstream
             done, self._in_flight = ray.wait(self._in_flight, num_returns=1)
+            self._calls.returned(self._unit)
             self._settle(done)
         if not self.accepted:
             return False
-        push = Push(self._destination.token, self._unit, self._generation, self._attempt, self.seq,
-                    encode(batch), batch.num_rows)
+        push = self._calls.offer(self._unit, Push(self._destination.token, self._unit, self._generation,
+                                                  self._attempt, self.seq, encode(batch), batch.num_rows))
+        assert push is not None, "bug in spark_bridge: a push sent without credit"
         self._in_flight.append(self._destination.feed(push))
         self.seq += 1
         self.rows += batch.num_rows
@@ -194,6 +203,7 @@ class _Pusher:
         """Wait for the pushes in flight."""
         self._settle(self._in_flight)
         self._in_flight = []
+        self._calls.forget(self._unit)
 
     def _settle(self, refs: list[Any]) -> None:
         import ray
