@@ -15,6 +15,7 @@ from chiray.operators.logic import InstanceInfo
 from .channel import InputChannel, OutputChannel
 from .config import JobConfig
 from .instance import OperatorFailure, OperatorInstance
+from .source import SourceInstance
 from .restore import RestoreInfo
 from .router import make_router
 
@@ -60,7 +61,8 @@ def build_instance(plan: PhysicalPlan, name: tuple[str, int], config: JobConfig,
                         for c in chans])
         targets.append([c.dst for c in chans])
         routers.append(make_router(edge, len(chans), plan.bin_tables.get(down), down, name[1]))
-    instance = OperatorInstance(info, logic, inputs, outputs, routers, host, targets, node.kind.value)
+    cls = SourceInstance if node.kind is OperatorKind.SOURCE else OperatorInstance
+    instance = cls(info, logic, inputs, outputs, routers, host, targets, node.kind.value)
     if restore is not None and node.kind is OperatorKind.KEYED:
         bins = restore.load_bins(node.name, name[1], plan.bin_tables[node.name])
         if bins:

@@ -75,21 +75,11 @@ class InstanceControlContext:
         self._instance.resume_event_time()
 
     def keep_replicas(self, operator: str, replicas: dict[int, tuple[int, bytes]]) -> None:
-        for b, (version, data) in replicas.items():
-            self._instance.replicas[(operator, b)] = (version, data)
+        self._instance.replicas.keep(operator, replicas)
 
     def take_replicas(self, operator: str, bins: list[int], versions: dict[int, int]) -> dict[int, bytes]:
         """Remove and return the replicas of ``bins``, which must be at ``versions``."""
-        out = {}
-        for b in bins:
-            entry = self._instance.replicas.pop((operator, b), None)
-            if entry is None:
-                raise RuntimeError(f"{self._instance.info}: no replica of bin {b} of {operator!r} to reload")
-            if entry[0] != versions[b]:
-                raise RuntimeError(f"{self._instance.info}: the replica of bin {b} of {operator!r} is at version "
-                                   f"{entry[0]}, the old owner expected {versions[b]}")
-            out[b] = entry[1]
-        return out
+        return self._instance.replicas.take(operator, bins, versions)
 
     def parameters(self) -> dict[str, Any]:
         return dict(getattr(self._instance.logic, "params", None) or {})
@@ -109,7 +99,7 @@ class InstanceControlContext:
         raise RuntimeError("attach_all() is only available inside on_complete")
 
     def queue_ack(self, message: Any, payload: Any, background: bool) -> None:
-        self._instance.acks.append((message.op_id, message.origin, payload, background))
+        self._instance.queue_ack(message.op_id, message.origin, payload, background)
 
     def sink_prepare(self, epoch: int) -> Any:
         logic = self._instance.logic

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from typing import Any
+import time
+from typing import Any, Callable
 
 from chiray.control.coordination import OpCoordinator
 from chiray.control.oprun import OpRun, job_view
@@ -40,14 +41,16 @@ class LocalRun:
         flow: the dataflow (validated here).
         config: runtime options (``num_hosts`` picks the host count).
         seed: if given, deliveries between hosts are shuffled and some data duplicated.
+        clock: the hosts' clock (a fake one makes every run of the loop deterministic).
     """
 
-    def __init__(self, flow: Dataflow, config: JobConfig | None = None, seed: int | None = None):
+    def __init__(self, flow: Dataflow, config: JobConfig | None = None, seed: int | None = None,
+                 clock: Callable[[], float] = time.monotonic):
         flow.validate()
         self.config = config or JobConfig()
         self.plan = physical_plan(flow.graph)
         n, self.placement = place(self.plan, self.config.num_hosts, self.config.placement, self.config.colocate)
-        self.hosts = [HostCore(i, self.plan, self.placement, self.config) for i in range(n)]
+        self.hosts = [HostCore(i, self.plan, self.placement, self.config, clock=clock) for i in range(n)]
         self.rng = random.Random(seed) if seed is not None else None
         self._in_flight: list[tuple[int, Parcel]] = []
         self.broadcast, _ = control_trees(self.plan, self.placement, self.config.control_fanout)
@@ -76,13 +79,14 @@ class LocalRun:
             self._in_flight.extend(out.parcels().items())
             for ret in out.control.returns:
                 self.ops.on_return(ret)
-            for _origin, op_id, instance, payload, background in out.acks:
-                if background:
+            for ack in out.acks:
+                payload = ack.payload
+                if ack.background:
                     try:
                         payload = payload()
                     except Exception as exc:
                         payload = exc
-                self.ops.on_ack(op_id, instance, payload)
+                self.ops.on_ack(ack.op_id, ack.instance, payload)
             for inst in host.take_finished():
                 if not inst.outputs:
                     self._finished_sinks.add(inst.name)

@@ -4,13 +4,17 @@ During a non-disruptive migration step the new owner of some bins already
 receives their records, but not yet their state. :class:`HeldRecords` keeps
 those records, in arrival order and with their input, and hands them back
 once the bins' state is installed; records of other bins pass at once.
+Event time waits with them: while bins are held (or leaving, see
+``pause_event_time``) the newest watermark is kept here and applied once
+they are installed, so held records and their windows meet the watermark
+they were sent under.
 
 Owned by one ``OperatorInstance``; only its processing thread touches it.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -32,6 +36,29 @@ class HeldRecords:
         self._mask: np.ndarray | None = None  # bins whose records wait for their state
         self._keys: tuple[str, ...] = ()  # the key column per input (one: every input)
         self._held: list[tuple[pa.RecordBatch, np.ndarray, int]] = []  # (records, their bins, input index)
+        self._paused = 0  # > 0 while bins are leaving (a non-blocking migration step)
+        self._deferred: Any = None  # the newest watermark held back
+
+    def pause_event_time(self) -> None:
+        """Defer watermarks until the matching :meth:`resume_event_time` (calls nest)."""
+        self._paused += 1
+
+    def resume_event_time(self) -> None:
+        self._paused = max(0, self._paused - 1)
+
+    def defer(self, mark: Any) -> bool:
+        """Keep ``mark`` (the newest wins) if event time waits now; whether it does."""
+        if self._mask is None and not self._paused:
+            return False
+        self._deferred = mark
+        return True
+
+    def take_deferred(self) -> Any:
+        """The watermark held back, once event time no longer waits (else None)."""
+        if self._mask is not None or self._paused:
+            return None
+        mark, self._deferred = self._deferred, None
+        return mark
 
     @property
     def active(self) -> bool:

@@ -214,7 +214,7 @@ class OperatorHost:
             if outbox:
                 self.transport.send(outbox)
                 for ack in outbox.acks:
-                    self._send_ack(*ack)
+                    self._send_ack(ack.origin, ack.op_id, ack.instance, ack.payload, ack.background)
             if progressed:
                 await asyncio.sleep(0)
                 continue

@@ -4,15 +4,15 @@ The dispatcher is the one place that branches on a message's type: ``Data``
 goes to the operator logic, a ``Watermark`` advances the instance's event-time
 clock (``watermarks.py``: the minimum over its inputs), which the logic sees
 through ``on_watermark`` before the new watermark is sent on every output,
-``End`` closes an input, a ``ControlMessage`` goes
-to the instance's control processor, whose completed ops are forwarded on
-every output channel (behind the data already queued there), along the op's
-extra edges, or back to the controller from a sink. An instance is
-*runnable* when none of its output channels holds messages waiting for
-credit and it has input it may take: a message on an unblocked input
-channel, an injected control message (sources), an extra-edge control
-message, a control run (one op arriving on many of its channels at once,
-counted in one step), or (a source) its next batch is due.
+``End`` closes an input, a ``ControlMessage`` goes to the instance's control
+processor, whose completed ops are forwarded on every output channel (behind
+the data already queued there), along the op's extra edges, or back to the
+controller from a sink. An instance is *runnable* when none of its output
+channels holds messages waiting for credit and it has input it may take: a
+message on an unblocked input channel, an extra-edge control message or a
+control run (one op arriving on many of its channels at once, counted in one
+step). Sources are ``source.SourceInstance``. Each step returns a frozen
+``StepResult`` to the host.
 
 Lifecycle: ``RUNNING -> FINISHED`` (all inputs ended, final output and
 ``End`` queued on every output) ``-> CLOSED``. Only the owning host touches it.
@@ -33,17 +33,16 @@ from chiray.operators.logic import InstanceInfo, OperatorLogic, SideOutput
 
 from .channel import InputChannel, OutputChannel
 from .held import HeldRecords
-from .statistics import InstanceStatistics
+from .replicas import BinReplicas
+from .statistics import InstanceStatistics, instance_statistics
 from .context import InstanceControlContext
 from .messages import ControlRun, Data, End, Envelope, Grant, Watermark
 from .router import Router
-from .watermarks import MIN_WATERMARK, InputWatermarks
+from .stepresult import NOTHING, Ack, ControlSend, StepResult
+from .watermarks import InputWatermarks
 
 if TYPE_CHECKING:
     from .topology import InstanceChange
-
-CONTROL_INBOX = -1
-"""The channel id of a source's control inbox (ordered by global injection sequence)."""
 
 CONTROL_RUN = 256
 """At most this many control messages at the heads of its inputs an instance takes in one step."""
@@ -61,7 +60,7 @@ class OperatorFailure(Exception):
 
 
 class OperatorInstance:
-    """An operator instance and its channels.
+    """An operator instance and its channels (sources: ``source.SourceInstance``).
 
     Args:
         info: its identity.
@@ -72,6 +71,9 @@ class OperatorInstance:
         targets: per output edge, the receiving instance of each channel.
         kind: "source", "transform", "keyed" or "sink".
     """
+
+    is_source = False
+    exhausted = False  # a source read its last batch (it finishes once no change is pending)
 
     def __init__(self, info: InstanceInfo, logic: OperatorLogic | SourceLogic,
                  inputs: Sequence[InputChannel], outputs: Sequence[Sequence[OutputChannel]],
@@ -86,39 +88,31 @@ class OperatorInstance:
         self.targets = [list(t) for t in targets] or [[] for _ in self.outputs]
         self.host = host
         self.kind = kind
-        self.is_source = isinstance(logic, SourceLogic)
         self.finished = False
-        self.exhausted = False  # a source read its last batch (it finishes once no change is pending)
         self._index_of = {ch.channel: i for i, ch in enumerate(self.inputs)}
         # Inputs with a message to take and not blocked, in turn. Ordered (not a dict): taking from
         # the front of a dict again and again leaves holes that each look-up of its first key walks.
         self._ready_inputs: collections.OrderedDict[int, None] = collections.OrderedDict()
         self.watermarks = InputWatermarks(len(self.inputs))
         self.control = ControlProcessor(self.name, [ch.channel for ch in self.inputs], self.is_source)
-        self.inbox = InputChannel(CONTROL_INBOX, -1) if self.is_source else None
         self.extra_inbox: collections.deque[ControlMessage] = collections.deque()
         self.control_runs: collections.deque[ControlRun] = collections.deque()  # taken before the inputs
-        self.extra_sends: list[tuple[InstanceId, ControlMessage]] = []
-        # Control messages sent on output channels (channel, seq, message as received, payload): the host
-        # sends them as runs, this instance the sender.
-        self.control_out: list[tuple[int, int, ControlMessage, Any]] = []
-        self.returns: list[ControlReturn] = []
-        self.acks: list[tuple[str, str, Any, bool]] = []  # (op id, origin, payload or work, background)
-        downstream = [t for ts in self.targets for t in ts]
-        self.ctx = InstanceControlContext(self, kind, downstream)
+        # What a step produces for the host besides its output channels' queues (see ``_result``).
+        self._extra: list[tuple[InstanceId, ControlMessage]] = []
+        self._control_out: list[ControlSend] = []  # sent at once: the host gathers them into runs
+        self._returns: list[ControlReturn] = []
+        self._acks: list[Ack] = []
+        self._closed: list[OutputChannel] = []
+        self._finished_now = False
+        self.ctx = InstanceControlContext(self, kind, [t for ts in self.targets for t in ts])
         self._bp_since: float | None = None
-        self.backpressured_s = 0.0
-        self.busy_s = 0.0
+        self.backpressured_s = self.busy_s = 0.0
         self.records_in = self.records_out = self.batches_in = self.batches_out = 0
-        self.pending_changes: dict[str, "InstanceChange"] = {}
-        self.closed_outputs: list[OutputChannel] = []
-        self.extra_ops_sent: set[str] = set()  # ops sent along extra edges (told with the end notice)  # closed by a rescale, to flush once more  # op id -> topology change it activates
-        self.replicas: dict[tuple[str, int], tuple[int, bytes]] = {}  # (operator, bin) -> (version, state)
+        self.pending_changes: dict[str, "InstanceChange"] = {}  # op id -> topology change it activates
+        self.extra_ops_sent: set[str] = set()  # ops sent along extra edges (told with the end notice)
+        self.replicas = BinReplicas(info)  # copies of other instances' bins kept here
         self._held = HeldRecords(info.num_bins)  # records of bins whose state is on its way (migration)
-        self._deferred_mark: Watermark | None = None  # event time held back while they wait
         self._sent_mark: Watermark | None = None  # the last watermark sent on the outputs
-        self._event_time_paused = 0  # > 0 while bins are leaving (a non-blocking migration step)
-        self.took_control = False  # the last step took a control message (no data, no operator code)
         self._call(self.logic.open, info)
 
     # -- scheduling ---------------------------------------------------------------
@@ -126,7 +120,7 @@ class OperatorInstance:
     def output_channels(self) -> list[OutputChannel]:
         return [ch for chs in self.outputs for ch in chs]
 
-    def _outputs_blocked(self) -> bool:
+    def outputs_blocked(self) -> bool:
         for chs in self.outputs:  # a plain loop: asked several times a step
             for ch in chs:
                 if ch.pending:
@@ -136,11 +130,7 @@ class OperatorInstance:
     def has_work(self, now: float) -> bool:
         if self.finished:
             return False
-        if self.extra_inbox or self.control_runs:
-            return True
-        if self.is_source:
-            return self.inbox.ready() or self._source_due(now)  # type: ignore[union-attr]
-        return bool(self._ready_inputs)
+        return bool(self.extra_inbox or self.control_runs or self._ready_inputs)
 
     def refresh_input(self, channel: int) -> None:
         """Channel ``channel``'s queue or blocked flag changed: update the set of inputs to take from."""
@@ -154,26 +144,16 @@ class OperatorInstance:
         else:
             self._ready_inputs.pop(i, None)
 
-    def _source_due(self, now: float) -> bool:
-        if self.exhausted:
-            return False  # it waits for the op of a pending change (its inbox wakes it)
-        ready = self.logic.ready_at()  # type: ignore[union-attr]
-        return ready is None or ready <= now
-
-    def control_ready(self) -> bool:
-        """A source with a control message to take next (injected, or along an extra edge)."""
-        return not self.finished and (bool(self.extra_inbox) or self.inbox.ready())  # type: ignore[union-attr]
-
     def runnable(self, now: float) -> bool:
         """Work to do and credit on every output."""
-        return self.has_work(now) and not self._outputs_blocked()
+        return self.has_work(now) and not self.outputs_blocked()
 
     def note_outputs(self, now: float) -> bool:
         """Account back-pressured time: called whenever output channels may have changed state.
 
         Returns True when the outputs were held back for credit until now and are free again.
         """
-        blocked = self._outputs_blocked()
+        blocked = self.outputs_blocked()
         if blocked and self._bp_since is None:
             self._bp_since = now
         elif not blocked and self._bp_since is not None:
@@ -183,45 +163,56 @@ class OperatorInstance:
         return False
 
     def wake_time(self) -> float | None:
-        """For a paced source: when its next batch is due."""
-        if self.is_source and not self.finished:
-            return self.logic.ready_at()  # type: ignore[union-attr]
+        """For a paced source: when its next batch is due (None for other instances)."""
         return None
 
     # -- one step -----------------------------------------------------------------
 
-    def step(self) -> list[Grant]:
-        """Process one message (a source: read one batch); return the credit to give back.
+    def step(self) -> StepResult:
+        """Process one message (a source: read one batch); return what the host must act on.
 
         Raises:
             OperatorFailure: the operator's code raised.
         """
         started = time.perf_counter()
-        self.took_control = True
         try:
             if self.extra_inbox:
                 message = self.extra_inbox.popleft()
                 self._on_control(message, extra_input(message.sender))  # type: ignore[arg-type]
-                return []
+                return self._result((), True)
             if self.control_runs:
                 self._take_run(self.control_runs.popleft())
-                return []
-            if self.is_source:
-                if self.inbox.ready():  # type: ignore[union-attr]
-                    self._on_control(self.inbox.take().message, CONTROLLER)  # type: ignore[union-attr]
-                else:
-                    self.took_control = False
-                    self._step_source()
-                return []
-            env = self._take_input()
-            grant = self.inputs[self._current].grant_for(env)
-            self._dispatch(env, self.inputs[self._current])
-            self.took_control = isinstance(env.message, ControlMessage)
-            if self.took_control:
-                self._take_control_heads()
-            return [grant] if grant is not None else []
+                return self._result((), True)
+            return self._step_input()
         finally:
             self.busy_s += time.perf_counter() - started
+
+    def _step_input(self) -> StepResult:
+        """Take the next message of an input channel, in turn."""
+        env = self._take_input()
+        grant = self.inputs[self._current].grant_for(env)
+        self._dispatch(env, self.inputs[self._current])
+        took_control = isinstance(env.message, ControlMessage)
+        if took_control:
+            self._take_control_heads()
+        return self._result(() if grant is None else (grant,), took_control)
+
+    def _result(self, grants: tuple[Grant, ...], took_control: bool) -> StepResult:
+        """Hand over what this step produced for the host (and forget it here)."""
+        if not (self._control_out or self._extra or self._returns or self._acks or self._closed
+                or self._finished_now):
+            if not grants and not took_control:
+                return NOTHING
+            return StepResult(grants, took_control=took_control)
+        result = StepResult(grants, tuple(self._control_out), tuple(self._extra), tuple(self._returns),
+                            tuple(self._acks), tuple(self._closed), self._finished_now, took_control)
+        self._control_out.clear()
+        self._extra.clear()
+        self._returns.clear()
+        self._acks.clear()
+        self._closed.clear()
+        self._finished_now = False
+        return result
 
     def _take_control_heads(self) -> None:
         """Go on taking control messages while the next input in turn has one at its head.
@@ -232,7 +223,7 @@ class OperatorInstance:
         ``CONTROL_RUN`` messages.
         """
         for _ in range(CONTROL_RUN):
-            if not self._ready_inputs or self._outputs_blocked():
+            if not self._ready_inputs or self.outputs_blocked():
                 return
             channel = self.inputs[next(iter(self._ready_inputs))]
             if not isinstance(channel.queue[0].message, ControlMessage):
@@ -307,8 +298,7 @@ class OperatorInstance:
             raise TypeError(f"bug: {self.info} received an unknown message {type(message).__name__}")
 
     def _process(self, batch: pa.RecordBatch, input_index: int) -> None:
-        self.records_in += batch.num_rows
-        self.batches_in += 1
+        self.records_in, self.batches_in = self.records_in + batch.num_rows, self.batches_in + 1
         self._emit(self._call(self.logic.process, batch, input_index))  # type: ignore[union-attr]
 
     # -- migration: holding the records of bins whose state is on its way -----------
@@ -321,20 +311,15 @@ class OperatorInstance:
         """The state of ``bins`` is installed: process their buffered records, in arrival order."""
         for batch, input_index in self._held.release(bins):
             self._process(batch, input_index)
-        self._apply_deferred_mark()
+        self._advance(self._held.take_deferred())
 
     def pause_event_time(self) -> None:
         """Keep incoming watermarks from the operator (the newest is applied on resume)."""
-        self._event_time_paused += 1
+        self._held.pause_event_time()
 
     def resume_event_time(self) -> None:
-        self._event_time_paused = max(0, self._event_time_paused - 1)
-        self._apply_deferred_mark()
-
-    def _apply_deferred_mark(self) -> None:
-        if not self._held.active and not self._event_time_paused and self._deferred_mark is not None:
-            mark, self._deferred_mark = self._deferred_mark, None
-            self._advance(mark)
+        self._held.resume_event_time()
+        self._advance(self._held.take_deferred())
 
     # -- topology changes (rescale) -----------------------------------------------------
 
@@ -358,12 +343,8 @@ class OperatorInstance:
             change = self.pending_changes.pop(c.message.op_id, None)
             if change is None:
                 self._forward(c)
-                continue
-            before = {ch.channel for chans in self.outputs for ch in chans}
-            change.open_outputs(self)
-            self._announce_watermark([ch for chans in self.outputs for ch in chans if ch.channel not in before])
-            self._forward(c)
-            change.close_outputs(self)
+            else:
+                self._apply_change(change, c)
         for source, blocked in self.control.take_block_changes():
             i = self._index_of.get(source) if isinstance(source, int) else None
             if i is not None:
@@ -371,6 +352,22 @@ class OperatorInstance:
                 self.refresh_input(source)  # type: ignore[arg-type]
         if completions and (self.exhausted or (self.inputs and all(ch.ended for ch in self.inputs))):
             self._maybe_finish()  # its input had ended; it waited for these ops
+
+    def _apply_change(self, change: "InstanceChange", c: Completion) -> None:
+        """The op that activates ``change`` completed here: forward it on the old and the new output
+        channels (on a new one it is the first message, after the watermark sent on the others), then
+        close the channels the change removes and take the change's outputs, targets and routers."""
+        self.outputs, self.targets = change.during(self.outputs, self.targets)
+        if self._sent_mark is not None:
+            for ch in change.added:
+                ch.enqueue(self._sent_mark)
+        self._forward(c)
+        for ch in change.removed:
+            ch.enqueue(End())
+            self._closed.append(ch)  # no longer this instance's, but the host still flushes it
+        self.outputs, self.targets = change.after()
+        self.routers = change.routers(self.routers, self.info)
+        self.ctx.set_downstream([t for ts in self.targets for t in ts])
 
     def _forward(self, c: Completion) -> None:
         """Send a completed op on: every output channel, its extra edges, or back to the controller.
@@ -385,7 +382,7 @@ class OperatorInstance:
             for ch, target in zip(chans, targets):
                 payload = c.payload_for(target)
                 if not ch.pending:
-                    self.control_out.append((ch.channel, ch.sequence_nowait(), message, payload))
+                    self._control_out.append(ControlSend(ch.channel, ch.sequence_nowait(), message, payload))
                     continue
                 hop = hops.get(id(payload))
                 if hop is None:
@@ -394,44 +391,23 @@ class OperatorInstance:
         for src, dst in message.extra_edges:
             if tuple(src) == self.name:
                 target = instance_id(dst)
-                self.extra_sends.append((target, message.hop(self.name, c.payload_for(target))))
+                self._extra.append((target, message.hop(self.name, c.payload_for(target))))
                 self.extra_ops_sent.add(message.op_id)
         if not self.outputs:
             payload = {self.name: c.payload_for(CONTROLLER)}
-            self.returns.append(ControlReturn(message.op_id, (self.name,), payload, message.origin, message.op))
+            self._returns.append(ControlReturn(message.op_id, (self.name,), payload, message.origin, message.op))
 
-    def sender_ended(self, name: InstanceId, sent: frozenset = frozenset()) -> None:
-        """Instance ``name`` finished: it sends nothing along extra edges but the ops in ``sent``."""
-        if not self.finished:
-            self._complete_ops(self._call(self.control.input_ended, extra_input(name), self.ctx, sent))
+    def senders_ended(self, ended: Sequence[tuple[InstanceId, frozenset]]) -> StepResult:
+        """Instances finished: each sends nothing along extra edges but the ops it lists."""
+        for name, sent in ended:
+            if not self.finished:
+                self._complete_ops(self._call(self.control.input_ended, extra_input(name), self.ctx, sent))
+        return self._result((), True)
 
-    def inject(self, message: ControlMessage) -> None:
-        """A control message from the controller (sources only), placed by its global sequence."""
-        assert self.inbox is not None, f"bug: control message injected at non-source {self.info}"
-        self.inbox.offer(Envelope(CONTROL_INBOX, message.seq, message))
+    def queue_ack(self, op_id: str, origin: str, payload: Any, background: bool) -> None:
+        """Acknowledge op ``op_id`` to controller ``origin`` (it leaves with this step's result)."""
+        self._acks.append(Ack(origin, op_id, self.name, payload, background))
 
-    def take_control_output(self) -> tuple[list[tuple[InstanceId, ControlMessage]], list[ControlReturn]]:
-        """Extra-edge messages and controller returns produced since the last call."""
-        sends, self.extra_sends = self.extra_sends, []
-        returns, self.returns = self.returns, []
-        return sends, returns
-
-    def _step_source(self) -> None:
-        batch = self._call(self.logic.poll)  # type: ignore[union-attr]
-        if batch is None:
-            self.exhausted = True
-            self._maybe_finish()
-            return
-        self.records_in += batch.num_rows
-        self.batches_in += 1
-        self._emit([batch])
-        self._advance(self.watermarks.output.offer(*self._call(self.logic.watermark)))  # type: ignore[union-attr]
-
-    def _announce_watermark(self, channels: list[Any]) -> None:
-        """New output channels (a rescale) start from the watermark already sent on the others."""
-        if channels and self._sent_mark is not None:
-            for ch in channels:
-                ch.enqueue(self._sent_mark)
 
     def _advance(self, mark: Watermark | None) -> None:
         """Event time moved: let the operator react (fire windows, timers), then send ``mark`` on.
@@ -442,11 +418,13 @@ class OperatorInstance:
         """
         if mark is None:
             return
-        if (self._held.active or self._event_time_paused) and not self.is_source:
-            self._deferred_mark = mark
+        if self._held.defer(mark):
             return
-        if not mark.idle and not self.is_source:
+        if not mark.idle:
             self._emit(self._call(self.logic.on_watermark, mark.timestamp))  # type: ignore[union-attr]
+        self._send_mark(mark)
+
+    def _send_mark(self, mark: Watermark) -> None:
         self._sent_mark = mark
         for ch in self.output_channels():
             ch.enqueue(mark)
@@ -466,11 +444,14 @@ class OperatorInstance:
         self._finish()
 
     def _finish(self) -> None:
-        if not self.is_source:
-            self._emit(self._call(self.logic.finish))  # type: ignore[union-attr]
+        self._emit(self._call(self.logic.finish))  # type: ignore[union-attr]
+        self._close_outputs()
+
+    def _close_outputs(self) -> None:
         for ch in self.output_channels():
             ch.enqueue(End())
         self.finished = True
+        self._finished_now = True
 
     def _call(self, fn: Any, *args: Any) -> Any:
         try:
@@ -505,24 +486,14 @@ class OperatorInstance:
     @property
     def drained(self) -> bool:
         """Finished and every output message has left."""
-        return self.finished and not self._outputs_blocked()
+        return self.finished and not self.outputs_blocked()
 
     def close(self) -> None:
         self.logic.close()
 
+    def backpressured_until(self, now: float) -> float:
+        """Seconds its outputs held messages waiting for credit, up to ``now``."""
+        return self.backpressured_s + (now - self._bp_since if self._bp_since is not None else 0.0)
+
     def statistics(self) -> InstanceStatistics:
-        queued = [ch.buffered() for ch in self.inputs]
-        return InstanceStatistics(
-            self.info.operator, self.info.index, self.host,
-            self.records_in, self.records_out, self.batches_in, self.batches_out,
-            sum(q[0] for q in queued), sum(q[1] for q in queued),
-            sum(len(ch.pending) for ch in self.output_channels()),
-            self.backpressured_s + (time.monotonic() - self._bp_since if self._bp_since else 0.0),
-            self.busy_s,
-            self.finished,
-            tuple(ch.statistics() for ch in self.output_channels()),
-            self.control.completed,
-            None if self.watermarks.output.timestamp == MIN_WATERMARK else self.watermarks.output.timestamp,
-            int(getattr(self.logic, "late_records", 0)),
-            self.logic.backlog() if isinstance(self.logic, SourceLogic) and not self.finished else 0,
-        )
+        return instance_statistics(self, time.monotonic())

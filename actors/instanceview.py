@@ -26,12 +26,12 @@ class InstanceView(Protocol):
     outputs: list[list[OutputChannel]]
     routers: list[Any]
     targets: list[list[InstanceId]]
-    acks: list[tuple[str, str, Any, bool]]
-    replicas: dict[tuple[str, int], tuple[int, bytes]]
-    closed_outputs: list[OutputChannel]
+    replicas: Any
     ctx: Any
 
     def output_channels(self) -> list[OutputChannel]: ...
+
+    def queue_ack(self, op_id: str, origin: str, payload: Any, background: bool) -> None: ...
 
     def hold_bins(self, bins: Sequence[int], key: str | Sequence[str]) -> None: ...
 

@@ -6,40 +6,41 @@ without Ray in tests: ``deliver()`` and ``grant()`` only enqueue;
 hands the envelopes and credit grants bound for other hosts to the shell.
 Channels between two instances of the same host are handed over in memory.
 
+Its pieces, one job each: the channel table (``channeltable.py``), the
+scheduler (``scheduler.py``), the credit owed to other hosts
+(``credit.py``) and the outbox (``outbox.py``); an instance's step hands its
+host one frozen ``StepResult``. Every time the loop reads comes from one
+injectable clock, so a test that passes a fake one drives it deterministically.
+
 Lifecycle: ``RUNNING -> DONE`` (every instance drained) or ``FAILED``.
 """
 
 from __future__ import annotations
 
-import collections
-import heapq
-import itertools
 import time
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from chiray.control.message import ControlMessage, ControlReturn, InstanceId, instance_id
 from chiray.control.trees import Relay
 from chiray.operators.endpoints import SinkLogic
 from chiray.operators.graph import PhysicalPlan
 
-from .channel import InputChannel, OutputChannel
+from .build import build_instance, control_trees
+from .channeltable import ChannelTable
 from .config import JobConfig
+from .credit import CreditLedger
 from .instance import OperatorInstance
-from .statistics import InstanceStatistics
 from .messages import ControlRun, Envelope, Grant, Parcel
+from .outbox import Outbox, RunGatherer
 from .relay import RelayTable
 from .restore import RestoreInfo
+from .scheduler import Scheduler
+from .source import SourceInstance
+from .statistics import InstanceStatistics
+from .stepresult import ControlSend, StepResult
 from .topology import plan_instance_change
-from .build import build_instance, control_trees
-from .outbox import Outbox, RunGatherer
 
-__all__ = ["HostCore", "RECHECK_S"]
-
-RECHECK_S = 0.05
-"""A source whose next batch is not due is looked at again after at most this long."""
-
-CREDIT_DELAY_S = 0.05
-"""Credit owed to a sender on another host waits at most this long (see ``HostCore._return_credit``)."""
+__all__ = ["HostCore"]
 
 
 class HostCore:
@@ -51,13 +52,16 @@ class HostCore:
         placement: (operator, index) -> host id, for every instance of the job.
         config: channel capacities and friends.
         restore: a checkpoint to start from (recovery or restore into a new job).
+        clock: every time the loop reads (seconds, monotonic).
     """
 
     def __init__(self, host_id: int, plan: PhysicalPlan, placement: dict[tuple[str, int], int],
-                 config: JobConfig, restore: RestoreInfo | None = None):
+                 config: JobConfig, restore: RestoreInfo | None = None,
+                 clock: Callable[[], float] = time.monotonic):
         self.host_id = host_id
         self.config = config
         self.placement = placement
+        self.clock = clock
         self.instances: list[OperatorInstance] = [
             build_instance(plan, name, config, host_id, restore)
             for name in plan.instances if placement[name] == host_id
@@ -67,35 +71,19 @@ class HostCore:
         self.relays = RelayTable(host_id, broadcast, aggregation, placement.__getitem__,
                                  lambda message, name: self._inject_local(message, name))
         self._flat_aggregation = aggregation.depth == 0
-        self._inputs: dict[int, tuple[OperatorInstance, InputChannel]] = {}
-        self._outputs: dict[int, OutputChannel] = {}
-        self._owner: dict[int, OperatorInstance] = {}
+        self.channels = ChannelTable(host_id)
+        self.channels.route(plan, placement)
         for inst in self.instances:
-            for ch in inst.inputs:
-                self._inputs[ch.channel] = (inst, ch)
-            for och in inst.output_channels():
-                self._outputs[och.channel] = och
-                self._owner[och.channel] = inst
-        self._dst_host = {c.channel_id: placement[c.dst] for c in plan.channels}
-        self._dst = {c.channel_id: c.dst for c in plan.channels}
+            self.channels.add_instance(inst)
         self._local_runs = RunGatherer()  # control messages between instances here, within one flush
-        self._src_host = {c.channel_id: placement[c.src] for c in plan.channels}
-        self._dirty: dict[int, None] = dict.fromkeys(self._outputs)  # output channels to drain
-        self._owed: dict[int, list[int]] = {}  # channel -> [batches, bytes] consumed, credit not yet sent
-        self._owed_since: float | None = None  # when the oldest owed credit was consumed
-        # Scheduling: instances that may be runnable, in turn; paced sources wait on a timer heap.
-        self._candidates: collections.OrderedDict[OperatorInstance, None] = collections.OrderedDict.fromkeys(
-            self.instances)  # ordered: see ``OperatorInstance._ready_inputs``
-        self._timers: list[tuple[float, int, OperatorInstance]] = []
-        self._timer_due: dict[OperatorInstance, float] = {}  # each instance's one live timer (others are stale)
-        self._timer_seq = itertools.count()
-        self._injected: dict[OperatorInstance, None] = {}  # sources given a control message (``_take_injected``)
+        self._dirty: dict[int, None] = dict.fromkeys(self.channels.outputs)  # output channels to drain
+        self.credit = CreditLedger(config.channel_capacity, config.channel_capacity_bytes)
+        self.scheduler: Scheduler[OperatorInstance] = Scheduler(self.instances)
         self.ended_peers: dict[InstanceId, frozenset] = {}  # finished instance -> ops it sent on extra edges
         for inst in self.instances:
             inst.control.ended_senders = self.ended_peers
         self.outbox = Outbox()
         self.finished_events: list[OperatorInstance] = []
-        self._reported: set[int] = set()
         self.took_control = False  # the last step only took control messages (see ``run_step``)
 
     # -- topology changes (rescale) -------------------------------------------------
@@ -110,10 +98,7 @@ class HostCore:
         for name in fresh:  # a name retired earlier may come back (on a new host)
             self.ended_peers.pop(name, None)
         self.placement.update(placement)
-        for c in plan.channels:
-            self._dst_host[c.channel_id] = placement[c.dst]
-            self._dst[c.channel_id] = c.dst
-            self._src_host[c.channel_id] = placement[c.src]
+        self.channels.route(plan, placement)
         for inst in list(self.instances):
             if inst.finished and (inst.name not in plan.instances or placement[inst.name] != self.host_id):
                 self._forget(inst)  # retired by an earlier rescale on a host that others still use
@@ -125,11 +110,7 @@ class HostCore:
             if inst.finished:
                 raise RuntimeError(f"{inst.info} already finished (its input ended): its channels cannot change")
             inst.prepare_change(op_id, change)
-            for ich in change.inputs:
-                self._inputs[ich.channel] = (inst, ich)
-            for och in change.added:
-                self._outputs[och.channel] = och
-                self._owner[och.channel] = inst
+            self.channels.add(inst, change.inputs, change.added)
         for name in plan.instances:
             if placement[name] == self.host_id and name not in self.by_name:
                 self._add_instance(build_instance(plan, name, self.config, self.host_id))
@@ -140,32 +121,24 @@ class HostCore:
         self.instances.remove(inst)
         if self.by_name.get(inst.name) is inst:
             del self.by_name[inst.name]
-        self._candidates.pop(inst, None)
-        self._timer_due.pop(inst, None)
-        self._injected.pop(inst, None)
+        self.scheduler.forget(inst)
 
     def _add_instance(self, inst: OperatorInstance) -> None:
         self.instances.append(inst)
         self.by_name[inst.name] = inst
         inst.control.ended_senders = self.ended_peers
-        for ch in inst.inputs:
-            self._inputs[ch.channel] = (inst, ch)
-        for och in inst.output_channels():
-            self._outputs[och.channel] = och
-            self._owner[och.channel] = inst
-        self._candidates[inst] = None
+        self.channels.add_instance(inst)
+        self.scheduler.wake(inst)
 
     # -- inputs from other hosts -----------------------------------------------------
 
     def deliver(self, envelopes: Iterable[Envelope]) -> None:
         """Accept envelopes from other hosts (any order, possibly duplicated)."""
         for env in envelopes:
-            entry = self._inputs.get(env.channel)
-            if entry is None:
-                raise RuntimeError(f"bug: host {self.host_id} received channel {env.channel} it does not own")
-            entry[1].offer(env)
-            entry[0].refresh_input(env.channel)
-            self._candidates[entry[0]] = None
+            inst, ich = self.channels.receiver(env.channel, self.host_id)
+            ich.offer(env)
+            inst.refresh_input(env.channel)
+            self.scheduler.wake(inst)
 
     def receive(self, parcel: Parcel) -> None:
         """Everything another host (or a controller) sent in one call."""
@@ -194,7 +167,7 @@ class HostCore:
                 raise RuntimeError(f"bug: host {self.host_id} received a control run for {run.target} "
                                    "it does not host")
             inst.offer_run(run)
-            self._candidates[inst] = None
+            self.scheduler.wake(inst)
 
     def inject(self, items: Iterable[tuple[ControlMessage, list[InstanceId]]]) -> None:
         """Control messages from a controller (or a relay) for sources on this host."""
@@ -204,8 +177,10 @@ class HostCore:
 
     def _inject_local(self, message: ControlMessage, name: InstanceId) -> None:
         inst = self.by_name[name]
+        if not isinstance(inst, SourceInstance):
+            raise RuntimeError(f"bug: control message injected at non-source {inst.info}")
         inst.inject(message)
-        self._injected[inst] = None
+        self.scheduler.injected(inst)
 
     def relay(self, items: Iterable[tuple[ControlMessage, Relay]]) -> None:
         """Broadcast relays hosted here forward control messages to their children."""
@@ -224,24 +199,17 @@ class HostCore:
         for name, message in items:
             inst = self.by_name[instance_id(name)]
             inst.extra_inbox.append(message)
-            self._candidates[inst] = None
+            self.scheduler.wake(inst)
 
     def peer_ended(self, ended: Iterable[tuple[InstanceId, Iterable[str]]]) -> None:
         """Instances elsewhere finished: ops here stop expecting extra-edge messages from them,
         but for the ops each sent before it finished (those messages may still be on their way)."""
         items = [(instance_id(name), frozenset(sent)) for name, sent in ended]
         self.ended_peers.update(items)  # ops that arrive later will not expect them
-        for inst in self.instances:
-            if not inst.control.pending_ops:
-                continue
-            for name, sent in items:
-                inst.sender_ended(name, sent)
-            self._dirty.update((ch.channel, None) for ch in inst.output_channels())
-            self._candidates[inst] = None
-            if inst.control_out:
-                self._gather_control(inst)
-            if inst.extra_sends or inst.returns:
-                self._route_control(inst)
+        results = [(inst, inst.senders_ended(items)) for inst in self.instances if inst.control.pending_ops]
+        for inst, result in results:
+            self.scheduler.wake(inst)
+            self._after_step(inst, result)
         self._flush()
 
     def _announce_end(self, inst: OperatorInstance) -> None:
@@ -261,25 +229,24 @@ class HostCore:
             mine.collects[host].extend(collects)
         mine.returns.extend(out.returns)
 
-    def _route_control(self, inst: OperatorInstance) -> None:
-        sends, returns = inst.take_control_output()
-        for name, message in sends:
+    def _route_control(self, inst: OperatorInstance, result: StepResult) -> None:
+        for name, message in result.extra:
             host = self.placement[name]
             if host == self.host_id:
                 self.by_name[name].extra_inbox.append(message)
-                self._candidates[self.by_name[name]] = None
+                self.scheduler.wake(self.by_name[name])
             else:
                 self.outbox.extra[host].append((name, message))
-        for ret in returns:
+        for ret in result.returns:
             self.relays.sink_returned(ret)
-        if inst.finished and not inst.outputs and not self._flat_aggregation:
+        if result.finished and not inst.outputs and not self._flat_aggregation:
             self.relays.sink_returned(ControlReturn(None, (inst.name,), None, ""))
         self._take_relay_output()
 
     def grant(self, grants: Iterable[Grant]) -> None:
         """Credit returned by receivers on other hosts."""
         for g in grants:
-            self._outputs[g.channel].grant(g.batches, g.nbytes)
+            self.channels.outputs[g.channel].grant(g.batches, g.nbytes)
             self._dirty[g.channel] = None
 
     # -- the loop ---------------------------------------------------------------
@@ -292,181 +259,127 @@ class HostCore:
         Raises:
             OperatorFailure: an operator's code raised.
         """
-        now = time.monotonic() if now is None else now
-        self._flush()
-        if self._injected and self._take_injected():
+        now = self.clock() if now is None else now
+        self._flush(now)
+        if self._take_injected(now):
             return True
-        while self._timers and self._timers[0][0] <= now:
-            due, _, inst = heapq.heappop(self._timers)
-            if self._timer_due.get(inst) == due:
-                del self._timer_due[inst]
-                self._candidates[inst] = None
-        while self._candidates:
-            inst = self._candidates.popitem(last=False)[0]
-            if not inst.runnable(now):
-                wake = inst.wake_time()
-                if wake is not None and wake > now:
-                    # Re-check a paused source at least every RECHECK_S: what it waits for may change.
-                    self._set_timer(inst, min(wake, now + RECHECK_S))
-                elif inst.is_source and not inst.finished and not inst._outputs_blocked():
-                    # It became due between our two questions (a reader waiting on another process):
-                    # look again at the next step rather than never.
-                    self._set_timer(inst, now)
-                continue
-            self._candidates[inst] = None  # it may have more: back of the line
-            self._after_step(inst, inst.step())
-            self.took_control = inst.took_control
-            self._flush()
-            return True
-        return False
+        inst = self.scheduler.next_runnable(now)
+        if inst is None:
+            return False
+        result = inst.step()
+        self._after_step(inst, result)
+        self.took_control = result.took_control
+        self._flush(now)
+        return True
 
-    def _take_injected(self) -> bool:
+    def _take_injected(self, now: float) -> bool:
         """Let every source with a control message injected take it (and what follows it in its
         inbox), in one step: the same as a step of each, without a trip through the scheduler for
         hundreds of sources that each only forward the op. False if none could."""
-        injected, self._injected = self._injected, {}
         took = False
-        for inst in injected:
-            while inst.control_ready():
-                if inst._outputs_blocked():  # it takes the op once credit frees its outputs
-                    self._candidates[inst] = None
+        for inst in self.scheduler.take_injected():
+            while inst.control_ready():  # type: ignore[attr-defined]  # sources only
+                if inst.outputs_blocked():  # it takes the op once credit frees its outputs
+                    self.scheduler.wake(inst)
                     break
                 self._after_step(inst, inst.step())
                 took = True
         if took:
             self.took_control = True
-            self._flush()
+            self._flush(now)
         return took
 
-    def _after_step(self, inst: OperatorInstance, grants: list[Grant]) -> None:
+    def _after_step(self, inst: OperatorInstance, result: StepResult) -> None:
         """What an instance's step produced: credit to return, outputs to flush, control to route."""
-        self._return_credit(grants)
-        if inst.control_out:
-            self._gather_control(inst)
+        if result.grants:
+            self._return_credit(result.grants)
+        if result.control:
+            self._gather_control(inst.name, result.control)
         for chs in inst.outputs:
             for ch in chs:
                 self._dirty[ch.channel] = None
-        if inst.closed_outputs:
-            self._dirty.update((ch.channel, None) for ch in inst.closed_outputs)
-            inst.closed_outputs.clear()
-        newly_finished = inst.finished and id(inst) not in self._reported
-        if newly_finished:
-            self._reported.add(id(inst))
+        if result.closed:
+            self._dirty.update((ch.channel, None) for ch in result.closed)
+        if result.finished:
             self.finished_events.append(inst)
             self._announce_end(inst)
-        if inst.extra_sends or inst.returns or (newly_finished and not inst.outputs):
-            self._route_control(inst)
-        if inst.acks:
-            self.outbox.acks.extend((origin, op_id, inst.name, payload, background)
-                                    for op_id, origin, payload, background in inst.acks)
-            inst.acks.clear()
+        if result.extra or result.returns or (result.finished and not inst.outputs):
+            self._route_control(inst, result)
+        if result.acks:
+            self.outbox.acks.extend(result.acks)
 
-    def _set_timer(self, inst: OperatorInstance, due: float) -> None:
-        """Look at ``inst`` again at ``due``, unless it has a timer due no later: one live timer per
-        instance, however often it is found waiting (each op makes every source a candidate once)."""
-        current = self._timer_due.get(inst)
-        if current is not None and current <= due:
-            return
-        self._timer_due[inst] = due  # an entry due later, if any, is now stale
-        heapq.heappush(self._timers, (due, next(self._timer_seq), inst))
-
-    def _gather_control(self, inst: OperatorInstance) -> None:
-        """Control messages ``inst`` sent at once: into runs for instances here (handed over at the
+    def _gather_control(self, sender: InstanceId, sends: tuple[ControlSend, ...]) -> None:
+        """Control messages an instance sent at once: into runs for instances here (handed over at the
         end of the next flush) or elsewhere (in the outbox)."""
-        for channel, seq, message, payload in inst.control_out:
-            dst = self._dst_host[channel]
-            if dst == self.host_id:
+        dst_host, dst = self.channels.dst_host, self.channels.dst
+        for send in sends:
+            host = dst_host[send.channel]
+            if host == self.host_id:
                 runs = self._local_runs
             else:
-                runs = self.outbox.runs.get(dst)  # type: ignore[assignment]
+                runs = self.outbox.runs.get(host)  # type: ignore[assignment]
                 if runs is None:
-                    runs = self.outbox.runs[dst] = RunGatherer()
-            runs.add(self._dst[channel], message, payload, channel, seq, inst.name)
-        inst.control_out.clear()
+                    runs = self.outbox.runs[host] = RunGatherer()
+            runs.add(dst[send.channel], send.message, send.payload, send.channel, send.seq, sender)
 
-    def _return_credit(self, grants: list[Grant]) -> None:
-        """Credit for consumed messages: at once to a sender here; to a sender elsewhere once half
-        its channel's bound is owed, or with the next parcel to its host, or after ``CREDIT_DELAY_S``.
-
-        A call that carried one credit alone was up to half of all calls between hosts. Holding
-        credit back cannot stall a sender: one without credit has its whole bound outstanding,
-        so once it is consumed half of it is owed here and goes at once (a batch larger than
-        the byte credit left waits at most ``CREDIT_DELAY_S``).
-        """
+    def _return_credit(self, grants: tuple[Grant, ...]) -> None:
+        """Credit for consumed messages: at once to a sender here, through the ledger to one elsewhere."""
         for g in grants:
-            src = self._src_host[g.channel]
+            src = self.channels.src_host[g.channel]
             if src == self.host_id:
-                self._outputs[g.channel].grant(g.batches, g.nbytes)
+                self.channels.outputs[g.channel].grant(g.batches, g.nbytes)
                 self._dirty[g.channel] = None
                 continue
-            owed = self._owed.get(g.channel)
-            if owed is None:
-                owed = self._owed[g.channel] = [0, 0]
-                if self._owed_since is None:
-                    self._owed_since = time.monotonic()
-            owed[0] += g.batches
-            owed[1] += g.nbytes
-            if 2 * owed[0] >= self.config.channel_capacity or 2 * owed[1] >= self.config.channel_capacity_bytes:
-                del self._owed[g.channel]
-                self.outbox.grants[src].append(Grant(g.channel, owed[0], owed[1]))
+            due = self.credit.owe(g, src, self.clock())
+            if due is not None:
+                self.outbox.grants[src].append(due)
 
-    def _settle_credit(self, now: float) -> None:
-        """Owed credit into the outbox: all of it once the oldest is ``CREDIT_DELAY_S`` old, else
-        the credit for hosts that get a parcel anyway."""
-        overdue = self._owed_since is not None and now >= self._owed_since + CREDIT_DELAY_S
-        going = None if overdue else self.outbox.hosts()
-        for channel in list(self._owed):
-            src = self._src_host[channel]
-            if going is None or src in going:
-                batches, nbytes = self._owed.pop(channel)
-                self.outbox.grants[src].append(Grant(channel, batches, nbytes))
-        if not self._owed:
-            self._owed_since = None
-
-    def _flush(self) -> None:
+    def _flush(self, now: float | None = None) -> None:
         """Move sendable envelopes of dirty output channels to their receivers or the outbox.
 
         Control messages go in runs (``RunGatherer``): one per receiving instance and op.
         """
-        now = time.monotonic()
-        local_runs = self._local_runs
+        now = self.clock() if now is None else now
+        local_runs, table, wake = self._local_runs, self.channels, self.scheduler.wake
         while self._dirty:
             channel = self._dirty.popitem()[0]
-            envs = self._outputs[channel].drain()
-            owner = self._owner[channel]
+            envs = table.outputs[channel].drain()
+            owner = table.owner[channel]
             if owner.note_outputs(now):  # credit let its held-back output go: it may run again
-                self._candidates[owner] = None
+                wake(owner)
             if not envs:
                 continue
-            dst = self._dst_host[channel]
+            dst = table.dst_host[channel]
             if dst == self.host_id:
-                inst, ich = self._inputs[channel]
+                inst, ich = table.inputs[channel]
                 for env in envs:
                     if type(env.message) is ControlMessage:
                         local_runs.add_envelope(inst.name, env)
                     else:
                         ich.offer(env)
                 inst.refresh_input(channel)
-                self._candidates[inst] = None
+                wake(inst)
             else:
                 for env in envs:
                     if type(env.message) is ControlMessage:
                         runs = self.outbox.runs.get(dst)
                         if runs is None:
                             runs = self.outbox.runs[dst] = RunGatherer()
-                        runs.add_envelope(self._dst[channel], env)
+                        runs.add_envelope(table.dst[channel], env)
                     else:
                         self.outbox.envelopes[dst].append(env)
         if local_runs:
             for run in local_runs.take():
                 inst = self.by_name[run.target]
                 inst.offer_run(run)
-                self._candidates[inst] = None
+                wake(inst)
 
     def take_outbox(self, now: float | None = None) -> Outbox:
         """What to send to other hosts now; the core forgets it."""
-        if self._owed:
-            self._settle_credit(time.monotonic() if now is None else now)
+        if self.credit:
+            going = self.outbox.hosts()
+            for host, grant in self.credit.settle(self.clock() if now is None else now, going):
+                self.outbox.grants[host].append(grant)
         out, self.outbox = self.outbox, Outbox()
         return out
 
@@ -477,9 +390,8 @@ class HostCore:
 
     def next_wakeup(self) -> float | None:
         """The earliest time a paced source becomes runnable or owed credit must go, if any."""
-        wake = self._timers[0][0] if self._timers else None
-        if self._owed_since is not None:
-            due = self._owed_since + CREDIT_DELAY_S
+        wake, due = self.scheduler.next_timer, self.credit.deadline
+        if due is not None:
             wake = due if wake is None else min(wake, due)
         return wake
 

@@ -14,6 +14,7 @@ from chiray.control.message import ControlMessage, InstanceId
 
 from .messages import ControlRun, Envelope, Grant, Parcel
 from .relay import RelayOutput
+from .stepresult import Ack
 
 __all__ = ["Outbox", "RunGatherer"]
 
@@ -28,7 +29,7 @@ class Outbox:
     extra: dict[int, list[tuple[InstanceId, ControlMessage]]] = dataclasses.field(
         default_factory=lambda: collections.defaultdict(list))
     control: RelayOutput = dataclasses.field(default_factory=RelayOutput)
-    acks: list[tuple[str, str, InstanceId, Any, bool]] = dataclasses.field(default_factory=list)
+    acks: list[Ack] = dataclasses.field(default_factory=list)
     ended: dict[int, list[tuple[InstanceId, list[str]]]] = dataclasses.field(
         default_factory=lambda: collections.defaultdict(list))
 

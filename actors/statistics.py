@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
-__all__ = ["InstanceStatistics"]
+from chiray.operators.endpoints import SourceLogic
+
+from .watermarks import MIN_WATERMARK
+
+__all__ = ["InstanceStatistics", "instance_statistics"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -44,3 +49,24 @@ class InstanceStatistics:
     watermark: int | None = None
     late_records: int = 0
     backlog: int = 0
+
+
+def instance_statistics(inst: Any, now: float) -> InstanceStatistics:
+    """A snapshot of ``inst`` (an ``OperatorInstance``) at ``now``."""
+    queued = [ch.buffered() for ch in inst.inputs]
+    outputs = inst.output_channels()
+    mark = inst.watermarks.output.timestamp
+    return InstanceStatistics(
+        inst.info.operator, inst.info.index, inst.host,
+        inst.records_in, inst.records_out, inst.batches_in, inst.batches_out,
+        sum(q[0] for q in queued), sum(q[1] for q in queued),
+        sum(len(ch.pending) for ch in outputs),
+        inst.backpressured_until(now),
+        inst.busy_s,
+        inst.finished,
+        tuple(ch.statistics() for ch in outputs),
+        inst.control.completed,
+        None if mark == MIN_WATERMARK else mark,
+        int(getattr(inst.logic, "late_records", 0)),
+        inst.logic.backlog() if isinstance(inst.logic, SourceLogic) and not inst.finished else 0,
+    )

@@ -25,9 +25,11 @@ an instance's pending changes.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from chiray.control.message import InstanceId
 from chiray.operators.graph import PhysicalPlan
+from chiray.operators.logic import InstanceInfo
 
 from .channel import InputChannel, OutputChannel
 from .instanceview import InstanceView
@@ -37,9 +39,10 @@ from .router import HashRouter, make_router
 __all__ = ["InstanceChange", "plan_instance_change"]
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class InstanceChange:
-    """What one existing instance changes when the op passes.
+    """What one existing instance changes when the op passes: data that the instance applies
+    (``OperatorInstance._apply_change``) when the op completes there.
 
     Attributes:
         outputs: per output edge, the channels after the change (by target position).
@@ -50,42 +53,40 @@ class InstanceChange:
         plan: the new plan (for routers).
     """
 
-    outputs: list[list[OutputChannel]]
-    targets: list[list[InstanceId]]
-    added: list[OutputChannel]
-    removed: list[OutputChannel]
-    inputs: list[InputChannel]
+    outputs: tuple[tuple[OutputChannel, ...], ...]
+    targets: tuple[tuple[InstanceId, ...], ...]
+    added: tuple[OutputChannel, ...]
+    removed: tuple[OutputChannel, ...]
+    inputs: tuple[InputChannel, ...]
     plan: PhysicalPlan
 
-    def open_outputs(self, inst: InstanceView) -> None:
-        """Before the forward: the op goes on the old and the new channels."""
+    def during(self, outputs: list[list[OutputChannel]], targets: list[list[InstanceId]]
+               ) -> tuple[list[list[OutputChannel]], list[list[InstanceId]]]:
+        """The outputs and targets the op is forwarded on: the current ones and the new ones."""
+        outs, tgts = [list(chs) for chs in outputs], [list(ts) for ts in targets]
         for edge, chans in enumerate(self.outputs):
-            old = inst.outputs[edge]
-            have = {ch.channel for ch in old}
-            olds_targets = inst.targets[edge]
+            have = {ch.channel for ch in outs[edge]}
             for ch, target in zip(chans, self.targets[edge]):
                 if ch.channel not in have:
-                    old.append(ch)
-                    olds_targets.append(target)
+                    outs[edge].append(ch)
+                    tgts[edge].append(target)
+        return outs, tgts
 
-    def close_outputs(self, inst: InstanceView) -> None:
-        """After the forward: close the removed channels and rebuild the routers of changed edges."""
-        from .messages import End
+    def after(self) -> tuple[list[list[OutputChannel]], list[list[InstanceId]]]:
+        """The outputs and targets once the op went on (the removed channels are closed)."""
+        return [list(chs) for chs in self.outputs], [list(ts) for ts in self.targets]
 
-        for ch in self.removed:
-            ch.enqueue(End())
-            inst.closed_outputs.append(ch)  # no longer the instance's, but the host still flushes it
-        inst.outputs = [list(chs) for chs in self.outputs]
-        inst.targets = [list(ts) for ts in self.targets]
-        node = self.plan.graph.nodes[inst.info.operator]
-        for edge, (down, _, spec) in enumerate(self.plan.output_edges[node.name]):
-            old = inst.routers[edge]
+    def routers(self, current: list[Any], info: InstanceInfo) -> list[Any]:
+        """The routers after the change: a hash router keeps its table (the op's handler sets the
+        new one) and learns its new number of targets; the others are rebuilt."""
+        out = list(current)
+        for edge, (down, _, spec) in enumerate(self.plan.output_edges[info.operator]):
             n = len(self.outputs[edge])
-            if isinstance(old, HashRouter):
-                old.num_targets = n
-                continue
-            inst.routers[edge] = make_router(spec, n, self.plan.bin_tables.get(down), down, inst.info.index)
-        inst.ctx.set_downstream([t for ts in inst.targets for t in ts])
+            if isinstance(out[edge], HashRouter):
+                out[edge].num_targets = n
+            else:
+                out[edge] = make_router(spec, n, self.plan.bin_tables.get(down), down, info.index)
+        return out
 
 
 def plan_instance_change(inst: InstanceView, plan: PhysicalPlan, capacity: int,
@@ -117,4 +118,5 @@ def plan_instance_change(inst: InstanceView, plan: PhysicalPlan, capacity: int,
               if c.dst == name and c.channel_id not in have_inputs]
     if not added and not removed and not inputs:
         return None
-    return InstanceChange(outputs, targets, added, removed, inputs, plan)
+    return InstanceChange(tuple(map(tuple, outputs)), tuple(map(tuple, targets)), tuple(added), tuple(removed),
+                          tuple(inputs), plan)

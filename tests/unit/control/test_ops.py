@@ -179,4 +179,4 @@ def test_an_instance_takes_the_control_messages_at_its_inputs_heads_in_one_step(
     assert op_run.state is OpState.COMPLETE and op_run.result == 1
     assert steps <= 64 + 2, steps
     # Each source, made a candidate by the op and found waiting again, still has one timer, not two.
-    assert len(host._timers) <= 64, len(host._timers)
+    assert host.scheduler.pending_timers <= 64, host.scheduler.pending_timers

@@ -1,0 +1,80 @@
+"""source.py: a source instance: reads batches from its splits and takes control ops from a controller.
+
+A source has no input channels. It runs when its next batch is due (a paced
+source says when; see ``SourceLogic.ready_at``) or when it has a control
+message: one injected by a controller into its *inbox*, ordered by the
+controller's global sequence so that every source sees ops in one order, or
+one along an op's extra edge. Its watermark is the one its logic computes
+from the batches it read; it does not defer event time during a migration
+(it holds no keyed state). Lifecycle as ``OperatorInstance``: it finishes
+once its last batch is read and no prepared change is pending.
+"""
+
+from __future__ import annotations
+
+from chiray.control.message import CONTROLLER, ControlMessage
+
+from .channel import InputChannel
+from .instance import OperatorInstance
+from .messages import Envelope, Watermark
+from .stepresult import StepResult
+
+__all__ = ["CONTROL_INBOX", "SourceInstance"]
+
+CONTROL_INBOX = -1
+"""The channel id of a source's control inbox (ordered by global injection sequence)."""
+
+
+class SourceInstance(OperatorInstance):
+    """An instance of a source operator (its logic is a ``SourceLogic``)."""
+
+    is_source = True
+
+    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        self.inbox = InputChannel(CONTROL_INBOX, -1)
+        self.exhausted = False
+        super().__init__(*args, **kwargs)
+
+    def has_work(self, now: float) -> bool:
+        if self.finished:
+            return False
+        if self.extra_inbox or self.control_runs or self.inbox.ready():
+            return True
+        if self.exhausted:
+            return False  # it waits for the op of a pending change (its inbox wakes it)
+        ready = self.logic.ready_at()  # type: ignore[union-attr]
+        return ready is None or ready <= now
+
+    def wake_time(self) -> float | None:
+        """When its next batch is due (None: now, or never once finished)."""
+        return None if self.finished else self.logic.ready_at()  # type: ignore[union-attr]
+
+    def control_ready(self) -> bool:
+        """A control message to take next (injected, or along an extra edge)."""
+        return not self.finished and (bool(self.extra_inbox) or self.inbox.ready())
+
+    def inject(self, message: ControlMessage) -> None:
+        """A control message from the controller, placed by its global sequence."""
+        self.inbox.offer(Envelope(CONTROL_INBOX, message.seq, message))
+
+    def _step_input(self) -> StepResult:
+        if self.inbox.ready():
+            self._on_control(self.inbox.take().message, CONTROLLER)
+            return self._result((), True)
+        batch = self._call(self.logic.poll)  # type: ignore[union-attr]
+        if batch is None:
+            self.exhausted = True
+            self._maybe_finish()
+            return self._result((), False)
+        self.records_in += batch.num_rows
+        self.batches_in += 1
+        self._emit([batch])
+        self._advance(self.watermarks.output.offer(*self._call(self.logic.watermark)))  # type: ignore[union-attr]
+        return self._result((), False)
+
+    def _advance(self, mark: Watermark | None) -> None:
+        if mark is not None:
+            self._send_mark(mark)
+
+    def _finish(self) -> None:
+        self._close_outputs()

@@ -1,0 +1,76 @@
+"""stepresult.py: what one step of an instance hands its host, as one frozen value.
+
+An instance's step (``OperatorInstance.step``) processes one message and
+returns a :class:`StepResult`: the credit to give back, the control messages
+it sent at once, what goes along extra edges or back to a controller, the
+acknowledgements of ops, the output channels a rescale closed, and whether it
+finished. Data and watermarks stay in the instance's output channels, which
+the host drains. Nothing is left in the instance for the host to fetch and
+clear afterwards.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from chiray.control.message import ControlMessage, ControlReturn, InstanceId
+
+from .channel import OutputChannel
+from .messages import Grant
+
+__all__ = ["Ack", "ControlSend", "StepResult", "NOTHING"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Ack:
+    """An instance acknowledges op ``op_id`` to the controller named ``origin``.
+
+    ``payload`` is the acknowledgement; with ``background`` it is a function that the host runs off
+    the processing path, acknowledging with its result.
+    """
+
+    origin: str
+    op_id: str
+    instance: InstanceId
+    payload: Any
+    background: bool = False
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ControlSend:
+    """A control message sent at once on output channel ``channel`` as its message ``seq``."""
+
+    channel: int
+    seq: int
+    message: ControlMessage
+    payload: Any
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StepResult:
+    """What one step of an instance produced besides the messages queued on its output channels.
+
+    Attributes:
+        grants: credit for the messages it consumed.
+        control: control messages sent at once (the host gathers them into runs).
+        extra: messages along ops' extra edges, as (receiving instance, message).
+        returns: returns to a controller (a sink completed an op).
+        acks: acknowledgements of ops.
+        closed: output channels a rescale took away (closed with ``End``; still to flush).
+        finished: the instance finished in this step.
+        took_control: the step took control messages only (no data, no operator code).
+    """
+
+    grants: tuple[Grant, ...] = ()
+    control: tuple[ControlSend, ...] = ()
+    extra: tuple[tuple[InstanceId, ControlMessage], ...] = ()
+    returns: tuple[ControlReturn, ...] = ()
+    acks: tuple[Ack, ...] = ()
+    closed: tuple[OutputChannel, ...] = ()
+    finished: bool = False
+    took_control: bool = False
+
+
+NOTHING = StepResult()
+"""A step (or a peer's end) that produced nothing for the host."""
