@@ -34,6 +34,7 @@ from typing import Any, Callable
 from chiray.control.ds2 import Action, Ds2Config, Ds2Policy, OperatorDecision
 from chiray.control.rates import Cut, rates_between, skewed
 from chiray.control.strategychoice import MigrationModel, choose_strategy
+from chiray.operators.graph import OperatorKind
 
 __all__ = ["Autoscaler", "AutoscaleEvent", "start_autoscale"]
 
@@ -218,7 +219,7 @@ def start_autoscale(job: Any, enabled: bool = True, *, operators: list[str] | No
         job.autoscaler = None
     if not enabled:
         return None
-    keyed = [name for name, node in job.plan.graph.nodes.items() if node.kind.value == "keyed"]
+    keyed = [name for name, node in job.plan.graph.nodes.items() if node.kind is OperatorKind.KEYED]
     chosen = keyed if operators is None else list(operators)
     unknown = sorted(set(chosen) - set(keyed))
     if unknown:

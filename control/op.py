@@ -35,7 +35,7 @@ touches no state: there it is tracked like a non-blocking op.
 from __future__ import annotations
 
 import functools
-from typing import Any, Iterable, Mapping, Protocol, runtime_checkable
+from typing import Any, Iterable, Mapping, Protocol, Sequence, runtime_checkable
 
 from chiray.operators.logic import InstanceInfo
 
@@ -92,6 +92,30 @@ class InstanceContext(Protocol):
 
     def sink_prepare(self, epoch: int) -> Any:
         """A sink: stage the output written since the last epoch as epoch ``epoch``; returns what was staged."""
+
+    # What the built-in ops (``control.ops``) ask of a keyed instance while bins move:
+
+    def set_bin_table(self, operator: str, table: list[int]) -> None:
+        """Route the edge into ``operator`` by ``table`` (bin -> target instance) from now on."""
+
+    def hold_bins(self, bins: list[int], key: str | Sequence[str]) -> None:
+        """Hold back records of ``bins`` (their state is on its way) until :meth:`release_bins`;
+        ``key``: their key column, or one per input."""
+
+    def release_bins(self, bins: list[int]) -> None:
+        """The state of ``bins`` is installed: process their held records, in arrival order."""
+
+    def pause_event_time(self) -> None:
+        """Defer the instance's watermarks (bins are leaving it) until :meth:`resume_event_time`."""
+
+    def resume_event_time(self) -> None:
+        """Apply the newest deferred watermark, unless held bins still wait."""
+
+    def keep_replicas(self, operator: str, replicas: dict[int, tuple[int, bytes]]) -> None:
+        """Keep copies of bins of ``operator``: bin -> (version, state)."""
+
+    def take_replicas(self, operator: str, bins: list[int], versions: dict[int, int]) -> dict[int, bytes]:
+        """Remove and return the replicas of ``bins``, which must be at ``versions``."""
 
     def statistics(self) -> Any:
         """This instance's ``InstanceStatistics`` now."""
@@ -162,6 +186,9 @@ class ControlOp:
         timeout_s: the op fails if not complete after this many seconds (None: never).
         Instance: the instance-side handler class.
         returned: at the controller, sink instance -> payload returned so far.
+        acks: at the controller, instance -> payload it acknowledged directly so far (instances
+            acknowledge with ``InstanceContext.ack``; the op completes once every instance that
+            ``expected_acks`` names has).
     """
 
     blocking: bool = True
@@ -170,6 +197,7 @@ class ControlOp:
 
     def __init__(self) -> None:
         self.returned: dict[InstanceId, Any] = {}
+        self.acks: dict[InstanceId, Any] = {}
 
     @property
     def kind(self) -> str:
@@ -185,6 +213,10 @@ class ControlOp:
 
     def extra_edges(self, ctx: ControllerContext) -> Iterable[tuple[InstanceId, InstanceId]]:
         """Edges added to the meta-topology G' for this op (must keep it acyclic)."""
+        return ()
+
+    def expected_acks(self, ctx: ControllerContext) -> Iterable[InstanceId]:
+        """The instances that must acknowledge the op directly before it completes (default: none)."""
         return ()
 
     def on_begin(self, ctx: ControllerContext) -> None:

@@ -84,9 +84,8 @@ class OpRun:
         self.op_id = op_id
         self.ctx = ctx
         self.waiting = set(sinks)
-        expected = getattr(op, "expected_acks", None)
-        self.acks_waiting: set[InstanceId] = set(expected(ctx)) if expected is not None else set()
-        op.acks = {}
+        self.acks_waiting: set[InstanceId] = set(op.expected_acks(ctx))
+        op.acks.clear()
         self.state = OpState.RUNNING
         self.result: Any = None
         self.error: BaseException | None = None
