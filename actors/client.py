@@ -151,6 +151,14 @@ class AttachedJob:
         """The rescale history: when, operator, from -> to, strategy, duration, bytes, outcome."""
         return self._call("rescales")
 
+    def rescale_progress(self, rescale_id: str) -> dict[str, Any]:
+        """The progress of rescale ``rescale_id`` (as ``RemoteRescale.progress``)."""
+        return self._call("rescale_progress", rescale_id)
+
+    def rescale_result(self, rescale_id: str, timeout: float | None) -> dict[str, Any]:
+        """Wait up to ``timeout`` s for rescale ``rescale_id``; its final progress (else ``TimeoutError``)."""
+        return self._call("rescale_result", rescale_id, timeout)
+
     # -- operating ---------------------------------------------------------------------
 
     def rescale(self, operator: str, parallelism: int, strategy: str = "all_at_once", planner: str = "ssm",
@@ -232,7 +240,7 @@ class RemoteRescale:
 
     def progress(self) -> dict[str, Any]:
         """{"state", "steps_done", "steps", "bins_moved", "bins", "bytes_moved", "elapsed_s", "done", ...}."""
-        return self.job._call("rescale_progress", self.id)
+        return self.job.rescale_progress(self.id)
 
     def done(self) -> bool:
         return bool(self.progress()["done"])
@@ -243,7 +251,7 @@ class RemoteRescale:
         while True:
             left = 5.0 if deadline is None else min(max(deadline - time.monotonic(), 0.0), 5.0)
             try:
-                return self.job._call("rescale_result", self.id, left)
+                return self.job.rescale_result(self.id, left)
             except TimeoutError:
                 if deadline is not None and time.monotonic() >= deadline:
                     raise

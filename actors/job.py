@@ -19,7 +19,7 @@ import shutil
 import threading
 import time
 import uuid
-from typing import Any
+from typing import Any, Callable
 
 import ray
 
@@ -31,10 +31,12 @@ from .autoscaler import start_autoscale
 from .controlops import SideController
 from .controller import JobController
 from .errors import JobCancelledError, JobFailedError
+from .jobtopology import JobTopology
 from .statistics import InstanceStatistics
 from .ophandle import OpHandle, OpSender
 from .pool import warm_pool
 from .rescale import RescaleHandle, start_rescale
+from .restore import RestoreInfo
 from .supervisor import CONTROLLER_POOL_KEY, Deployment, Supervisor
 
 __all__ = ["Job", "JobStatus", "JobStatistics"]
@@ -90,52 +92,104 @@ class Job:
     """A running (or finished) job.
 
     Use one Job handle from one thread; its supervisor thread may swap the
-    actors underneath (recovery) under ``_lock``. Lifecycle:
+    actors underneath (recovery) in ``topology`` (a ``JobTopology``, which
+    says who changes what). ``plan`` and ``view`` change with rescale steps
+    (``apply_rescale_step``). Lifecycle:
     ``RUNNING (<-> RECOVERING) -> FINISHED | FAILED | CANCELLED``; once
     terminal, its actors are gone.
     """
 
     def __init__(self, name: str, plan: PhysicalPlan, controller: Any, hosts: list[Any],
-                 view: JobView | None = None):
+                 view: JobView | None = None, own_dir: str | None = None):
         self.name = name
         self.plan = plan
         self.view = view or job_view(name, plan)
-        self._controller = controller
-        self._hosts = hosts
+        self.topology = JobTopology(controller, hosts)
         self._side: dict[str, Any] = {}
         self._senders: dict[Any, OpSender] = {}  # controller actor id -> its batching sender
         self._final: LifecycleSnapshot | None = None
         self._results: dict[str, Any] = {}
         self._last_stats: JobStatistics | None = None
-        self._lock = threading.RLock()
-        self._own_dir: str | None = None
+        self._lock = threading.RLock()  # guards _senders
+        self._own_dir = own_dir  # a temporary checkpoint directory the job removes when it ends
         self._deployment: Deployment | None = None
         self._supervisor: Supervisor | None = None
-        self._placement: dict[tuple[str, int], int] = {}
-        self._host_ids: list[int] = []
-        self._incarnation = 0
-        self._next_host_id = 0
-        self._rescaling: set[str] = set()
-        self._topology_lock = threading.Lock()
         self.started_at = time.time()
         self.autoscaler: Any = None  # see autoscale()
+
+    def launch(self, deployment: Deployment, restore: RestoreInfo | None,
+               make_controller: Callable[[], Any]) -> None:
+        """Start the hosts and the supervisor (``submit()`` calls this once).
+
+        Args:
+            deployment: how to start the hosts (its ``host_ids`` and ``placement``).
+            restore: the checkpoint to start from, if any.
+            make_controller: starts a fresh job controller (the supervisor's, after one died).
+
+        Raises:
+            JobFailedError, OperatorError, RayError: the hosts did not start; the job's actors are removed.
+        """
+        controller = self.topology.controller
+        try:
+            hosts = deployment.start_hosts(controller, restore, 0)
+            self.topology.install(hosts, deployment.host_ids, deployment.placement)
+            ray.get(controller.start.remote(hosts, 0))
+            ray.get([h.start.remote() for h in hosts])
+        except BaseException:
+            self._shutdown()
+            raise
+        self._deployment = deployment
+        deployment.start_spares()
+        self._supervisor = Supervisor(self, deployment, make_controller)
+        self._supervisor.start()
 
     @property
     def checkpoint_dir(self) -> str | None:
         """Where this job's checkpoints go."""
         return self._deployment.storage.root_uri if self._deployment else None
 
+    @property
+    def deployment(self) -> Deployment | None:
+        """How the job's hosts are (re)started; ``None`` until ``launch`` started them."""
+        return self._deployment
+
+    @property
+    def final_snapshot(self) -> LifecycleSnapshot | None:
+        """The job's last lifecycle snapshot once it ended; ``None`` while it runs."""
+        return self._final
+
+    @property
+    def side_controllers(self) -> dict[str, Any]:
+        """Side controller name -> its actor (``add_controller``)."""
+        return dict(self._side)
+
+    def apply_rescale_step(self, plan: PhysicalPlan, placement: dict[tuple[str, int], int]) -> None:
+        """A rescale step completed: the job, its deployment and its side controllers see ``plan``.
+
+        Args:
+            plan: the plan after the step.
+            placement: instance -> host id, for each instance of ``plan``.
+        """
+        with self.topology.lock:
+            self.plan = plan
+            self.view = job_view(self.name, plan)
+            self.topology.set_placement(placement)
+            if self._deployment is not None:
+                self._deployment.update(plan, placement, list(self.topology.snapshot().host_ids))
+        for side in self._side.values():
+            side.set_view.remote(self.view)
+
     def _call(self, method: str, *args: Any, timeout: float | None = None) -> Any:
         """Call the job controller; retry while the supervisor replaces a dead one."""
         deadline = time.monotonic() + 60.0
         while True:
-            controller = self._controller
+            controller = self.topology.controller
             try:
                 return ray.get(getattr(controller, method).remote(*args), timeout=timeout)
             except ray.exceptions.RayActorError:
                 if self._final is not None or time.monotonic() > deadline:
                     raise
-                while self._controller is controller and time.monotonic() < deadline:
+                while self.topology.controller is controller and time.monotonic() < deadline:
                     time.sleep(0.05)
 
     # -- waiting ---------------------------------------------------------------------
@@ -218,14 +272,14 @@ class Job:
         if self._supervisor is not None:
             self._supervisor.stop()
         try:
-            snap = ray.get(self._controller.cancel.remote(), timeout=30)
+            snap = ray.get(self.topology.controller.cancel.remote(), timeout=30)
         except ray.exceptions.RayError:
             snap = LifecycleSnapshot(JobState.CANCELLED, (), (), None, ("cancelled",))
         if snap.state is JobState.FINISHED:
             self._finalize(snap)
             return
         try:
-            ray.get([h.abort.remote() for h in self._hosts], timeout=30)
+            ray.get([h.abort.remote() for h in self.topology.hosts()], timeout=30)
         except ray.exceptions.RayError:
             pass
         self._final = snap
@@ -240,7 +294,7 @@ class Job:
             senders, self._senders = list(self._senders.values()), {}
         for sender in senders:
             sender.close()
-        for actor in (*self._hosts, *self._side.values(), self._controller):
+        for actor in self.actors:
             try:
                 ray.kill(actor, no_restart=True)
             except Exception:
@@ -266,7 +320,7 @@ class Job:
             A handle: ``result(timeout)`` waits for the op's result.
         """
         op_id = op_id or f"{controller or 'controller'}:{uuid.uuid4().hex[:12]}:{type(op).__name__}"
-        handle = self._controller if controller is None else self._side_controller(controller)
+        handle = self.topology.controller if controller is None else self._side_controller(controller)
         with self._lock:  # a recovery gives the job a new controller: a new sender for it
             sender = self._senders.get(handle._actor_id)
             if sender is None:
@@ -277,8 +331,8 @@ class Job:
     def add_controller(self, name: str) -> str:
         """Start a side controller (its own actor) that can run ops concurrently; returns its name."""
         side = SideController.options(name=None).remote(  # type: ignore[attr-defined]
-            name, self.view, self._controller)
-        ray.get(self._controller.register_controller.remote(name, side))
+            name, self.view, self.topology.controller)
+        ray.get(self.topology.controller.register_controller.remote(name, side))
         self._side[name] = side
         return name
 
@@ -364,7 +418,7 @@ class Job:
         before = max(storage.committed(), default=0) if storage is not None else 0
         op_id = self._call("checkpoint")
         try:
-            return OpHandle(op_id, self._controller, timeout).result(timeout)
+            return OpHandle(op_id, self.topology.controller, timeout).result(timeout)
         except OpFailedError as exc:
             if storage is None or not isinstance(exc.__cause__, ray.exceptions.RayActorError):
                 raise
@@ -398,8 +452,7 @@ class Job:
         return JobStatus(self.name, snap.state, snap.finished_instances, snap.events, snap.error)
 
     def _collect_statistics(self) -> JobStatistics:
-        with self._lock:
-            hosts = list(self._hosts)
+        hosts = self.topology.hosts()
         per_host = ray.get([h.statistics.remote() for h in hosts])
         return JobStatistics(tuple(s for stats in per_host for s in stats), time.time())
 
@@ -415,4 +468,5 @@ class Job:
     @property
     def actors(self) -> list[Any]:
         """The job's Ray actors (hosts, side controllers, controller), for tests and tooling."""
-        return [*self._hosts, *self._side.values(), self._controller]
+        snap = self.topology.snapshot()
+        return [*snap.hosts, *self._side.values(), snap.controller]

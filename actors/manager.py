@@ -329,11 +329,10 @@ class JobManagerCore:
         record = self.record
         job = self._job
         operators: dict[str, int] = {}
-        if job is not None:
-            for node in job.plan.graph.nodes.values():
-                operators[node.name] = node.parallelism
-            if job._deployment is not None and job._deployment.plan is not None:
-                operators = {n.name: n.parallelism for n in job._deployment.plan.graph.nodes.values()}
+        if job is not None:  # the deployed plan is the current one (a rescale step updates it)
+            deployed = job.deployment.plan if job.deployment is not None else None
+            plan = deployed if deployed is not None else job.plan
+            operators = {n.name: n.parallelism for n in plan.graph.nodes.values()}
         operators.update(dict(record.parallelism))
         ids = self.storage.committed() if not record.terminal else self.storage.checkpoint_ids()
         last = ids[-1] if ids else None
@@ -359,8 +358,7 @@ class JobManagerCore:
     def host_pids(self) -> dict[int, int]:
         """Host id -> its process id, for operators and fault tests that kill a host as a crash would."""
         job = self._running("list the hosts of")
-        with job._lock:
-            hosts = dict(zip(job._host_ids, job._hosts))
+        hosts = job.topology.peers()
         return {host_id: ray.get(host.pid.remote(), timeout=30) for host_id, host in hosts.items()}
 
     def statistics(self) -> Any:

@@ -151,7 +151,7 @@ class RescaleRun(threading.Thread):
 
     def run(self) -> None:
         try:
-            with self.job._topology_lock:  # rescales of different operators take turns
+            with self.job.topology.rescale_turn():  # rescales of different operators take turns
                 self.started = time.monotonic()
                 self._run()
             self.state = "DONE"
@@ -164,7 +164,7 @@ class RescaleRun(threading.Thread):
             self.error, self.state = error, "FAILED"
         finally:
             self.finished = time.monotonic()
-            self.job._rescaling.discard(self.operator)
+            self.job.topology.release_rescale(self.operator)
 
     # -- the steps -------------------------------------------------------------------
 
@@ -172,7 +172,7 @@ class RescaleRun(threading.Thread):
         """A job that is recovering is rescaled once it runs again (within ``step_timeout_s``)."""
         deadline = time.monotonic() + self.knobs.get("step_timeout_s", 120.0)
         while True:
-            snap = ray.get(self.job._controller.snapshot.remote(), timeout=30)
+            snap = ray.get(self.job.topology.controller.snapshot.remote(), timeout=30)
             if snap.state is not JobState.RECOVERING:
                 return
             if time.monotonic() > deadline:
@@ -292,10 +292,11 @@ class RescaleRun(threading.Thread):
             self._prepare(op_id, new, placement, added)
             if first:
                 self.first_step_ns = time.time_ns()
-            handle = OpHandle(op_id, job._controller, op.timeout_s)
-            job._controller.run_op.remote(op, op_id, view, next_view)
+            controller = job.topology.controller
+            handle = OpHandle(op_id, controller, op.timeout_s)
+            controller.run_op.remote(op, op_id, view, next_view)
         else:
-            placement = dict(job._placement)
+            placement = dict(job.topology.snapshot().placement)
             if first:
                 self.first_step_ns = time.time_ns()
             handle = job.run_control(op, op_id=op_id)
@@ -306,14 +307,7 @@ class RescaleRun(threading.Thread):
             self._abandon(str(exc))
             raise RescaleError(f"rescale of {self.operator!r} failed during a step: {exc}") from exc
         waited = time.monotonic()
-        with job._lock:
-            job.plan = new
-            job.view = job_view(job.name, new)
-            job._placement = {i: placement[i] for i in new.instances}
-            if job._deployment is not None:
-                job._deployment.update(new, {i: placement[i] for i in new.instances}, list(job._host_ids))
-        for side in job._side.values():
-            side.set_view.remote(job.view)
+        job.apply_rescale_step(new, {i: placement[i] for i in new.instances})
         with self._lock:
             self.steps_done += 1
             self.bins_moved += result["bins"]
@@ -328,45 +322,41 @@ class RescaleRun(threading.Thread):
 
     def _place(self, old: PhysicalPlan, new: PhysicalPlan) -> tuple[dict, list[int], list[int]]:
         """Placement after the change: each new instance on a new host; hosts left empty retire."""
-        job = self.job
-        placement = {i: h for i, h in job._placement.items() if i in set(new.instances)}
-        added = []
-        for inst in new.instances:
-            if inst not in placement:
-                placement[inst] = job._next_host_id  # host ids are never reused (peers forget retired ones)
-                added.append(job._next_host_id)
-                job._next_host_id += 1
+        topology = self.job.topology
+        snap = topology.snapshot()
+        placement = {i: h for i, h in snap.placement.items() if i in set(new.instances)}
+        missing = [inst for inst in new.instances if inst not in placement]
+        added = list(topology.allocate_host_ids(len(missing)))  # never reused (peers forget retired ones)
+        placement.update(zip(missing, added))
         used = set(placement.values())
-        retiring = [h for h in job._host_ids if h not in used]
-        full = dict(job._placement)
+        retiring = [h for h in snap.host_ids if h not in used]
+        full = dict(snap.placement)
         full.update(placement)
         return full, added, retiring
 
     def _prepare(self, op_id: str, new: PhysicalPlan, placement: dict, added: list[int]) -> None:
         """Start new hosts and have every host prepare the change (before the op is injected)."""
         job = self.job
-        dep = job._deployment
+        dep = job.deployment
         fresh = dep.take_hosts(added) if added else []
-        with job._lock:
-            job._hosts = [*job._hosts, *fresh]
-            job._host_ids = [*job._host_ids, *added]
-            peers = dict(zip(job._host_ids, job._hosts))
-            incarnation = job._incarnation
+        snap = job.topology.add_hosts(added, fresh)
+        peers = snap.peers()
         timeout = dep.config.deploy_timeout_s
         try:
             new_ref = ray.put(new)
-            errors = ray.get([h.setup.remote(new_ref, placement, dep.config, peers, job._controller,
-                                             None, incarnation, hid) for hid, h in zip(added, fresh)],
+            errors = ray.get([h.setup.remote(new_ref, placement, dep.config, peers, job.topology.controller,
+                                             None, snap.incarnation, hid) for hid, h in zip(added, fresh)],
                              timeout=timeout)
             for error in errors:
                 if error is not None:
                     raise error
-            ray.get([h.add_controller.remote(name, side) for h in fresh for name, side in job._side.items()],
+            sides = job.side_controllers
+            ray.get([h.add_controller.remote(name, side) for h in fresh for name, side in sides.items()],
                     timeout=timeout)
             ray.get([h.start.remote() for h in fresh], timeout=timeout)
             ray.get([h.prepare_change.remote(op_id, new_ref, placement, peers)
                      for hid, h in peers.items() if hid not in added], timeout=timeout)
-            ray.get(job._controller.set_hosts.remote(peers), timeout=timeout)
+            ray.get(job.topology.controller.set_hosts.remote(peers), timeout=timeout)
         except Exception as exc:
             self._abandon(f"preparing the new topology failed: {exc!r}")
             raise RescaleError(f"rescale of {self.operator!r}: could not start its new instances: {exc}") from exc
@@ -374,20 +364,15 @@ class RescaleRun(threading.Thread):
     def _retire(self, host_ids: list[int]) -> None:
         """Wait until the retired hosts drained, then remove them."""
         job = self.job
-        with job._lock:
-            table = dict(zip(job._host_ids, job._hosts))
+        table = job.topology.peers()
         retired = [table[h] for h in host_ids if h in table]
         deadline = time.monotonic() + 120.0
         while retired and not all(ray.get([h.is_done.remote() for h in retired], timeout=60)):
             if time.monotonic() > deadline:
                 raise RescaleError(f"rescale of {self.operator!r}: retired hosts {host_ids} did not drain")
             time.sleep(0.02)
-        with job._lock:
-            keep = [(i, h) for i, h in zip(job._host_ids, job._hosts) if i not in host_ids]
-            job._host_ids = [i for i, _ in keep]
-            job._hosts = [h for _, h in keep]
-            live = dict(keep)
-        ray.get(job._controller.set_hosts.remote(live))
+        live = job.topology.retire_hosts(host_ids)
+        ray.get(job.topology.controller.set_hosts.remote(live))
         ray.get([h.forget_peers.remote(host_ids) for h in live.values()])
         for h in retired:
             try:
@@ -397,10 +382,10 @@ class RescaleRun(threading.Thread):
 
     def _ended_first(self, exc: BaseException) -> RescaleError | None:
         """The clearer error when the job itself ended (e.g. its input did) before the rescale completed."""
-        snap = self.job._final
+        snap = self.job.final_snapshot
         if snap is None:
             try:
-                snap = ray.get(self.job._controller.snapshot.remote(), timeout=5)
+                snap = ray.get(self.job.topology.controller.snapshot.remote(), timeout=5)
             except Exception:
                 return None
         if not snap.state.terminal:
@@ -414,9 +399,10 @@ class RescaleRun(threading.Thread):
     def _abandon(self, reason: str) -> None:
         """A step failed half-way: if the job still runs, roll it back to its last checkpoint."""
         try:
-            snap = ray.get(self.job._controller.snapshot.remote(), timeout=30)
+            controller = self.job.topology.controller
+            snap = ray.get(controller.snapshot.remote(), timeout=30)
             if snap.state is JobState.RUNNING:
-                ray.get(self.job._controller.begin_recovery.remote(
+                ray.get(controller.begin_recovery.remote(
                     f"rescale of {self.operator!r} failed: {reason}"), timeout=30)
         except Exception:
             pass
@@ -464,11 +450,10 @@ def start_rescale(job: Any, operator: str, parallelism: int | None, strategy: st
 
     if planner not in PLANNERS:
         raise ValueError(f"rescale of {operator!r}: unknown planner {planner!r}; planners: {sorted(PLANNERS)}")
-    if job._final is not None:
+    if job.final_snapshot is not None:
         raise RescaleError(f"job {job.name!r} has ended; nothing to rescale")
-    if operator in job._rescaling:
+    if not job.topology.claim_rescale(operator):
         raise RescaleError(f"a rescale of {operator!r} is already running; wait for it (handle.result())")
-    job._rescaling.add(operator)
     run = RescaleRun(job, operator, parallelism, strategy, planner,
                      None if assignment is None else [int(a) for a in assignment], knobs)
     run.start()

@@ -32,7 +32,7 @@ from .placement import place
 from .pool import warm_pool
 from .restore import RestoreInfo, match_operators
 from .storage import CheckpointError, CheckpointStorage
-from .supervisor import CONTROLLER_POOL_KEY, Deployment, Supervisor
+from .supervisor import CONTROLLER_POOL_KEY, Deployment
 
 __all__ = ["submit", "restore_point", "register_detached"]
 
@@ -171,22 +171,11 @@ def submit(flow: Dataflow, *, config: JobConfig | None = None, restore_from: str
         if own_dir:
             shutil.rmtree(root, ignore_errors=True)
         raise
-    job = Job(flow.name, plan, controller, [], view)
-    job._own_dir = root if own_dir else None
-    job._placement = dict(placement)
-    job._host_ids = list(range(num_hosts))
-    job._next_host_id = num_hosts
+    job = Job(flow.name, plan, controller, [], view, own_dir=root if own_dir else None)
     try:
-        job._hosts = deployment.start_hosts(controller, restore, 0)
-        ray.get(controller.start.remote(job._hosts, 0))
-        ray.get([h.start.remote() for h in job._hosts])
+        job.launch(deployment, restore, make_controller)
     except BaseException:
-        job._shutdown()
         if own_dir:  # a job that never ran leaves no temporary checkpoint directory behind
             shutil.rmtree(root, ignore_errors=True)
         raise
-    job._deployment = deployment
-    deployment.start_spares()
-    job._supervisor = Supervisor(job, deployment, make_controller)
-    job._supervisor.start()
     return job

@@ -158,7 +158,7 @@ class Supervisor(threading.Thread):
     """Watches a job's controller and carries out recoveries.
 
     Args:
-        job: the ``Job`` (its ``_hosts`` / ``_controller`` are replaced under ``job._lock``).
+        job: the ``Job`` (its ``topology``'s hosts and controller are replaced at a recovery).
         deployment: how to start hosts.
         make_controller: starts a fresh job controller (after the old one died).
     """
@@ -179,7 +179,7 @@ class Supervisor(threading.Thread):
     def run(self) -> None:
         while not self._stop.is_set():
             try:
-                snap = ray.get(self.job._controller.wait_event.remote(0.5))
+                snap = ray.get(self.job.topology.controller.wait_event.remote(0.5))
                 self._history = (snap.events, snap.restarts)
             except ray.exceptions.RayActorError:
                 if not self._stop.is_set():
@@ -210,27 +210,25 @@ class Supervisor(threading.Thread):
 
     def _give_up(self, error: BaseException, reason: str) -> None:
         try:
-            ray.get(self.job._controller.recovery_failed.remote(error, f"{reason}: {error!r}"))
+            ray.get(self.job.topology.controller.recovery_failed.remote(error, f"{reason}: {error!r}"))
         except Exception:  # the controller is gone too: the job's next wait() reports it
             log.exception("job %s: could not report a failed recovery", self.deployment.name)
 
     def _recover(self) -> None:
         started = time.monotonic()
         dep = self.deployment
-        with self.job._lock:
-            kill(self.job._hosts)
+        topology = self.job.topology
+        with topology.lock:
+            kill(topology.hosts())
         manifest = dep.storage.latest() if dep.storage is not None else None
         restore = RestoreInfo(dep.storage, manifest) if manifest is not None else None
         for name, sink in dep.sinks.items():
             sink.recover(restore.sink_staged(name) if restore is not None else [])
         self.incarnation += 1
-        controller = self.job._controller
+        controller = topology.controller
         hosts = dep.start_hosts(controller, restore, self.incarnation)
-        with self.job._lock:
-            self.job._hosts = hosts
-            self.job._host_ids = list(dep.host_ids)
-            self.job._placement = dict(dep.placement)
-            self.job._incarnation = self.incarnation
+        with topology.lock:  # the deployment is read under it: a rescale step updates both under it
+            topology.swap(hosts, dep.host_ids, dep.placement, self.incarnation)
         checkpoint_id = restore.checkpoint_id if restore is not None else None
         ray.get(controller.resume.remote(dict(zip(dep.host_ids, hosts)), self.incarnation, checkpoint_id, time.monotonic() - started))
         ray.get([h.start.remote() for h in hosts])
@@ -248,8 +246,7 @@ class Supervisor(threading.Thread):
         were in flight fail.
         """
         controller = self.make_controller()
-        with self.job._lock:
-            self.job._controller = controller
+        self.job.topology.set_controller(controller)
         events, restarts = self._history  # the new controller keeps the job's history and its restart count
         ray.get(controller.begin_recovery.remote("the job controller died", events, restarts))
         log.warning("job %s: the controller died; a new one rolls the job back", self.deployment.name)

@@ -95,8 +95,7 @@ class HostRss(threading.Thread):
         import ray
 
         while not self._stop.is_set():
-            with self.job._lock:
-                hosts = list(self.job._hosts)
+            hosts = list(self.job.topology.hosts())
             total = 0
             for h in hosts:
                 key = h._actor_id

@@ -179,14 +179,14 @@ def test_controller_death_is_survived(tmp_path):
     job = build("controller-dies", src).submit(poll_interval_s=0.2, checkpoint_dir=str(tmp_path))
     wait_progress(job, 0.1)
     assert job.checkpoint(timeout=60) >= 1
-    old = job._controller
+    old = job.topology.controller
     ray.kill(old, no_restart=True)
     try:
         deadline = time.monotonic() + 60
         while not any(e.startswith("recovered") for e in job.status().events):
             assert time.monotonic() < deadline, "the job did not recover from the controller's death"
             time.sleep(0.05)
-        assert job._controller is not old
+        assert job.topology.controller is not old
         later = job.checkpoint(timeout=60)  # the new controller found the checkpoints on storage
         assert later >= 2
         job.wait(timeout=180)
@@ -202,14 +202,14 @@ def test_a_replaced_controller_keeps_the_job_history_and_its_restart_count(tmp_p
                                                       max_restarts=1)
     try:
         wait_progress(job, 0.1)
-        ray.kill(job._controller, no_restart=True)
+        ray.kill(job.topology.controller, no_restart=True)
         deadline = time.monotonic() + 60
         while not any(e.startswith("recovered") for e in job.status().events):
             assert time.monotonic() < deadline, "the job did not recover from the controller's death"
             time.sleep(0.05)
         assert any("restart 1 of 1" in e for e in job.status().events)
         wait_progress(job, 0.2)  # running again
-        ray.kill(job._controller, no_restart=True)  # the second death is one restart too many
+        ray.kill(job.topology.controller, no_restart=True)  # the second death is one restart too many
         with pytest.raises(Exception, match="limit"):
             job.wait(timeout=60)
         events = job.status().events
@@ -323,7 +323,7 @@ def test_checkpoint_whose_controller_dies_after_it_was_durable_returns_it(tmp_pa
         while not os.path.exists(log):  # the manifest is written before the source hears of it
             assert time.monotonic() < deadline, "the checkpoint never completed"
             time.sleep(0.02)
-        ray.kill(job._controller, no_restart=True)
+        ray.kill(job.topology.controller, no_restart=True)
         caller.join(timeout=90)
         durable = CheckpointStorage(str(tmp_path / "chk")).committed()
         assert answer == [durable[-1]], (answer, durable)  # not "failed: its controller died"
