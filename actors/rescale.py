@@ -212,11 +212,15 @@ class RescaleRun(threading.Thread):
             return
         current = list(plan.bin_tables[self.operator])
         loads = sizes = None
+        keys_per_bin: dict[int, int] = {}
         needs_metrics = self.planner == "ssm" or self.knobs.get("priority", "hot_first") == "hot_first"
         if needs_metrics and self.assignment is None:
             metrics = job.metrics(timeout=self.knobs.get("step_timeout_s", 120.0))
             loads = metrics.bin_loads.get(self.operator)
             sizes = metrics.bin_bytes.get(self.operator)
+            for (name, _), m in metrics.instances.items():
+                for b, n in ((m.get("keys_per_bin") or {}) if name == self.operator else {}).items():
+                    keys_per_bin[int(b)] = keys_per_bin.get(int(b), 0) + int(n)
             if sizes is not None and len(sizes) < len(current):
                 sizes = np.concatenate([sizes, np.zeros(len(current) - len(sizes), dtype=np.int64)])
         if self.assignment is not None:
@@ -237,6 +241,9 @@ class RescaleRun(threading.Thread):
         table = list(current)
         replicas: dict[int, int] = {}
         blocking = self.strategy != "non_disruptive"
+        incoming: dict[int, int] = {}  # new owner -> keys the rescale brings it
+        for b, (_, new_owner) in result.moves.items():
+            incoming[new_owner] = incoming.get(new_owner, 0) + keys_per_bin.get(b, 0)
         for k, chunk in enumerate(chunks):
             for b in chunk:
                 table[b] = result.table[b]
@@ -253,7 +260,8 @@ class RescaleRun(threading.Thread):
             key = keys[0] if len(set(keys)) == 1 else tuple(keys)  # a two-input operator: one per input
             op = MigrateBins(self.operator, list(table), moves, blocking, key, replicas,
                              timeout_s=self.knobs.get("step_timeout_s", 120.0),
-                             everywhere=self.strategy == "all_at_once")
+                             everywhere=self.strategy == "all_at_once",
+                             reserve={i: n for i, n in incoming.items() if n} if k == 0 else None)
             self._step(job.plan, new_plan, op)
             gap = self.knobs.get("gap_s", 0.0)
             if gap and not last:

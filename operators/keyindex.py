@@ -73,17 +73,34 @@ class KeyIndex:
         [1, 2]
     """
 
-    def __init__(self, key_type: pa.DataType, *, table_hash_bits: int = 64) -> None:
+    def __init__(self, key_type: pa.DataType, *, table_hash_bits: int = 64, expected: int = 0) -> None:
         """Create an empty index.
 
         Args:
             key_type: the Arrow type of the keys.
             table_hash_bits: hash bits the table uses; lower it only to
                 exercise the collision path in tests.
+            expected: keys to make room for now (no table growth until then).
         """
         self.key_type = key_type
         self._table_mask = np.uint64((1 << table_hash_bits) - 1)
-        self._reset(0)
+        self._reset(expected)
+
+    def reserve(self, total: int) -> None:
+        """Make room for ``total`` keys in all: a new table sized for them, refilled from the keys held
+        (their cost, not the room's). Growing past ``total`` later works as before."""
+        n = len(self)
+        if total <= max(n, len(self._hash)):
+            return
+        hashes = self._hash[:n]
+        masked = hashes & self._table_mask
+        slots = np.arange(n)
+        held = self._table.find(masked) == slots  # the slot that holds its hash's entry (others: overflow)
+        self._table = _SlotTable(total)
+        self._table.put(masked[held], slots[held])
+        grown = np.zeros(total, dtype=np.uint64)
+        grown[:n] = hashes
+        self._hash = grown
 
     def __len__(self) -> int:
         return len(self._keys)

@@ -37,6 +37,7 @@ import numpy as np
 import pyarrow as pa
 
 from .hashing import bins_from_hashes, bins_of, check_num_bins
+from .binslots import BinSlots
 from .keyindex import KeyIndex
 
 __all__ = [
@@ -71,6 +72,9 @@ class BinnedState(abc.ABC):
     @abc.abstractmethod
     def bins(self) -> list[int]:
         """The bins that hold at least one key, ascending."""
+
+    def reserve(self, keys: int) -> None:
+        """A hint before bins arrive: ``keys`` keys in all will be held (default: nothing to do)."""
 
     @abc.abstractmethod
     def bin_key_counts(self) -> dict[int, int]:
@@ -406,6 +410,7 @@ class ColumnarAggState(BinnedState):
         self._key_type: pa.DataType | None = None
         self._accs: tuple[Accumulator, ...] = ()
         self._meta = b""
+        self._reserved = 0  # keys to make room for once configured (``reserve``)
         self._reset(0)
 
     def configure(self, key_type: pa.DataType, accumulators: Sequence[Accumulator], meta: bytes = b"") -> None:
@@ -425,7 +430,7 @@ class ColumnarAggState(BinnedState):
                 )
             return
         self._key_type, self._accs, self._meta = key_type, accs, bytes(meta)
-        self._reset(0)
+        self._reset(self._reserved)
 
     @property
     def configured(self) -> bool:
@@ -462,6 +467,7 @@ class ColumnarAggState(BinnedState):
             revived = slots[self._bin[slots] == self._num_bins]
             if revived.size:
                 self._bin[revived] = bins_from_hashes(self._index.hashes(revived), self._num_bins)
+                self._came_back(revived)
                 for acc in self._accs:
                     self._cols[acc.name][revived] = acc.identity()
                 self._dead -= len(revived)
@@ -524,6 +530,8 @@ class ColumnarAggState(BinnedState):
             self._cols = {name: _resized(col, capacity, start) for name, col in self._cols.items()}
         self._bin[start:end] = bins_from_hashes(self._index.hashes(new_slots), self._num_bins)
         self._stamp[start:end] = 0
+        self._live += np.bincount(self._bin[start:end], minlength=self._num_bins + 1)
+        self._slots_of.added(np.arange(start, end))
         for acc in self._accs:
             self._cols[acc.name][start:end] = acc.identity()
         self._n = end
@@ -534,10 +542,34 @@ class ColumnarAggState(BinnedState):
         self._bin = np.zeros(capacity, dtype=np.int32)
         self._stamp = np.zeros(capacity, dtype=np.int64)  # per slot: its bin's version when last written
         self._cols = {a.name: _resized(np.zeros(0, dtype=a.dtype), capacity, 0) for a in self._accs}
-        self._index = KeyIndex(self._key_type or pa.null(), table_hash_bits=self._index_hash_bits)
+        self._index = KeyIndex(self._key_type or pa.null(), table_hash_bits=self._index_hash_bits,
+                               expected=capacity)
+        self._live = np.zeros(self._num_bins + 1, dtype=np.int64)  # live keys per bin (last: unused)
+        self._slots_of = BinSlots(self._num_bins)  # the slots of each bin, built when bins first move
+
+    def reserve(self, keys: int) -> None:
+        """Make room for ``keys`` keys in all, so that bins installed up to that many allocate and
+        rehash nothing more (a migration's new owner calls it before its first bins arrive: growing
+        a large state doubles its columns and its hash table in one stall). Costs a copy of the keys
+        held now; an unconfigured state makes the room when it learns its layout."""
+        if not self.configured:
+            self._reserved = max(self._reserved, int(keys))
+            return
+        if keys <= len(self._bin):
+            return
+        n = self._n
+        self._bin = _resized(self._bin, keys, n)
+        self._stamp = _resized(self._stamp, keys, n)
+        self._cols = {name: _resized(col, keys, n) for name, col in self._cols.items()}
+        self._index.reserve(keys)
+
+    def _came_back(self, slots: np.ndarray) -> None:
+        """Tombstoned ``slots`` hold live keys again (their bins are set)."""
+        self._live += np.bincount(self._bin[slots], minlength=self._num_bins + 1)
+        self._slots_of.added(slots)
 
     def _bin_counts(self) -> np.ndarray:
-        return np.bincount(self._bin[: self._n], minlength=self._num_bins + 1)[: self._num_bins]
+        return self._live[: self._num_bins]
 
     def bins(self) -> list[int]:
         return np.flatnonzero(self._bin_counts()).tolist()
@@ -556,6 +588,7 @@ class ColumnarAggState(BinnedState):
         """Bytes this state holds in memory: its columns with their spare capacity, and the key index
         (object columns count their references only)."""
         columns = self._bin.nbytes + self._stamp.nbytes + sum(col.nbytes for col in self._cols.values())
+        columns += self._live.nbytes + self._slots_of.nbytes()
         return int(columns + self._index.memory_nbytes())
 
     def snapshot_bins(self, bins: Iterable[int]) -> dict[int, bytes]:
@@ -564,7 +597,7 @@ class ColumnarAggState(BinnedState):
     def snapshot_later(self, bins: Iterable[int]) -> Callable[[], dict[int, bytes]]:
         """Copy the bins' rows now (a few array copies); encode them later, e.g. in another thread."""
         wanted = self._check_bins(bins)
-        return self._encode_later(wanted, np.flatnonzero(self._in_bins(wanted)))
+        return self._encode_later(wanted, self._slots_in(wanted))
 
     def _encode_later(self, wanted: list[int], members: np.ndarray) -> Callable[[], dict[int, bytes]]:
         """Copy the rows at slots ``members`` (all in bins ``wanted``) now; encode them per bin later."""
@@ -605,8 +638,8 @@ class ColumnarAggState(BinnedState):
         wanted = self._check_bins(since)
         base = np.full(self._num_bins + 1, np.iinfo(np.int64).max, dtype=np.int64)  # tombstones: never
         base[wanted] = [int(since[b]) for b in wanted]
-        n = self._n
-        out = self._encode_later(wanted, np.flatnonzero(self._stamp[:n] > base[self._bin[:n]]))()
+        members = self._slots_in(wanted)
+        out = self._encode_later(wanted, members[self._stamp[members] > base[self._bin[members]]])()
         self._remove(wanted)
         return out
 
@@ -618,10 +651,12 @@ class ColumnarAggState(BinnedState):
         until few are left: a state that gives its bins away step by step (a scale-in) only
         empties, and one that gave some away keeps their slots for the keys that come back.
         """
-        gone = self._in_bins(bins)
-        count = int(gone.sum())
+        gone = self._slots_in(bins)
+        count = len(gone)
         if count:
-            self._bin[: self._n][gone] = self._num_bins
+            self._bin[gone] = self._num_bins
+            self._live[np.asarray(bins, dtype=np.int64)] = 0
+            self._slots_of.removed(bins, self._bin[: self._n])
             self._dead += count
             live = self._n - self._dead
             if live == 0:
@@ -629,11 +664,9 @@ class ColumnarAggState(BinnedState):
             elif live < COMPACT_LIVE * self._n:
                 self._compact()
 
-    def _in_bins(self, bins: Sequence[int]) -> np.ndarray:
-        """Per slot in use, whether its bin is one of ``bins`` (one gather, whatever their number)."""
-        wanted = np.zeros(self._num_bins + 1, dtype=bool)  # the last entry: tombstones
-        wanted[np.asarray(bins, dtype=np.int64)] = True
-        return wanted[self._bin[: self._n]]
+    def _slots_in(self, bins: Sequence[int]) -> np.ndarray:
+        """The slots of ``bins`` (in time proportional to them, not to the state: ``BinSlots``)."""
+        return self._slots_of.slots_in(bins, self._bin[: self._n])
 
     def _compact(self) -> None:
         keep = np.flatnonzero(self._bin[: self._n] != self._num_bins)
@@ -643,6 +676,7 @@ class ColumnarAggState(BinnedState):
         self._cols = {name: col[keep] for name, col in self._cols.items()}
         self._n = len(keep)
         self._dead = 0
+        self._slots_of.invalidate()
 
     def install_bins(self, data: Mapping[int, bytes]) -> None:
         decoded = [self._decode(self._check_bin(b), payload) for b, payload in data.items()]
@@ -651,11 +685,10 @@ class ColumnarAggState(BinnedState):
         if self.configured:
             layouts.add(self.layout)
         if filled:
-            present = self._in_bins([b for b, _ in filled])
-            if present.any():
-                b = int(self._bin[: self._n][present][0])
-                count = int((self._bin[: self._n] == b).sum())
-                raise ValueError(f"cannot install bin {b}: it is already present here with {count} keys")
+            present = [b for b, _ in filled if self._live[b]]
+            if present:
+                raise ValueError(f"cannot install bin {present[0]}: it is already present here with "
+                                 f"{int(self._live[present[0]])} keys")
             keys = self._keys_of(filled, "install bin")
         if len(layouts) > 1:
             raise ValueError(f"cannot install bins: key types or accumulators differ: {sorted(map(str, layouts))}")
@@ -710,6 +743,7 @@ class ColumnarAggState(BinnedState):
             back = back[self._bin[back] == self._num_bins]
             if back.size:
                 self._bin[back] = bins_from_hashes(self._index.hashes(back), self._num_bins)
+                self._came_back(back)
                 self._dead -= len(back)
             if new.size:
                 self._grow(slots[new])

@@ -59,6 +59,10 @@ def bins_payload_size(bins: Mapping[int, Any]) -> int:
     return sum(len(v) for v in bins.values() if isinstance(v, (bytes, bytearray)))
 
 
+RESERVE_BELOW = 4
+"""A new owner makes room for its incoming keys at once only while it holds under 1/4 of them."""
+
+
 class MigrateBins(ControlOp):
     """Move ``moves`` (bin -> (old instance index, new instance index)) of keyed ``operator``.
 
@@ -72,6 +76,9 @@ class MigrateBins(ControlOp):
         timeout_s: the op's timeout.
         everywhere: a blocking op holds the inputs of every instance (True), or
             only those of the old and new owners of its bins (False).
+        reserve: new owner's index -> keys the whole rescale brings it (the first step carries it):
+            a new owner whose state is small makes room for them at once (``BinnedState.reserve``),
+            before the bins arrive, rather than growing in stalls while they do.
 
     Its result: {"bins": bins moved, "bytes": bytes moved, "reloaded": bins reloaded from replicas}.
     """
@@ -81,9 +88,10 @@ class MigrateBins(ControlOp):
     def __init__(self, operator: str, table: list[int] | None, moves: Mapping[int, tuple[int, int]],
                  blocking: bool = True, key: str | Sequence[str] | None = None,
                  replicas: Mapping[int, int] | None = None, timeout_s: float | None = 120.0,
-                 everywhere: bool = True):
+                 everywhere: bool = True, reserve: Mapping[int, int] | None = None):
         super().__init__()
         self.everywhere = everywhere
+        self.reserve = {int(i): int(n) for i, n in (reserve or {}).items()}
         self.operator = operator
         self.table = list(table) if table is not None else None
         self.moves = {int(b): (int(o), int(n)) for b, (o, n) in moves.items()}
@@ -124,6 +132,10 @@ class MigrateBins(ControlOp):
 
         def on_begin(self, ctx: Any) -> None:
             op: MigrateBins = self.op  # type: ignore[assignment]
+            incoming = op.reserve.get(ctx.instance[1], 0) if ctx.instance[0] == op.operator else 0
+            state = ctx.state if incoming else None
+            if state is not None and len(state) * RESERVE_BELOW <= incoming:  # room at the cost of a copy
+                state.reserve(len(state) + incoming)                       # of a state that is small
             if not op.blocking and self.config and self.config["receive"]:
                 ctx.hold_bins(self.config["receive"], op.key)
             if not op.blocking and self.config and self.config["send"]:
