@@ -53,6 +53,14 @@ and serialisation between processes.
 ``toArrow()`` to the job's end; ``ratio_to_naive`` = bridge / naive (target >= 1.0 at 5M
 rows); ``driver_rss_mb_naive_5m`` and its growth: the whole table passes the driver.
 
+``bridge_cpu_us_per_row``: the bridge's own CPU per row, everything but Spark's plan and the
+operators. The CPU time of every process of the run (this driver and its descendants: Spark's
+JVM and Python workers, Ray's processes and the hosts) over the large bridged run, less the same
+over Spark running the same plan alone into a no-op sink (``df.write.format("noop")``), less the
+busy time of the operators after the source (the key_by's count and the collect, from the job's
+statistics), divided by the rows. What is left: Arrow conversion in the JVM and the Python runner,
+pushing, Ray's calls, decoding in the source instances and the coordinator.
+
 Run: ``python -m benchmarks.spark_ingest [--quick] [--rows N] [--small-rows N] [--master M]``.
 ``--quick`` (under a minute): 1,000,000 and 200,000 rows (the JSON's
 ``rows`` / ``small_rows`` say which sizes the two RSS figures are for).
@@ -103,6 +111,33 @@ def driver_pids() -> tuple[int, list[int]]:
     return me.pid, [c.pid for c in me.children(recursive=False) if "java" in c.name()]
 
 
+def cpu_seconds() -> dict[int, float]:
+    """User plus system CPU seconds of this process and every descendant, by pid."""
+    me = psutil.Process()
+    out = {}
+    for proc in [me, *me.children(recursive=True)]:
+        try:
+            times = proc.cpu_times()
+            out[proc.pid] = times.user + times.system
+        except psutil.Error:
+            continue
+    return out
+
+
+def cpu_spent(before: dict[int, float]) -> float:
+    """CPU seconds spent since ``before`` by the processes alive now (a process started since counts whole)."""
+    return sum(cpu - before.get(pid, 0.0) for pid, cpu in cpu_seconds().items())
+
+
+def spark_plan_cpu_s(spark: Any, rows: int, partitions: int) -> float:
+    """CPU seconds of Spark running the bridge's plan alone, into a sink that drops every row."""
+    df = dataframe(spark, rows, partitions)
+    df.write.format("noop").mode("overwrite").save()  # warm, as the bridge's runs are
+    before = cpu_seconds()
+    df.write.format("noop").mode("overwrite").save()
+    return cpu_spent(before)
+
+
 def run_bridge(spark: Any, rows: int, partitions: int) -> dict[str, Any]:
     """One bridged keyed count (checked against Spark SQL): rows/s, submit time and peak driver RSS."""
     from chiray.actors import wait_warm_actors
@@ -117,6 +152,7 @@ def run_bridge(spark: Any, rows: int, partitions: int) -> dict[str, Any]:
         flow.source(src, parallelism=2, name="src").key_by("key").count(parallelism=2, name="count").collect(
             name="out"
         )
+        cpu_before = cpu_seconds()
         t0 = time.perf_counter()
         job = flow.submit(num_hosts=NUM_HOSTS, warm_hosts=NUM_HOSTS)
         submitted = time.perf_counter() - t0
@@ -125,7 +161,9 @@ def run_bridge(spark: Any, rows: int, partitions: int) -> dict[str, Any]:
         finally:
             job.cancel()
         elapsed = time.perf_counter() - t0
+        cpu = cpu_spent(cpu_before)
         delivered = src.statistics().delivered_rows
+    operators_busy = sum(s.busy_s for s in job.statistics().instances if s.operator != "src")
     got = {r["key"]: r["count"] for r in job.result("out").to_pylist()}
     df.createOrReplaceTempView("ingest_oracle")
     expected = {
@@ -145,6 +183,8 @@ def run_bridge(spark: Any, rows: int, partitions: int) -> dict[str, Any]:
         "python_rss_mb": py_rss.peak_mb,
         "jvm_rss_mb": jvm_rss.peak_mb,
         "rss_growth_mb": round(py_rss.growth_mb + jvm_rss.growth_mb, 1),
+        "cpu_s": cpu,
+        "operators_busy_s": operators_busy,
     }
 
 
@@ -211,6 +251,10 @@ def main() -> None:
     bridge, delivered = large["rows_per_s"], large["rows"]
     print(f"  {bridge / 1e6:.2f} M rows/s (submit {large['submit_s']} s), peak driver RSS {large['rss_mb']} MB",
           flush=True)
+    plan_cpu = spark_plan_cpu_s(spark, args.rows, args.partitions)
+    bridge_cpu = large["cpu_s"] - plan_cpu - large["operators_busy_s"]
+    print(f"  CPU: {large['cpu_s']:.2f} s in all, Spark's plan alone {plan_cpu:.2f} s, the operators "
+          f"{large['operators_busy_s']:.2f} s: the bridge {bridge_cpu / delivered * 1e6:.2f} us a row", flush=True)
     print(f"spark_ingest: toArrow() of the same {args.rows:,}-row DataFrame", flush=True)
     df = dataframe(spark, args.rows, args.partitions)
     df.toArrow()  # warm, like the bridge's runs: the JVM compiles its Arrow conversion on the first call
@@ -251,6 +295,10 @@ def main() -> None:
             "driver_rss_growth_mb_1m": small["rss_growth_mb"],
             "driver_rss_growth_mb_5m": large["rss_growth_mb"],
             "to_arrow_driver_rss_growth_mb_5m": to_arrow_growth,
+            "bridge_cpu_us_per_row": round(bridge_cpu / delivered * 1e6, 3),
+            "run_cpu_s_5m": round(large["cpu_s"], 2),
+            "spark_plan_cpu_s_5m": round(plan_cpu, 2),
+            "operators_busy_s_5m": round(large["operators_busy_s"], 2),
             "submit_s_5m": large["submit_s"],
             "master": args.master,
             "rows": args.rows,

@@ -19,7 +19,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 RUNS = {
     "keyed_count": (["--records", "200000", "--keys", "2000", "--batch-size", "20000"],
-                    ["records_per_s", "reference_records_per_s", "ratio", "peak_rss_mb"]),
+                    ["records_per_s", "reference_records_per_s", "ratio", "peak_rss_mb", "job_rss_mb",
+                     "state_bytes_per_key"]),
     "control_overhead": (["--quick", "--window", "0.5"],
                          ["throughput_ratio_nonblocking_100", "throughput_ratio_blocking_100",
                           "completion_p99_ms_nonblocking_100"]),
@@ -33,14 +34,16 @@ RUNS = {
                    "oracle_parallelism_up", "overprovision_ratio", "exact"]),
     "migration": (["--keys", "2000", "--bins", "16", "--batch-size", "1000", "--strategies",
                    "all_at_once,non_disruptive_16", "--png", "/dev/null", "--theta", "0.5", "--settle", "0.5"],
-                  ["strategies", "best_over_all_at_once"]),
+                  ["strategies", "best_over_all_at_once", "all_at_once_max_latency_ms",
+                   "best_fine_grained_max_latency_ms"]),
     "windows": (["--records", "100000", "--keys", "2000", "--batch-size", "20000", "--latency-records", "20000",
                  "--rate", "100000"],
                 ["records_per_s", "ratio", "window_latency_p50_ms", "window_latency_p99_ms"]),
     "nexmark": (["--events", "20000", "--queries", "q0,q3,q5", "--batch-events", "5000"], ["queries", "migration"]),
     "spark_ingest": (["--rows", "60000", "--small-rows", "20000", "--partitions", "4"],
                      ["bridge_rows_per_s", "to_arrow_rows_per_s", "ratio", "driver_rss_mb_1m", "driver_rss_mb_5m",
-                      "driver_rss_growth_mb_5m", "to_arrow_driver_rss_growth_mb_5m"]),
+                      "driver_rss_growth_mb_5m", "to_arrow_driver_rss_growth_mb_5m", "naive_rows_per_s",
+                      "ratio_to_naive", "bridge_cpu_us_per_row"]),
 }
 
 
