@@ -128,11 +128,14 @@ class KeyIndex:
             slots[new] = self._add(keys.take(new), hashes[new])
         return slots, new
 
-    def add(self, keys: pa.Array) -> np.ndarray:
-        """Add keys known to be absent and distinct; returns their (consecutive) slots."""
+    def add(self, keys: pa.Array, hashes: np.ndarray | None = None) -> np.ndarray:
+        """Add keys known to be absent and distinct; returns their (consecutive) slots.
+
+        ``hashes``: their :func:`~operators.hashing.hash_keys` hashes, if the caller has them already.
+        """
         if keys.type != self.key_type:
-            keys = keys.cast(self.key_type)
-        return self._add(keys, _hash_array(keys, distinct=True))
+            keys, hashes = keys.cast(self.key_type), None
+        return self._add(keys, _hash_array(keys, distinct=True) if hashes is None else hashes)
 
     def hashes(self, slots: np.ndarray) -> np.ndarray:
         """The stored :func:`~operators.hashing.hash_keys` hash of the keys at ``slots``."""

@@ -36,7 +36,7 @@ import cloudpickle
 import numpy as np
 import pyarrow as pa
 
-from .hashing import bins_from_hashes, bins_of, check_num_bins
+from .hashing import bins_from_hashes, bins_of, check_num_bins, hash_keys
 from .binslots import BinSlots
 from .keyindex import KeyIndex
 
@@ -49,7 +49,7 @@ __all__ = [
 
 _DICT_FORMAT = "chiray.DictState/1"
 _COLUMNAR_FORMAT = "chiray.ColumnarAggState/1"
-COMPACT_LIVE = 0.125
+COMPACT_LIVE = 1 / 32
 """A columnar state compacts its slots once fewer than this share of them hold live keys."""
 
 
@@ -644,7 +644,7 @@ class ColumnarAggState(BinnedState):
         return out
 
     def _remove(self, bins: list[int]) -> None:
-        """Make the rows of ``bins`` tombstones; compact once the live keys are an eighth of the
+        """Make the rows of ``bins`` tombstones; compact once the live keys are a 32nd of the
         slots (``COMPACT_LIVE``), or drop everything once none is live.
 
         A compaction copies the live keys and stalls the instance for that long, so it waits
@@ -689,14 +689,14 @@ class ColumnarAggState(BinnedState):
             if present:
                 raise ValueError(f"cannot install bin {present[0]}: it is already present here with "
                                  f"{int(self._live[present[0]])} keys")
-            keys = self._keys_of(filled, "install bin")
+            keys, hashes = self._keys_of(filled, "install bin")
         if len(layouts) > 1:
             raise ValueError(f"cannot install bins: key types or accumulators differ: {sorted(map(str, layouts))}")
         for b, version, _, _ in decoded:
             self._carry_version(b, version)
         if filled:
             self.configure(*next(iter(layouts)))
-            self._install_rows(keys, [table for _, table in filled])
+            self._install_rows(keys, [table for _, table in filled], hashes=hashes)
 
     def apply_changes(self, data: Mapping[int, bytes]) -> None:
         decoded = [self._decode(self._check_bin(b), payload) for b, payload in data.items()]
@@ -706,22 +706,25 @@ class ColumnarAggState(BinnedState):
             if not self.configured or layouts != {self.layout}:
                 raise ValueError(f"cannot apply changes: key types or accumulators differ: "
                                  f"{sorted(map(str, layouts | {self.layout}))}")
-            keys = self._keys_of(filled, "apply changes to bin")
+            keys, _ = self._keys_of(filled, "apply changes to bin")
         for b, version, _, _ in decoded:
             self._carry_version(b, version)
         if filled:
             self._install_rows(keys, [table for _, table in filled], overwrite=True)
 
-    def _keys_of(self, filled: list[tuple[int, pa.Table]], doing: str) -> pa.Array:
-        """The keys of decoded bins, all checked to belong to the bin they came in."""
+    def _keys_of(self, filled: list[tuple[int, pa.Table]], doing: str) -> tuple[pa.Array, np.ndarray]:
+        """The keys of decoded bins, all checked to belong to the bin they came in, and their hashes
+        (hashed once: the index stores the same hashes)."""
         keys = pa.concat_arrays([table.column(0).combine_chunks() for _, table in filled])
         expected = np.repeat([b for b, _ in filled], [table.num_rows for _, table in filled])
-        stray = np.flatnonzero(bins_of(keys, self._num_bins) != expected)
+        hashes = hash_keys(keys)
+        stray = np.flatnonzero(bins_from_hashes(hashes, self._num_bins) != expected)
         if stray.size:
             raise ValueError(f"cannot {doing} {int(expected[stray[0]])}: the payload holds keys of other bins")
-        return keys
+        return keys, hashes
 
-    def _install_rows(self, keys: pa.Array, tables: list[pa.Table], overwrite: bool = False) -> None:
+    def _install_rows(self, keys: pa.Array, tables: list[pa.Table], overwrite: bool = False,
+                      hashes: np.ndarray | None = None) -> None:
         """Add the rows of several bins at once: one index lookup, one grow, one copy per column.
 
         A key that left this state earlier still has its tombstoned slot in the index: it gets
@@ -731,7 +734,7 @@ class ColumnarAggState(BinnedState):
         rows' values. The rows are stamped with their bins' versions, carried in before.
         """
         if not self._dead and not overwrite:
-            slots = self._index.add(keys)
+            slots = self._index.add(keys, hashes)
             self._grow(slots)
         else:
             slots, new = self._index.upsert(keys)

@@ -427,18 +427,18 @@ def test_apply_changes_rejects_foreign_payloads_and_dict_state_does_not_track() 
 
 
 def test_columnar_state_compacts_only_when_few_keys_are_live_and_resets_when_none() -> None:
-    s = ColumnarAggState(16)
+    s = ColumnarAggState(64)
     s.configure(pa.string(), ACCS)
     rng = np.random.default_rng(5)
     for _ in range(10):
         _random_update(s, rng, None)
     before, slots = _dump(s), len(s.slots())
     bins = s.bins()
-    s.extract_bins(bins[:8])  # half the keys leave: no compaction, their slots stay
+    s.extract_bins(bins[:8])  # an eighth of the keys leave: no compaction, their slots stay
     assert s._n == slots and len(s) < slots
-    s.extract_bins(bins[8:-1])  # an eighth or less left: compacted to the live keys
-    assert s._n == len(s) == sum(1 for k in before if _bin(k, 16) == bins[-1])
-    assert _dump(s) == {k: v for k, v in before.items() if _bin(k, 16) == bins[-1]}
+    s.extract_bins(bins[8:-1])  # a 32nd or less left: compacted to the live keys
+    assert s._n == len(s) == sum(1 for k in before if _bin(k, 64) == bins[-1])
+    assert _dump(s) == {k: v for k, v in before.items() if _bin(k, 64) == bins[-1]}
     s.extract_bins(bins[-1:])
     assert s._n == len(s) == 0 and s.bins() == []
     s.install_bins({})  # still configured, still usable
