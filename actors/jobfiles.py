@@ -8,6 +8,7 @@ rescales left, and the plain forms of rescale progress kept in the record.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import logging
 from typing import Any
 
@@ -19,7 +20,7 @@ from chiray.operators.graph import OperatorKind
 from .restore import RestoreInfo
 from .storage import CheckpointStorage
 
-__all__ = ["sink_names", "recover_sinks", "with_parallelism", "dir_bytes", "committed_results", "interrupted",
+__all__ = ["RescaleOutcome", "sink_names", "recover_sinks", "with_parallelism", "dir_bytes", "committed_results", "interrupted",
            "plain"]
 
 log = logging.getLogger(__name__)
@@ -62,11 +63,20 @@ def committed_results(flow_bytes: bytes, storage: CheckpointStorage) -> dict[str
     return out
 
 
+class RescaleOutcome(str, enum.Enum):
+    """A rescale's state in a job's record (its history, as the CLI shows it)."""
+
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"
+
+
 def interrupted(entry: dict[str, Any]) -> dict[str, Any]:
     """A rescale that was running when the manager died: the rollback undid it."""
-    if entry["state"] != "running":
+    if entry["state"] != RescaleOutcome.RUNNING:
         return entry
-    return {**entry, "state": "interrupted", "error": "the job manager restarted during the rescale; the job "
+    return {**entry, "state": RescaleOutcome.INTERRUPTED.value, "error": "the job manager restarted during the rescale; the job "
             "rolled back to its last checkpoint, before it; run the rescale again"}
 
 

@@ -1,10 +1,9 @@
 """manager.py: the job manager's decisions, for one detached job that it owns on the cluster.
 
-``submit(flow, name=..., detached=True)`` starts a ``JobManager`` actor
-(``lifetime="detached"``, named by the job in the ``"chiray"`` namespace,
-``max_restarts=-1``). The manager runs today's ``submit()`` itself, so the
-job controller, the hosts and the supervision thread belong to the
-manager's process, not to the driver: the job outlives the driver.
+``submit(flow, name=..., detached=True)`` starts a ``JobManager`` actor (``lifetime="detached"``,
+named by the job in the ``"chiray"`` namespace, ``max_restarts=-1``). The manager runs ``submit()``
+itself, so the job controller, the hosts and the supervision thread belong to the manager's
+process, not to the driver: the job outlives the driver.
 
 The job's record (``jobstore.JobRecord``: the pickled flow, config,
 checkpoint directory, events, rescale history, state and, once finished,
@@ -17,9 +16,8 @@ commit on checkpoint. Calls in flight at that moment fail (the client says
 so); a rescale in flight is either complete before the checkpoint or not in
 it.
 
-``JobManagerCore`` makes the decisions (a plain class); ``detached.py``
-holds the thin ``@ray.remote`` shell, ``JobManager``, and
-``submit_detached``, what ``submit`` calls for ``detached=True``.
+``JobManagerCore`` makes the decisions (a plain class); ``detached.py`` holds the thin
+``@ray.remote`` shell, ``JobManager``, and ``submit_detached`` (``submit(detached=True)``).
 """
 
 from __future__ import annotations
@@ -43,11 +41,13 @@ from . import jobstore
 from .config import JobConfig
 from .errors import ChirayError, JobCancelledError
 from .job import Job, JobStatus
-from .jobfiles import committed_results, dir_bytes, interrupted, plain, recover_sinks, sink_names, with_parallelism
+from .jobfiles import RescaleOutcome, committed_results, dir_bytes, interrupted, plain, recover_sinks
+from .jobfiles import sink_names, with_parallelism
 from .submit import submit
 from .jobstore import JobRecord
 from .metrics import MetricsExporter
 from .restore import RestoreInfo
+from .rescale import RescaleState
 from .storage import CheckpointStorage
 
 __all__ = ["JobManagerCore", "VERBS"]
@@ -264,16 +264,17 @@ class JobManagerCore:
         self._seen_autoscale += len(new)
         for event in new:
             d = event.decision
+            ok = event.outcome.get("state") == RescaleState.DONE
             entry = {"id": f"auto-{uuid.uuid4().hex[:6]}", "started_at": event.at, "operator": d.operator,
                      "from": d.current, "to": d.target, "strategy": event.strategy,
-                     "state": "done" if event.outcome.get("state") == "DONE" else "failed",
+                     "state": (RescaleOutcome.DONE if ok else RescaleOutcome.FAILED).value,
                      "error": event.outcome.get("error"), "duration_s": event.outcome.get("elapsed_s"),
                      "bytes_moved": event.outcome.get("bytes_moved"), "by": "autoscale", "reason": d.reason,
                      "target_rate": d.target_rate, "true_rate_per_instance": d.true_rate_per_instance,
                      "predicted_duration_s": event.predicted_duration_s,
                      "predicted_max_latency_ms": event.predicted_max_latency_ms}
             parallelism = dict(self.record.parallelism)
-            if entry["state"] == "done":
+            if entry["state"] == RescaleOutcome.DONE:
                 parallelism[d.operator] = d.target
             self._update(event.describe(), rescales=(*self.record.rescales, entry),
                          parallelism=tuple(sorted(parallelism.items())))
@@ -289,13 +290,13 @@ class JobManagerCore:
     def _finish_rescale(self, rid: str, handle: Any) -> None:
         try:
             done = handle.result(0)
-            outcome, error = "done", None
+            outcome, error = RescaleOutcome.DONE, None
         except Exception as exc:
-            done, outcome, error = handle.progress(), "failed", str(exc)
-        entry = {**self._history(rid), "state": outcome, "error": error, "duration_s": done["elapsed_s"],
+            done, outcome, error = handle.progress(), RescaleOutcome.FAILED, str(exc)
+        entry = {**self._history(rid), "state": outcome.value, "error": error, "duration_s": done["elapsed_s"],
                  "bytes_moved": done["bytes_moved"], "bins_moved": done["bins_moved"], "progress": plain(done)}
         parallelism = dict(self.record.parallelism)
-        if outcome == "done":
+        if outcome is RescaleOutcome.DONE:
             parallelism[entry["operator"]] = entry["to"]
             self._exporter.rescale(entry["operator"], 1.0, done["bytes_moved"])
         rescales = tuple(entry if r["id"] == rid else r for r in self.record.rescales)
@@ -387,7 +388,7 @@ class JobManagerCore:
         rid = uuid.uuid4().hex[:10]
         entry = {"id": rid, "started_at": time.time(), "operator": operator, "from": before,
                  "to": parallelism if parallelism is not None else before, "strategy": strategy,
-                 "state": "running"}
+                 "state": RescaleOutcome.RUNNING.value}
         with self._lock:
             self._rescales[rid] = handle
             self._update(f"rescale {operator} {before} -> {entry['to']} started ({strategy})",
@@ -409,7 +410,7 @@ class JobManagerCore:
             handle.result(timeout)  # raises TimeoutError / RescaleError
             self._note_rescales()
         progress = self.rescale_progress(rid)
-        if progress["state"] != "done":
+        if progress["state"] != RescaleOutcome.DONE:
             raise ChirayError(f"job {self.name!r}: rescale of {progress['operator']!r} "
                               f"{progress['state']}: {progress.get('error')}")
         return progress

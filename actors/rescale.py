@@ -48,6 +48,7 @@ Lifecycle of a run: ``WAITING -> PLANNING -> MIGRATING -> DONE | FAILED``.
 
 from __future__ import annotations
 
+import enum
 import threading
 import time
 import uuid
@@ -110,6 +111,16 @@ class RescaleHandle:
         return self.progress()
 
 
+class RescaleState(str, enum.Enum):
+    """Where a rescale run is: ``WAITING -> PLANNING -> MIGRATING -> DONE | FAILED``."""
+
+    WAITING = "WAITING"
+    PLANNING = "PLANNING"
+    MIGRATING = "MIGRATING"
+    DONE = "DONE"
+    FAILED = "FAILED"
+
+
 class RescaleRun(threading.Thread):
     """Plans and carries out one rescale (see the module docstring)."""
 
@@ -124,7 +135,7 @@ class RescaleRun(threading.Thread):
         self.assignment = assignment
         self.knobs = dict(knobs)
         self.error: RescaleError | None = None
-        self.state = "WAITING"
+        self.state = RescaleState.WAITING
         self.started = time.monotonic()
         self.finished: float | None = None
         self.steps_total = 0
@@ -141,7 +152,7 @@ class RescaleRun(threading.Thread):
 
     def progress(self) -> dict[str, Any]:
         with self._lock:
-            return {"operator": self.operator, "strategy": self.strategy, "state": self.state,
+            return {"operator": self.operator, "strategy": self.strategy, "state": self.state.value,
                     "parallelism": self.parallelism, "steps_done": self.steps_done, "steps": self.steps_total,
                     "bins_moved": self.bins_moved, "bins": self.bins_total, "bytes_moved": self.bytes_moved,
                     "bins_reloaded": self.reloaded, "bytes_replicated": self.bytes_replicated,
@@ -154,14 +165,14 @@ class RescaleRun(threading.Thread):
             with self.job.topology.rescale_turn():  # rescales of different operators take turns
                 self.started = time.monotonic()
                 self._run()
-            self.state = "DONE"
+            self.state = RescaleState.DONE
         except RescaleError as exc:
-            self.error, self.state = self._ended_first(exc) or exc, "FAILED"
+            self.error, self.state = self._ended_first(exc) or exc, RescaleState.FAILED
         except Exception as exc:  # report, never leave the caller waiting
             error = (self._ended_first(exc) or self._recovering(exc)
                      or RescaleError(f"rescale of {self.operator!r} failed: {exc!r}"))
             error.__cause__ = exc
-            self.error, self.state = error, "FAILED"
+            self.error, self.state = error, RescaleState.FAILED
         finally:
             self.finished = time.monotonic()
             self.job.topology.release_rescale(self.operator)
@@ -194,7 +205,7 @@ class RescaleRun(threading.Thread):
     def _run(self) -> None:
         job = self.job
         self._wait_running()
-        self.state = "PLANNING"
+        self.state = RescaleState.PLANNING
         plan: PhysicalPlan = job.plan
         node = plan.graph.nodes[self.operator]
         old_p = node.parallelism
@@ -207,7 +218,7 @@ class RescaleRun(threading.Thread):
                                "ended); a job is rescaled while its input flows")
         if not keyed:
             self.steps_total = 1
-            self.state = "MIGRATING"
+            self.state = RescaleState.MIGRATING
             self._step(plan, rescaled_plan(plan, self.operator, self.parallelism), None)
             return
         current = list(plan.bin_tables[self.operator])
@@ -237,7 +248,7 @@ class RescaleRun(threading.Thread):
         replicate = bool(self.knobs.get("replicate"))
         self.steps_total = len(chunks) + (sum(1 for c in chunks if c) if replicate else 0)
         self.bins_total = len(result.moves)
-        self.state = "MIGRATING"
+        self.state = RescaleState.MIGRATING
         table = list(current)
         replicas: dict[int, int] = {}
         blocking = self.strategy != "non_disruptive"

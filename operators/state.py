@@ -36,7 +36,7 @@ import cloudpickle
 import numpy as np
 import pyarrow as pa
 
-from .hashing import bins_from_hashes, bins_of, check_num_bins, hash_keys
+from .hashing import bins_from_hashes, check_num_bins, hash_keys
 from .binslots import BinSlots
 from .keyindex import KeyIndex
 
