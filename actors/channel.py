@@ -7,18 +7,29 @@ calls to async actors), drops duplicates and returns credit as its instance
 consumes. So a channel never holds more than its capacity of data, in flight
 plus buffered, and a sender without credit holds its messages back.
 
-Each side is touched only by the host that owns its instance.
+Credit consumed from a sender on another host goes back through the
+receiving host's :class:`CreditLedger`, at once to a sender on the same host:
+a call that carried one credit alone was up to half of all calls between
+hosts, so the ledger holds it back until half the channel's bound is owed,
+until a parcel goes to the sender's host anyway, or until the oldest credit
+owed is ``CREDIT_DELAY_S`` old. That cannot stall a sender: one without
+credit has its whole bound outstanding, so once it is consumed half of it is
+owed and goes at once (a batch larger than the byte credit left waits at most
+the delay). The ledger reads no clock: every call gets ``now``.
+
+Each side, and a host's ledger, is touched only by the host that owns it.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
-from typing import Any
+from typing import Any, Collection
 
 from .messages import Data, Envelope, Grant
 
-__all__ = ["WouldBlock", "ChannelError", "OutputChannel", "InputChannel", "ChannelStatistics"]
+__all__ = ["WouldBlock", "ChannelError", "OutputChannel", "InputChannel", "ChannelStatistics", "CreditLedger",
+           "CREDIT_DELAY_S"]
 
 
 class WouldBlock(Exception):
@@ -221,3 +232,63 @@ class InputChannel:
         if isinstance(env.message, Data):
             return Grant(self.channel, 1, env.charge)
         return None
+
+
+CREDIT_DELAY_S = 0.05
+"""Credit owed to a sender on another host waits at most this long."""
+
+
+class CreditLedger:
+    """Credit consumed on this host and not yet returned to senders on other hosts.
+
+    Args:
+        capacity_batches: a channel's bound in batches (its initial credit).
+        capacity_bytes: a channel's bound in bytes.
+        delay_s: the longest any credit is held.
+    """
+
+    def __init__(self, capacity_batches: int, capacity_bytes: int, delay_s: float = CREDIT_DELAY_S):
+        self._capacity_batches = capacity_batches
+        self._capacity_bytes = capacity_bytes
+        self.delay_s = delay_s
+        self._owed: dict[int, tuple[int, list[int]]] = {}  # channel -> (sender's host, [batches, bytes])
+        self._since: float | None = None  # when the oldest credit owed was consumed
+
+    def __bool__(self) -> bool:
+        return bool(self._owed)
+
+    @property
+    def deadline(self) -> float | None:
+        """When the credit owed must go at the latest (None: nothing is owed)."""
+        return None if self._since is None else self._since + self.delay_s
+
+    def owe(self, grant: Grant, host: int, now: float) -> Grant | None:
+        """``grant`` was consumed from a sender on ``host``; returns the channel's credit if it goes now."""
+        entry = self._owed.get(grant.channel)
+        if entry is None:
+            entry = self._owed[grant.channel] = (host, [0, 0])
+            if self._since is None:
+                self._since = now
+        owed = entry[1]
+        owed[0] += grant.batches
+        owed[1] += grant.nbytes
+        if 2 * owed[0] >= self._capacity_batches or 2 * owed[1] >= self._capacity_bytes:
+            del self._owed[grant.channel]
+            if not self._owed:
+                self._since = None
+            return Grant(grant.channel, owed[0], owed[1])
+        return None
+
+    def settle(self, now: float, going: Collection[int]) -> list[tuple[int, Grant]]:
+        """The credit to send now, as (host, grant): all of it once the deadline passed, else the credit
+        owed to the hosts in ``going`` (they get a parcel anyway)."""
+        overdue = self._since is not None and now >= self._since + self.delay_s
+        out = []
+        for channel in list(self._owed):
+            host, (batches, nbytes) = self._owed[channel]
+            if overdue or host in going:
+                del self._owed[channel]
+                out.append((host, Grant(channel, batches, nbytes)))
+        if not self._owed:
+            self._since = None
+        return out

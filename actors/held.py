@@ -14,12 +14,14 @@ Owned by one ``OperatorInstance``; only its processing thread touches it.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 import pyarrow as pa
 
 from chiray.operators.hashing import bins_of
+
+from .messages import Watermark
 
 __all__ = ["HeldRecords"]
 
@@ -37,7 +39,7 @@ class HeldRecords:
         self._keys: tuple[str, ...] = ()  # the key column per input (one: every input)
         self._held: list[tuple[pa.RecordBatch, np.ndarray, int]] = []  # (records, their bins, input index)
         self._paused = 0  # > 0 while bins are leaving (a non-blocking migration step)
-        self._deferred: Any = None  # the newest watermark held back
+        self._deferred: Watermark | None = None  # the newest watermark held back
 
     def pause_event_time(self) -> None:
         """Defer watermarks until the matching :meth:`resume_event_time` (calls nest)."""
@@ -46,14 +48,14 @@ class HeldRecords:
     def resume_event_time(self) -> None:
         self._paused = max(0, self._paused - 1)
 
-    def defer(self, mark: Any) -> bool:
+    def defer(self, mark: Watermark) -> bool:
         """Keep ``mark`` (the newest wins) if event time waits now; whether it does."""
         if self._mask is None and not self._paused:
             return False
         self._deferred = mark
         return True
 
-    def take_deferred(self) -> Any:
+    def take_deferred(self) -> Watermark | None:
         """The watermark held back, once event time no longer waits (else None)."""
         if self._mask is not None or self._paused:
             return None

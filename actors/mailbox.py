@@ -8,7 +8,7 @@ Channels between two instances of the same host are handed over in memory.
 
 Its pieces, one job each: the channel table (``channeltable.py``), the
 scheduler (``scheduler.py``), the credit owed to other hosts
-(``credit.py``) and the outbox (``outbox.py``); an instance's step hands its
+(``channel.CreditLedger``) and the outbox (``outbox.py``); an instance's step hands its
 host one frozen ``StepResult``. Every time the loop reads comes from one
 injectable clock, so a test that passes a fake one drives it deterministically.
 
@@ -26,9 +26,9 @@ from chiray.operators.endpoints import SinkLogic
 from chiray.operators.graph import PhysicalPlan
 
 from .build import build_instance, control_trees
+from .channel import CreditLedger
 from .channeltable import ChannelTable
 from .config import JobConfig
-from .credit import CreditLedger
 from .instance import OperatorInstance
 from .messages import ControlRun, Envelope, Grant, Parcel
 from .outbox import Outbox, RunGatherer

@@ -1,6 +1,6 @@
 """Credit owed to a sender on another host: held back until half the bound, a parcel, or a deadline.
 
-The ledger (``credit.py``) is driven alone under a fake clock; then hosts are
+The ledger (``channel.CreditLedger``) is driven alone under a fake clock; then hosts are
 ``HostCore``s driven by hand (``LocalRun`` builds them, with the same fake
 clock), so what a host's outbox holds after each step is checked exactly.
 The oracle is plain arithmetic over what was consumed: every consumed
@@ -14,7 +14,7 @@ import random
 import pytest
 
 from chiray.actors.config import JobConfig
-from chiray.actors.credit import CreditLedger
+from chiray.actors.channel import CreditLedger
 from chiray.actors.harness import LocalRun
 from chiray.actors.messages import Data, Grant, Parcel
 from chiray.operators import Dataflow, from_items
