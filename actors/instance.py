@@ -298,7 +298,8 @@ class OperatorInstance:
             raise TypeError(f"bug: {self.info} received an unknown message {type(message).__name__}")
 
     def _process(self, batch: pa.RecordBatch, input_index: int) -> None:
-        self.records_in, self.batches_in = self.records_in + batch.num_rows, self.batches_in + 1
+        self.records_in += batch.num_rows
+        self.batches_in += 1
         self._emit(self._call(self.logic.process, batch, input_index))  # type: ignore[union-attr]
 
     # -- migration: holding the records of bins whose state is on its way -----------

@@ -101,12 +101,20 @@ def build(name: str, counted, ordered) -> Dataflow:
     return flow
 
 
-def check_exact(job, counted, ordered) -> None:
-    expected = collections.Counter()
-    for batch in read_all(counted):
+def sent_counts(src) -> dict[str, int]:
+    """The oracle: per key, the records ``src`` sent (counted by a plain loop over its batches)."""
+    expected: collections.Counter = collections.Counter()
+    for batch in read_all(src):
         expected.update(batch.column("key").to_pylist())
-    got = {r["key"]: r["count"] for r in job.result("counts").to_pylist()}
-    assert got == dict(expected)
+    return dict(expected)
+
+
+def job_counts(job) -> dict[str, int]:
+    return {r["key"]: r["count"] for r in job.result("counts").to_pylist()}
+
+
+def check_exact(job, counted_src, ordered) -> None:
+    assert job_counts(job) == sent_counts(counted_src)
     arrival: dict[str, list[int]] = collections.defaultdict(list)  # one upstream: arrival order is seq order
     for batch in read_all(ordered):
         for k, s in zip(batch.column("key").to_pylist(), batch.column("seq").to_pylist()):
@@ -195,12 +203,9 @@ def test_a_large_state_moves_exactly_with_every_strategy(tmp_path):
         job.wait(timeout=180)
     finally:
         job.cancel()
-    expected = collections.Counter()
-    for batch in read_all(counted):
-        expected.update(batch.column("key").to_pylist())
-    got = {r["key"]: r["count"] for r in job.result("counts").to_pylist()}
+    expected = sent_counts(counted)
     assert len(expected) > LARGE_KEYS // 2
-    assert got == dict(expected)
+    assert job_counts(job) == expected
 
 
 def sleepy(batch):
@@ -234,11 +239,8 @@ def test_an_input_end_that_overtakes_the_bin_state_waits_for_it(tmp_path):
         assert handle.result(60)["state"] == "DONE"
     finally:
         job.cancel()
-    expected = collections.Counter()
-    for batch in read_all(counted):
-        expected.update(batch.column("key").to_pylist())
-    got = {r["key"]: r["count"] for r in job.result("counts").to_pylist()}
-    assert got == dict(expected), f"{len(set(expected) - set(got))} keys lost"
+    expected, got = sent_counts(counted), job_counts(job)
+    assert got == expected, f"{len(set(expected) - set(got))} keys lost"
 
 
 def test_random_migrations_keep_the_invariant(tmp_path):
