@@ -32,6 +32,10 @@ class JobConfig:
         host_resources: extra custom resources each host requests.
         host_options: extra ``ray.remote`` options for hosts (e.g. a scheduling strategy).
         poll_interval_s: how often the controller checks that hosts are alive.
+        controller_process: run the job controller in an actor (a process) of its own.
+            Default: in host 0's process, on a thread of its own, so a job costs no
+            process beyond its hosts (about 140 MB less); it moves to a process of its
+            own at the job's first recovery (the hosts are replaced then).
         placement: optional pins, operator name -> host id per instance index
             (``{"sink": [1]}``); unpinned instances follow the default rule.
         control_fanout: fan-out of the control broadcast / aggregation trees
@@ -59,7 +63,7 @@ class JobConfig:
             on a busy node, while the job runs); ``Job.refill_spare_hosts()``
             starts new ones for those taken. Each is an idle process that holds
             ``host_num_cpus``.
-        warm_hosts: bare host actors (and one job controller) this driver keeps
+        warm_hosts: bare host actors (and one job controller, with ``controller_process``) this driver keeps
             started between jobs, so that the next ``submit`` (or a recovery or
             scale-out) sets them up instead of starting processes (see
             ``actors/pool.py``). Refilled when this job ends; each idle warm
@@ -84,6 +88,7 @@ class JobConfig:
     host_resources: dict[str, float] = dataclasses.field(default_factory=dict)
     host_options: dict[str, Any] = dataclasses.field(default_factory=dict)
     poll_interval_s: float = 1.0
+    controller_process: bool = False
     placement: dict[str, list[int]] = dataclasses.field(default_factory=dict)
     control_fanout: int | None = 8
     control_batch_s: float = 0.05

@@ -1,12 +1,19 @@
-"""controller.py: the controller Ray actors, thin shells around ``control.coordination``.
+"""controller.py: the job controller, a thin shell around ``control.coordination``.
 
-``JobController`` (one per job) tracks the job's lifecycle, watches its
+``Controller`` (one per job) tracks the job's lifecycle, watches its
 hosts, and is the job's *injector*: every control op, from it or from any
 side controller, gets the next number of one global injection order here and
 is broadcast to the sources (directly, or through the broadcast tree's
 relays), so every channel sees ops in the same order. ``SideController``s
 (``Job.add_controller``) run their own ops: their handlers run there and the
 sinks return to them.
+
+Where the controller runs: by default inside host 0's process
+(``HostedController``, a handle with an actor's call syntax whose calls run
+on a thread of that host's own, see ``OperatorHost.controller_call``), so a
+job costs no process beyond its hosts; with
+``JobConfig(controller_process=True)``, and from a job's first recovery on
+(the hosts are replaced then), in an actor of its own (``JobController``).
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ from .errors import JobFailedError
 from .messages import Parcel
 from .transport import when_returned
 
-__all__ = ["JobController"]
+__all__ = ["Controller", "HostedController", "JobController"]
 
 _Injections = CallWindow[int, tuple[Any, Parcel]]
 """Per host: (its handle, the injections waiting for the next call there); one call in flight."""
@@ -43,8 +50,7 @@ def _fold_injections(queued: tuple[Any, Parcel], item: tuple[Any, Parcel]) -> tu
     return queued
 
 
-@ray.remote(num_cpus=0)
-class JobController(ControllerOps):
+class Controller(ControllerOps):
     """One per job: lifecycle, host watch, the global injection order, checkpoints.
 
     Reports from hosts carry the *incarnation* they were set up in; after a
@@ -226,6 +232,11 @@ class JobController(ControllerOps):
         """
         self.lifecycle.inherit(events, restarts)
         self.lifecycle.lost(JobFailedError(f"job {self.job_name!r}: {reason}"), reason)
+        self._notify()
+
+    async def take_over_recovery(self, events: tuple[str, ...], restarts: int, reason: str) -> None:
+        """Carry on the recovery that the controller this one replaces had begun (see ``Supervisor``)."""
+        self.lifecycle.take_over_recovery(events, restarts, reason)
         self._notify()
 
     async def recovery_reason(self) -> str | None:
@@ -420,3 +431,47 @@ class JobController(ControllerOps):
             except Exception:  # remembered in _start_errors by _start
                 pass
         await self._until_injected()
+
+
+JobController = ray.remote(num_cpus=0)(Controller)
+"""The controller in an actor of its own."""
+
+
+class HostedController:
+    """A handle on the controller that runs inside a host's process: ``handle.method.remote(...)``
+    as on an actor, each call one ``controller_call`` on that host. Picklable (it travels to hosts
+    and side controllers like an actor handle).
+
+    Args:
+        host: the ``OperatorHost`` actor that runs the controller.
+        host_id: that host's id in the job.
+    """
+
+    hosted = True
+
+    def __init__(self, host: Any, host_id: int):
+        self.host = host
+        self.host_id = host_id
+
+    @property
+    def _actor_id(self) -> Any:
+        return self.host._actor_id
+
+    def __getattr__(self, name: str) -> "_HostedMethod":
+        if name.startswith("_") or "host" not in self.__dict__:
+            raise AttributeError(name)
+        return _HostedMethod(self.host, name)
+
+    def __repr__(self) -> str:
+        return f"HostedController(host {self.host_id}: {self.host!r})"
+
+
+class _HostedMethod:
+    __slots__ = ("host", "name")
+
+    def __init__(self, host: Any, name: str):
+        self.host = host
+        self.name = name
+
+    def remote(self, *args: Any, **kwargs: Any) -> Any:
+        return self.host.controller_call.remote(self.name, args, kwargs)

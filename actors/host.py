@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import inspect
 import logging
 import os
 import time
@@ -27,6 +28,7 @@ import ray
 from chiray.operators.endpoints import SourceLogic
 
 from .config import JobConfig
+from .controller import Controller
 from .errors import OperatorError, portable
 from .instance import OperatorFailure
 from .mailbox import HostCore
@@ -47,7 +49,11 @@ round: an op injected at hundreds of sources of one host is forwarded in one rou
 to each peer leave in one call."""
 
 
-@ray.remote(concurrency_groups={"feed": 1})  # type: ignore[call-overload]
+CONTROLLER_CONCURRENCY = 1000
+"""Calls the controller hosted here may have under way at once (long polls among them)."""
+
+
+@ray.remote(concurrency_groups={"feed": 1, "control": CONTROLLER_CONCURRENCY})  # type: ignore[call-overload]
 class OperatorHost:
     """Hosts operator instances of one job (the Orleans "silo"; instances are its grains).
 
@@ -64,6 +70,7 @@ class OperatorHost:
         self._background: set[asyncio.Task] = set()
         self._feed: collections.deque[tuple[str, int, str, Any]] = collections.deque()  # see feed_reader
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._controller: Controller | None = None  # the job's controller, where it runs here
 
     async def setup(self, plan: Any, placement: dict, config: JobConfig, peers: dict,
                     controller: Any, restore: Any = None, incarnation: int = 0,
@@ -84,6 +91,20 @@ class OperatorHost:
         except OperatorFailure as failure:
             return self._operator_error(failure)
         return None
+
+    @ray.method(concurrency_group="control")
+    async def controller_call(self, method: str, args: tuple, kwargs: dict) -> Any:
+        """Run the job controller's ``method`` here (``"configure"`` creates it); see ``HostedController``.
+
+        On an event loop and thread of their own, so the controller answers while this host's loop
+        runs operator code (they share only the interpreter).
+        """
+        if method == "configure":
+            self._controller = Controller()
+        if self._controller is None:
+            raise RuntimeError(f"host {self.host_id} runs no job controller (called {method!r})")
+        result = getattr(self._controller, method)(*args, **kwargs)
+        return await result if inspect.isawaitable(result) else result
 
     async def start(self) -> None:
         if self._task is None:
@@ -144,14 +165,16 @@ class OperatorHost:
                 log.exception("host %s: the reader of %s[%s] %s refused a message", self.host_id, operator,
                               index, split_id)
 
-    async def prepare_change(self, op_id: str, plan: Any, placement: dict, peers: dict) -> None:
-        """A rescale: op ``op_id`` will change the topology to ``plan`` (see ``topology.py``)."""
+    async def prepare_change(self, op_id: str, plan: Any, placement: dict, peers: dict) -> Any:
+        """A rescale: op ``op_id`` will change the topology to ``plan`` (see ``topology.py``); returns
+        what this host did (a ``ChangePrepared``)."""
         self.transport.peers.update(peers)
         try:
-            self.core.prepare_change(op_id, plan, placement)  # type: ignore[union-attr]
+            prepared = self.core.prepare_change(op_id, plan, placement)  # type: ignore[union-attr]
         except OperatorFailure as failure:  # a new instance's constructor raised
             raise self._operator_error(failure) from None
         self._wake.set()
+        return prepared
 
     async def forget_peers(self, host_ids: list) -> None:
         """Hosts retired by a rescale: drop what would still go to them (credit, end notices)."""

@@ -34,7 +34,7 @@ from .errors import JobCancelledError, JobFailedError
 from .jobtopology import JobTopology
 from .statistics import InstanceStatistics
 from .ophandle import OpHandle, OpSender
-from .pool import warm_pool
+from .pool import kill, warm_pool
 from .rescale import RescaleHandle, start_rescale
 from .restore import RestoreInfo
 from .supervisor import CONTROLLER_POOL_KEY, Deployment, Supervisor
@@ -118,20 +118,32 @@ class Job:
         self.autoscaler: Any = None  # see autoscale()
 
     def launch(self, deployment: Deployment, restore: RestoreInfo | None,
-               make_controller: Callable[[], Any]) -> None:
+               make_controller: Callable[..., Any]) -> None:
         """Start the hosts and the supervisor (``submit()`` calls this once).
 
         Args:
             deployment: how to start the hosts (its ``host_ids`` and ``placement``).
             restore: the checkpoint to start from, if any.
-            make_controller: starts a fresh job controller (the supervisor's, after one died).
+            make_controller: starts a job controller: ``make_controller(host, host_id)`` in that host's
+                process (the first one, where the job has none yet), ``make_controller()`` in an
+                actor of its own (the supervisor's, after a recovery or the controller's death).
 
         Raises:
             JobFailedError, OperatorError, RayError: the hosts did not start; the job's actors are removed.
         """
         controller = self.topology.controller
         try:
-            hosts = deployment.start_hosts(controller, restore, 0)
+            if controller is None:  # it runs in host 0's process (not JobConfig.controller_process)
+                hosts = deployment.new_hosts(deployment.host_ids)
+                try:
+                    controller = make_controller(hosts[0], deployment.host_ids[0])
+                except BaseException:
+                    kill(hosts)
+                    raise
+                self.topology.set_controller(controller)
+                hosts = deployment.start_hosts(controller, restore, 0, hosts)
+            else:
+                hosts = deployment.start_hosts(controller, restore, 0)
             self.topology.install(hosts, deployment.host_ids, deployment.placement)
             ray.get(controller.start.remote(hosts, 0))
             ray.get([h.start.remote() for h in hosts])
@@ -303,7 +315,7 @@ class Job:
         if deployment is not None:  # unused spares are still bare: they may serve the next job
             spares, deployment.spares = deployment.spares, []
             deployment.refill_pool(spares)
-            if deployment.config.warm_hosts:
+            if deployment.config.warm_hosts and deployment.config.controller_process:
                 warm_pool().fill(CONTROLLER_POOL_KEY, 1, JobController.remote)  # type: ignore[attr-defined]
 
     # -- control operations ----------------------------------------------------------
@@ -467,6 +479,8 @@ class Job:
 
     @property
     def actors(self) -> list[Any]:
-        """The job's Ray actors (hosts, side controllers, controller), for tests and tooling."""
+        """The job's Ray actors (hosts, side controllers, and the controller where it has an actor of
+        its own: see ``controller_process``), for tests and tooling."""
         snap = self.topology.snapshot()
-        return [*snap.hosts, *self._side.values(), snap.controller]
+        own = [] if snap.controller is None or getattr(snap.controller, "hosted", False) else [snap.controller]
+        return [*snap.hosts, *self._side.values(), *own]

@@ -119,7 +119,10 @@ class OpHandle:
             try:
                 state = ray.get(self._controller.op_result.remote(self.op_id, timeout))
             except ray.exceptions.RayActorError as exc:
-                error = OpFailedError(f"control op {self.op_id} failed: its controller died")
+                host = getattr(self._controller, "host_id", None)
+                died = ("its controller died" if host is None else
+                        f"host {host} died, and its controller with it (it ran there)")
+                error = OpFailedError(f"control op {self.op_id} failed: {died}")
                 state = ("FAILED", None, error, 0.0)
                 error.__cause__ = exc
             if OpState(state[0]) is not OpState.RUNNING:

@@ -25,7 +25,7 @@ from chiray.operators.graph import OperatorKind, PhysicalPlan, physical_plan
 from chiray.operators.pickling import check_picklable
 
 from .config import JobConfig
-from .controller import JobController
+from .controller import HostedController, JobController
 from .job import Job
 from .build import control_trees
 from .placement import place
@@ -155,18 +155,22 @@ def submit(flow: Dataflow, *, config: JobConfig | None = None, restore_from: str
 
     deployment.plan = plan
 
-    def make_controller() -> Any:
+    def make_controller(host: Any = None, host_id: int = 0) -> Any:
+        """The job's controller: in the process of ``host`` (id ``host_id``), else in an actor of its own."""
         first = max(storage.checkpoint_ids(), default=0) + 1
         args = (flow.name, sink_instances, config, job_view(flow.name, deployment.plan), broadcast,
                 deployment.placement, storage, sinks, first, sources)
+        if host is not None:
+            ray.get(host.controller_call.remote("configure", args, {}))
+            return HostedController(host, host_id)
         warm = warm_pool().take(CONTROLLER_POOL_KEY, 1) if config.warm_hosts else []
         if warm:
             warm[0].configure.remote(*args)  # runs before any later call of this driver on it
             return warm[0]
         return JobController.remote(*args)  # type: ignore[attr-defined]
 
-    try:
-        controller = make_controller()
+    try:  # without controller_process, the job's launch starts it in its first host
+        controller = make_controller() if config.controller_process else None
     except BaseException:
         if own_dir:
             shutil.rmtree(root, ignore_errors=True)

@@ -118,10 +118,12 @@ class Deployment:
         taken, self.spares = self.spares[:len(host_ids)], self.spares[len(host_ids):]
         return taken + self.new_hosts(host_ids[len(taken):])
 
-    def start_hosts(self, controller: Any, restore: RestoreInfo | None, incarnation: int) -> list[Any]:
-        """Create, set up and start every host (in ``host_ids`` order); raises a user constructor's error."""
+    def start_hosts(self, controller: Any, restore: RestoreInfo | None, incarnation: int,
+                    hosts: list[Any] | None = None) -> list[Any]:
+        """Set up every host (in ``host_ids`` order; ``hosts`` started before, else new ones); raises a
+        user constructor's error. The hosts are killed if any fails."""
         config = self.config
-        hosts = self.new_hosts(self.host_ids)
+        hosts = self.new_hosts(self.host_ids) if hosts is None else hosts
         try:
             peers = dict(zip(self.host_ids, hosts))
             try:
@@ -218,6 +220,8 @@ class Supervisor(threading.Thread):
         started = time.monotonic()
         dep = self.deployment
         topology = self.job.topology
+        if getattr(topology.controller, "hosted", False):  # the hosts go: the controller moves first
+            self._move_controller()
         with topology.lock:
             kill(topology.hosts())
         manifest = dep.storage.latest() if dep.storage is not None else None
@@ -237,6 +241,17 @@ class Supervisor(threading.Thread):
         log.warning("job %s recovered from %s in %.2f s", dep.name,
                     f"checkpoint {checkpoint_id}" if checkpoint_id else "the start", time.monotonic() - started)
 
+    def _move_controller(self) -> None:
+        """A recovery replaces the hosts, among them the one the controller runs in: a controller in
+        an actor of its own takes over the recovery (same history, same restart) and stays."""
+        old = self.job.topology.controller
+        snap = ray.get(old.snapshot.remote(), timeout=30)
+        reason = ray.get(old.recovery_reason.remote(), timeout=30)
+        controller = self.make_controller()
+        ray.get(controller.take_over_recovery.remote(snap.events, snap.restarts, reason or "recovery"))
+        self.job.topology.set_controller(controller)
+        self._history = (snap.events, snap.restarts)
+
     def _replace_controller(self) -> None:
         """The job controller died: start a new one, which rolls the job back to its last checkpoint.
 
@@ -245,8 +260,12 @@ class Supervisor(threading.Thread):
         ever. The new controller finds the checkpoints on storage; ops that
         were in flight fail.
         """
+        old = self.job.topology.controller
+        reason = "the job controller died"
+        if getattr(old, "hosted", False):
+            reason = f"host {old.host_id} died, and the job controller with it (it ran there)"
         controller = self.make_controller()
         self.job.topology.set_controller(controller)
         events, restarts = self._history  # the new controller keeps the job's history and its restart count
-        ray.get(controller.begin_recovery.remote("the job controller died", events, restarts))
-        log.warning("job %s: the controller died; a new one rolls the job back", self.deployment.name)
+        ray.get(controller.begin_recovery.remote(reason, events, restarts))
+        log.warning("job %s: %s; a new controller rolls the job back", self.deployment.name, reason)

@@ -51,7 +51,8 @@ def reference(batches: list[pa.RecordBatch], repeats: int = 3) -> float:
 def run_job(batches: list[pa.RecordBatch], parallelism: int,
             num_hosts: int | None = None) -> tuple[pa.Table, float, dict[str, Any]]:
     """Run the job; returns its result, the seconds it ran and its memory: ``peak_rss_mb`` (hosts),
-    ``job_rss_mb`` (hosts and controller: the job's own processes) and ``hosts``."""
+    ``job_rss_mb`` (the job's own processes: hosts, and the controller where it has a process of its
+    own), ``hosts`` and ``processes``."""
     import ray
 
     from chiray.operators import Dataflow, from_arrow
@@ -62,9 +63,9 @@ def run_job(batches: list[pa.RecordBatch], parallelism: int,
          .agg(count=(None, "count"), total=("value", "sum"), parallelism=parallelism, name="count")
          .collect(name="out"))
     job = flow.submit(num_hosts=num_hosts)
-    hosts = ray.get([h.pid.remote() for h in job.actors[:-1]])
-    controller = ray.get(job.actors[-1].pid.remote())
-    with RssSampler(hosts) as rss, RssSampler([*hosts, controller]) as job_rss:
+    hosts = ray.get([h.pid.remote() for h in job.topology.hosts()])
+    processes = ray.get([a.pid.remote() for a in job.actors])  # hosts, and a controller of its own if any
+    with RssSampler(hosts) as rss, RssSampler(processes) as job_rss:
         t0 = time.perf_counter()
         job.wait()
         elapsed = time.perf_counter() - t0
@@ -72,7 +73,7 @@ def run_job(batches: list[pa.RecordBatch], parallelism: int,
         print(f"    {s.operator}[{s.index}] on host {s.host}: busy {s.busy_s:.2f} s, "
               f"back-pressured {s.backpressured_s:.2f} s, {s.records_in:,} records in")
     return job.result(), elapsed, {"peak_rss_mb": rss.peak_mb, "job_rss_mb": job_rss.peak_mb,
-                                   "hosts": len(hosts)}
+                                   "hosts": len(hosts), "processes": len(processes)}
 
 
 def state_bytes_per_key(keys: int) -> dict[str, float]:

@@ -75,6 +75,13 @@ class JobLifecycle:
         self.events = [*events, *self.events]
         self.restarts = max(self.restarts, int(restarts))
 
+    def take_over_recovery(self, events: Iterable[str], restarts: int, reason: str) -> None:
+        """Continue a recovery that the controller this one replaces had begun (same history, same restart)."""
+        self.events = list(events)
+        self.restarts = int(restarts)
+        self.state = JobState.RECOVERING
+        self.recovery_reason = reason
+
     def lost(self, error: BaseException, reason: str, recoverable: bool = True) -> None:
         """Something died: recover if allowed and restarts are left, else fail."""
         if self.state is not JobState.RUNNING:

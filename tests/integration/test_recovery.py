@@ -174,9 +174,32 @@ def test_max_restarts_exceeded_fails_clearly(tmp_path):
     assert job.status().state.value == "FAILED"
 
 
+def test_a_recovery_moves_the_controller_out_of_the_hosts_it_replaces(tmp_path):
+    """By default the controller runs in host 0's process; when another host dies, the recovery replaces
+    every host, so the controller first moves to a process of its own and carries the recovery on."""
+    src = source(rate=40_000)
+    job = build("controller-moves", src).submit(poll_interval_s=0.2, checkpoint_interval_s=0.3)
+    try:
+        hosts = job.topology.hosts()
+        assert job.actors == list(hosts), "the controller runs in a host"
+        wait_progress(job, 0.25)
+        ray.kill(hosts[1], no_restart=True)
+        job.wait(timeout=180)
+        status = job.status()
+        assert job.final_snapshot is not None and job.final_snapshot.restarts == 1, status.events
+        assert sum(e.startswith("recovering") for e in status.events) == 1, status.events
+        assert sum(e.startswith("recovered") for e in status.events) == 1, status.events
+        assert "host 1" in next(e for e in status.events if e.startswith("recovering")), status.events
+        assert isinstance(job.topology.controller, ray.actor.ActorHandle), "it moved to an actor of its own"
+    finally:
+        job.cancel()
+    assert_exact(job, src)
+
+
 def test_controller_death_is_survived(tmp_path):
     src = source(rate=15_000)  # slow: the job must outlive both checkpoints
-    job = build("controller-dies", src).submit(poll_interval_s=0.2, checkpoint_dir=str(tmp_path))
+    job = build("controller-dies", src).submit(poll_interval_s=0.2, checkpoint_dir=str(tmp_path),
+                                               controller_process=True)
     wait_progress(job, 0.1)
     assert job.checkpoint(timeout=60) >= 1
     old = job.topology.controller
@@ -199,6 +222,7 @@ def test_a_replaced_controller_keeps_the_job_history_and_its_restart_count(tmp_p
     """max_restarts bounds a job whose controller keeps dying; status() keeps every earlier recovery."""
     src = source(rate=15_000)
     job = build("controller-dies-twice", src).submit(poll_interval_s=0.2, checkpoint_dir=str(tmp_path),
+                                                     controller_process=True,
                                                       max_restarts=1)
     try:
         wait_progress(job, 0.1)
@@ -313,7 +337,8 @@ def test_checkpoint_whose_controller_dies_after_it_was_durable_returns_it(tmp_pa
 
     log = str(tmp_path / "heard.jsonl")
     src = SlowToHear(source(rate=20_000), log)
-    job = build("durable-then-dies", src).submit(poll_interval_s=0.2, checkpoint_dir=str(tmp_path / "chk"))
+    job = build("durable-then-dies", src).submit(poll_interval_s=0.2, checkpoint_dir=str(tmp_path / "chk"),
+                                                 controller_process=True)
     try:
         wait_progress(job, 0.1)
         answer: list = []
