@@ -108,7 +108,7 @@ class OperatorInstance:
         self._bp_since: float | None = None
         self.backpressured_s = self.busy_s = 0.0
         self.records_in = self.records_out = self.batches_in = self.batches_out = 0
-        self.pending_changes: dict[str, "InstanceChange"] = {}  # op id -> topology change it activates
+        self.pending_changes: dict[str, "InstanceChange | None"] = {}  # op id -> the change it activates
         self.extra_ops_sent: set[str] = set()  # ops sent along extra edges (told with the end notice)
         self.replicas = BinReplicas(info)  # copies of other instances' bins kept here
         self._held = HeldRecords(info.num_bins)  # records of bins whose state is on its way (migration)

@@ -37,6 +37,7 @@ from .restore import RestoreInfo
 from .scheduler import Scheduler
 from .source import SourceInstance
 from .statistics import InstanceStatistics
+from .topology import ChangePrepared
 from .stepresult import ControlSend, StepResult
 from .topology import plan_instance_change
 
@@ -88,12 +89,19 @@ class HostCore:
 
     # -- topology changes (rescale) -------------------------------------------------
 
-    def prepare_change(self, op_id: str, plan: PhysicalPlan, placement: dict[tuple[str, int], int]) -> None:
+    def prepare_change(self, op_id: str, plan: PhysicalPlan,
+                       placement: dict[tuple[str, int], int]) -> ChangePrepared:
         """Get ready for op ``op_id`` to change the topology to ``plan`` (see ``topology.py``).
 
-        Builds the instances ``placement`` puts here that do not exist yet, and
-        registers each existing instance's channel changes with it.
+        Builds the instances ``placement`` puts here that do not exist yet,
+        registers each existing instance's channel changes with it, and holds
+        every running source here open until the op has passed it. Returns what
+        it did (the rescale checks that the op can still reach every instance
+        that waits for it).
         """
+        changed: list[InstanceId] = []
+        held: list[InstanceId] = []
+        finished_sources: list[InstanceId] = []
         fresh = {i for i in plan.instances if self.placement.get(i) != placement[i]}
         for name in fresh:  # a name retired earlier may come back (on a new host)
             self.ended_peers.pop(name, None)
@@ -106,14 +114,23 @@ class HostCore:
             change = plan_instance_change(inst, plan, self.config.channel_capacity,
                                           self.config.channel_capacity_bytes)
             if change is None:
+                if isinstance(inst, SourceInstance) and inst.finished:
+                    finished_sources.append(inst.name)
+                elif isinstance(inst, SourceInstance):
+                    inst.hold_for(op_id)
+                    held.append(inst.name)
                 continue
             if inst.finished:
                 raise RuntimeError(f"{inst.info} already finished (its input ended): its channels cannot change")
-            inst.prepare_change(op_id, change)
+            inst.prepare_change(op_id, change)  # a source is held by it too
             self.channels.add(inst, change.inputs, change.added)
+            changed.append(inst.name)
+            if isinstance(inst, SourceInstance):
+                held.append(inst.name)
         for name in plan.instances:
             if placement[name] == self.host_id and name not in self.by_name:
                 self._add_instance(build_instance(plan, name, self.config, self.host_id))
+        return ChangePrepared(tuple(changed), tuple(held), tuple(finished_sources))
 
     def _forget(self, inst: OperatorInstance) -> None:
         """Drop a finished instance that is no longer part of the job here (its name may come back

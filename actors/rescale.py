@@ -61,7 +61,7 @@ from chiray.control.coordination import JobState
 from chiray.control.oprun import OpFailedError, job_view
 from chiray.control.ops.migrate import MigrateBins, ReplicateBins
 from chiray.control.planning import Assignment, plan as plan_assignment
-from chiray.control.rescaleplan import RescaleOptions, Strategy, plan_steps
+from chiray.control.rescaleplan import RescaleOptions, Strategy, plan_steps, unreached
 from chiray.operators.graph import OperatorKind, PhysicalPlan, rescaled_plan
 
 from .ophandle import OpHandle
@@ -348,6 +348,9 @@ class RescaleRun(threading.Thread):
         added = list(topology.allocate_host_ids(len(missing)))  # never reused (peers forget retired ones)
         placement.update(zip(missing, added))
         used = set(placement.values())
+        controller = snap.controller
+        if getattr(controller, "hosted", False):  # the host the controller runs in stays, empty or not
+            used.add(controller.host_id)
         retiring = [h for h in snap.host_ids if h not in used]
         full = dict(snap.placement)
         full.update(placement)
@@ -373,12 +376,18 @@ class RescaleRun(threading.Thread):
             ray.get([h.add_controller.remote(name, side) for h in fresh for name, side in sides.items()],
                     timeout=timeout)
             ray.get([h.start.remote() for h in fresh], timeout=timeout)
-            ray.get([h.prepare_change.remote(op_id, new_ref, placement, peers)
-                     for hid, h in peers.items() if hid not in added], timeout=timeout)
+            prepared = ray.get([h.prepare_change.remote(op_id, new_ref, placement, peers)
+                                for hid, h in peers.items() if hid not in added], timeout=timeout)
             ray.get(job.topology.controller.set_hosts.remote(peers), timeout=timeout)
         except Exception as exc:
             self._abandon(f"preparing the new topology failed: {exc!r}")
             raise RescaleError(f"rescale of {self.operator!r}: could not start its new instances: {exc}") from exc
+        held = [i for p in prepared for i in p.held]
+        missing = unreached(job.plan, held, [i for p in prepared for i in p.changed])
+        if missing:  # every source before them ended before the prepare: they would wait for ever
+            self._abandon(f"the input ended before a step's op could reach {sorted(missing)}")
+            raise RescaleError(f"rescale of {self.operator!r}: the job's input ended before step "
+                               f"{self.steps_done + 1}'s op could reach {sorted(missing)}")
 
     def _retire(self, host_ids: list[int]) -> None:
         """Wait until the retired hosts drained, then remove them."""

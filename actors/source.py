@@ -53,6 +53,11 @@ class SourceInstance(OperatorInstance):
         """A control message to take next (injected, or along an extra edge)."""
         return not self.finished and (bool(self.extra_inbox) or self.inbox.ready())
 
+    def hold_for(self, op_id: str) -> None:
+        """Stay open until op ``op_id`` has passed here, changing nothing (see ``HostCore.prepare_change``):
+        a source that finished first would drop the op, and the instances after it wait for it."""
+        self.pending_changes[op_id] = None
+
     def inject(self, message: ControlMessage) -> None:
         """A control message from the controller, placed by its global sequence."""
         self.inbox.offer(Envelope(CONTROL_INBOX, message.seq, message))

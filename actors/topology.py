@@ -36,7 +36,24 @@ from .instanceview import InstanceView
 from .router import HashRouter, make_router
 
 
-__all__ = ["InstanceChange", "plan_instance_change"]
+__all__ = ["ChangePrepared", "InstanceChange", "plan_instance_change"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ChangePrepared:
+    """What a host did to prepare a topology change (``HostCore.prepare_change``).
+
+    Attributes:
+        changed: its instances that apply the change when the op passes (they wait for it to finish).
+        held: its sources that stay open until the op has passed them, changed or not (they would
+            otherwise drop it once their input ended, and the instances after them would wait for it
+            for ever).
+        finished_sources: its sources that had already finished: the op cannot pass them.
+    """
+
+    changed: tuple[InstanceId, ...]
+    held: tuple[InstanceId, ...]
+    finished_sources: tuple[InstanceId, ...]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -25,9 +25,9 @@ from __future__ import annotations
 import dataclasses
 import enum
 import random
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
-__all__ = ["Strategy", "Priority", "RescaleOptions", "plan_steps", "acyclic_steps"]
+__all__ = ["Strategy", "Priority", "RescaleOptions", "plan_steps", "acyclic_steps", "unreached"]
 
 
 class Strategy(str, enum.Enum):
@@ -184,3 +184,29 @@ def _reaches(edges: Mapping[int, set[int]], start: int, goal: int) -> bool:
                 seen.add(nxt)
                 todo.append(nxt)
     return False
+
+
+def unreached(plan: Any, live_sources: Iterable[tuple[str, int]],
+              needed: Iterable[tuple[str, int]]) -> list[tuple[str, int]]:
+    """Those of ``needed`` that no op injected at ``live_sources`` can reach along ``plan``'s channels
+    (in ``needed``'s order). An op goes only where a source still running sends: an instance whose
+    every path starts at a finished source never sees it.
+
+    Example:
+        >>> from chiray.operators.graph import ChannelSpec, PhysicalPlan
+        >>> plan = PhysicalPlan(None, [("a", 0), ("b", 0), ("m", 0)], [ChannelSpec(0, ("a", 0), ("m", 0), 0, 0)],
+        ...                     {}, {}, {}, 1)
+        >>> unreached(plan, [("a", 0)], [("m", 0)]), unreached(plan, [("b", 0)], [("m", 0)])
+        ([], [('m', 0)])
+    """
+    edges: dict[tuple[str, int], list[tuple[str, int]]] = {}
+    for ch in plan.channels:
+        edges.setdefault(tuple(ch.src), []).append(tuple(ch.dst))
+    seen = set(live_sources)
+    todo = list(seen)
+    while todo:
+        for nxt in edges.get(todo.pop(), ()):
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    return [i for i in needed if i not in seen]
