@@ -23,6 +23,7 @@ import time
 import traceback
 from typing import Any
 
+import pyarrow as pa
 import ray
 
 from chiray.operators.endpoints import SourceLogic
@@ -51,6 +52,18 @@ to each peer leave in one call."""
 
 CONTROLLER_CONCURRENCY = 1000
 """Calls the controller hosted here may have under way at once (long polls among them)."""
+
+
+def use_memory_pool(name: str | None) -> None:
+    """Allocate this process's Arrow buffers from pool ``name`` from now on (see ``JobConfig.memory_pool``)."""
+    if name is None:
+        return
+    try:
+        pool = {"jemalloc": pa.jemalloc_memory_pool, "mimalloc": pa.mimalloc_memory_pool,
+                "system": pa.system_memory_pool}[name]()
+    except NotImplementedError:  # this pyarrow was built without it
+        pool = pa.system_memory_pool()
+    pa.set_memory_pool(pool)
 
 
 @ray.remote(concurrency_groups={"feed": 1, "control": CONTROLLER_CONCURRENCY})  # type: ignore[call-overload]
@@ -82,6 +95,7 @@ class OperatorHost:
         if host_id is not None:
             self.host_id = host_id
         self._loop = asyncio.get_running_loop()
+        use_memory_pool(config.memory_pool)
         self.controller = controller
         self.incarnation = incarnation
         self.controllers = {"controller": controller}
