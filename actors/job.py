@@ -29,7 +29,7 @@ from chiray.operators.graph import OperatorKind, PhysicalPlan
 
 from .autoscaler import start_autoscale
 from .controlops import SideController
-from .controller import JobController
+from .controller import HostedController, JobController
 from .errors import JobCancelledError, JobFailedError
 from .jobtopology import JobTopology
 from .statistics import InstanceStatistics
@@ -135,13 +135,16 @@ class Job:
         try:
             if controller is None:  # it runs in host 0's process (not JobConfig.controller_process)
                 hosts = deployment.new_hosts(deployment.host_ids)
+                # set up first (within deploy_timeout_s: Ray may have no room), then the controller there,
+                # before any host runs (so none calls it first)
+                hosts = deployment.start_hosts(HostedController(hosts[0], deployment.host_ids[0]), restore, 0,
+                                               hosts)
                 try:
                     controller = make_controller(hosts[0], deployment.host_ids[0])
                 except BaseException:
                     kill(hosts)
                     raise
                 self.topology.set_controller(controller)
-                hosts = deployment.start_hosts(controller, restore, 0, hosts)
             else:
                 hosts = deployment.start_hosts(controller, restore, 0)
             self.topology.install(hosts, deployment.host_ids, deployment.placement)

@@ -182,7 +182,8 @@ def test_a_job_ray_has_no_room_for_fails_fast_with_a_clear_error():
     assert time.monotonic() - started < 30
 
 
-def test_warm_hosts_serve_the_next_submit_and_are_released():
+@pytest.mark.parametrize("controller_process", [False, True])
+def test_warm_hosts_serve_the_next_submit_and_are_released(controller_process):
     from chiray.actors import release_warm_actors, wait_warm_actors
     from chiray.actors.pool import warm_pool
     from chiray.actors.supervisor import CONTROLLER_POOL_KEY
@@ -190,7 +191,7 @@ def test_warm_hosts_serve_the_next_submit_and_are_released():
     def run(name: str, items: list[dict]) -> tuple[dict, list]:
         flow = Dataflow(name)
         flow.source(from_items(items, num_splits=2), parallelism=2).key_by("key").count(parallelism=2).collect()
-        job = flow.submit(warm_hosts=2, host_num_cpus=0.25)
+        job = flow.submit(warm_hosts=2, host_num_cpus=0.25, controller_process=controller_process)
         try:
             table = job.result()
         finally:
@@ -203,15 +204,16 @@ def test_warm_hosts_serve_the_next_submit_and_are_released():
         oracle[item["key"]] = oracle.get(item["key"], 0) + 1
     try:
         first, _ = run("warm-a", items)
-        assert wait_warm_actors(60) == 3
+        controllers = int(controller_process)  # else the job's controller runs in its first host
+        assert wait_warm_actors(60) == 2 + controllers
         pool = warm_pool()
         host_key = ("host", (0.25, ()))
-        assert pool.size(host_key) == 2 and pool.size(CONTROLLER_POOL_KEY) == 1
-        warm_ids = {a._actor_id for a in pool._idle[host_key] + pool._idle[CONTROLLER_POOL_KEY]}
+        assert pool.size(host_key) == 2 and pool.size(CONTROLLER_POOL_KEY) == controllers
+        warm_ids = {a._actor_id for a in pool._idle[host_key] + pool._idle.get(CONTROLLER_POOL_KEY, [])}
         ray.kill(pool._idle[host_key][0], no_restart=True)  # a warm host that died is replaced, not used
         second, used = run("warm-b", items)
         assert first == oracle and second == oracle
-        assert len(warm_ids & set(used)) == 2, "the next job did not take the live warm host and controller"
+        assert len(warm_ids & set(used)) == 1 + controllers, "the next job did not take the live warm actors"
         assert pool.size(host_key) == 2, "the pool was not refilled when the job ended"
     finally:
         idle = [a for v in warm_pool()._idle.values() for a in v]
