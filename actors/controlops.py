@@ -120,6 +120,10 @@ class SideController(ControllerOps):
         self.job_controller = job_controller
         self._init_ops(name, view)
 
+    async def set_job_controller(self, job_controller: Any) -> None:
+        """A new job controller took over (a recovery moved it, or the old one died): inject through it."""
+        self.job_controller = job_controller
+
     async def run_op(self, op: Any, op_id: str | None = None) -> str:
         self._start_timer()
         message = self._start(op, op_id)

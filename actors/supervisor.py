@@ -185,7 +185,11 @@ class Supervisor(threading.Thread):
                 self._history = (snap.events, snap.restarts)
             except ray.exceptions.RayActorError:
                 if not self._stop.is_set():
-                    self._replace_controller()
+                    try:
+                        self._replace_controller()
+                    except Exception as exc:  # the new one died too (placed on a node that was dying)
+                        log.warning("job %s: replacing the controller failed (%r); trying again",
+                                    self.deployment.name, exc)
                 continue
             except Exception:  # Ray shutting down under us
                 if self._stop.is_set():
@@ -231,6 +235,8 @@ class Supervisor(threading.Thread):
         self.incarnation += 1
         controller = topology.controller
         hosts = dep.start_hosts(controller, restore, self.incarnation)
+        sides = self.job.side_controllers  # the new hosts return their ops' results to them too
+        ray.get([h.add_controller.remote(name, side) for h in hosts for name, side in sides.items()])
         with topology.lock:  # the deployment is read under it: a rescale step updates both under it
             topology.swap(hosts, dep.host_ids, dep.placement, self.incarnation)
         checkpoint_id = restore.checkpoint_id if restore is not None else None
@@ -249,8 +255,20 @@ class Supervisor(threading.Thread):
         reason = ray.get(old.recovery_reason.remote(), timeout=30)
         controller = self.make_controller()
         ray.get(controller.take_over_recovery.remote(snap.events, snap.restarts, reason or "recovery"))
+        self._adopt_side_controllers(controller)
         self.job.topology.set_controller(controller)
         self._history = (snap.events, snap.restarts)
+
+    def _adopt_side_controllers(self, controller: Any) -> None:
+        """The job's side controllers inject through ``controller`` from now on, and it tells them of
+        the job's sinks and failures."""
+        for name, side in self.job.side_controllers.items():
+            try:
+                ray.get([side.set_job_controller.remote(controller),
+                         controller.register_controller.remote(name, side)], timeout=30)
+            except Exception as exc:  # that side controller is gone: its ops fail, the job goes on
+                log.warning("job %s: side controller %r was not handed the new controller: %r",
+                            self.deployment.name, name, exc)
 
     def _replace_controller(self) -> None:
         """The job controller died: start a new one, which rolls the job back to its last checkpoint.
@@ -265,6 +283,7 @@ class Supervisor(threading.Thread):
         if getattr(old, "hosted", False):
             reason = f"host {old.host_id} died, and the job controller with it (it ran there)"
         controller = self.make_controller()
+        self._adopt_side_controllers(controller)
         self.job.topology.set_controller(controller)
         events, restarts = self._history  # the new controller keeps the job's history and its restart count
         ray.get(controller.begin_recovery.remote(reason, events, restarts))

@@ -71,6 +71,16 @@ class CollectOrder(Gather):
         return list(_ORDER[ctx.instance])
 
 
+class Who(Gather):
+    """Non-blocking: the instances it completed at."""
+
+    blocking = False
+
+    @staticmethod
+    def record(ctx):
+        return True
+
+
 def _endless(flow: Dataflow, parallelism: int = 2, rate: float = 50_000, name: str = "src"):
     return flow.source(generate(None, rate=rate, batch_size=500, num_keys=100, num_splits=parallelism),
                        parallelism=parallelism, name=name)
@@ -361,5 +371,26 @@ def test_a_host_failure_during_an_op_fails_the_op_clearly():
         assert time.monotonic() - started < 30, "the op failed only after a long hang"
         with pytest.raises(Exception, match="host 0"):
             job.wait(timeout=60)
+    finally:
+        job.cancel()
+
+
+@pytest.mark.parametrize("victim", ["host 0 (the controller's)", "another host"])
+def test_a_side_controller_still_runs_ops_after_a_recovery(victim):
+    """A recovery gives the job a new controller (the old one moved, or died with host 0) and new hosts:
+    a side controller injects through the new one, and the new hosts return its ops to it."""
+    flow = Dataflow("side-after-recovery")
+    _endless(flow).key_by("key").count(parallelism=2, name="count").collect(name="out")
+    job = flow.submit(poll_interval_s=0.2)
+    try:
+        job.add_controller("second")
+        assert set(job.run_control(Who(), controller="second").result(timeout=60)) == set(job.plan.instances)
+        hosts = job.topology.hosts()
+        ray.kill(hosts[0] if victim.startswith("host 0") else hosts[-1], no_restart=True)
+        deadline = time.monotonic() + 90
+        while not any(e.startswith("recovered") for e in job.status().events):
+            assert time.monotonic() < deadline, job.status().events
+            time.sleep(0.05)
+        assert set(job.run_control(Who(), controller="second").result(timeout=60)) == set(job.plan.instances)
     finally:
         job.cancel()
