@@ -79,10 +79,12 @@ class JobConfig:
         metrics_interval_s: how often a detached job's manager exports the
             job's statistics through ``ray.util.metrics`` (``actors/metrics.py``);
             None: not at all.
-        memory_pool: the Arrow memory pool of the job's hosts: ``"jemalloc"`` (the
-            default; ``"system"`` where pyarrow lacks it), ``"system"``, ``"mimalloc"``, or
-            None for pyarrow's own default (mimalloc, which held about 35 MB more per
-            host in ``benchmarks.keyed_count``, at no gain in speed).
+        memory_pool: the Arrow memory pool of the job's hosts: ``"system"`` (the
+            default), ``"jemalloc"`` (``"system"`` where pyarrow lacks it), ``"mimalloc"``,
+            or None for pyarrow's own default (mimalloc). Measured on 2 cores: mimalloc
+            held about 35 MB more per host in ``benchmarks.keyed_count`` at no gain in
+            speed, and both it and jemalloc cut the unthrottled rate of a count over 8M
+            keys (``benchmarks.migration --large``) to a third of the system pool's.
         name: the job's name (default: the dataflow's); a detached job's
             manager actor is named by it, in the ``"chiray"`` namespace.
     """
@@ -110,7 +112,7 @@ class JobConfig:
     detached: bool = False
     name: str | None = None
     metrics_interval_s: float | None = 1.0
-    memory_pool: str | None = "jemalloc"
+    memory_pool: str | None = "system"
 
     def __post_init__(self) -> None:
         if self.channel_capacity < 1:
