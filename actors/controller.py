@@ -36,7 +36,7 @@ from .errors import JobFailedError
 from .messages import Parcel
 from .transport import when_returned
 
-__all__ = ["Controller", "HostedController", "JobController"]
+__all__ = ["Controller", "HostedController", "JobController", "controller_host"]
 
 _Injections = CallWindow[int, tuple[Any, Parcel]]
 """Per host: (its handle, the injections waiting for the next call there); one call in flight."""
@@ -437,6 +437,11 @@ JobController = ray.remote(num_cpus=0)(Controller)
 """The controller in an actor of its own."""
 
 
+def controller_host(controller: Any) -> int | None:
+    """The id of the host whose process runs ``controller``; None where it has an actor of its own."""
+    return controller.host_id if isinstance(controller, HostedController) else None
+
+
 class HostedController:
     """A handle on the controller that runs inside a host's process: ``handle.method.remote(...)``
     as on an actor, each call one ``controller_call`` on that host. Picklable (it travels to hosts
@@ -446,8 +451,6 @@ class HostedController:
         host: the ``OperatorHost`` actor that runs the controller.
         host_id: that host's id in the job.
     """
-
-    hosted = True
 
     def __init__(self, host: Any, host_id: int):
         self.host = host

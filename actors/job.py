@@ -29,7 +29,7 @@ from chiray.operators.graph import OperatorKind, PhysicalPlan
 
 from .autoscaler import start_autoscale
 from .controlops import SideController
-from .controller import HostedController, JobController
+from .controller import HostedController, JobController, controller_host
 from .errors import JobCancelledError, JobFailedError
 from .jobtopology import JobTopology
 from .statistics import InstanceStatistics
@@ -485,5 +485,5 @@ class Job:
         """The job's Ray actors (hosts, side controllers, and the controller where it has an actor of
         its own: see ``controller_process``), for tests and tooling."""
         snap = self.topology.snapshot()
-        own = [] if snap.controller is None or getattr(snap.controller, "hosted", False) else [snap.controller]
+        own = [] if snap.controller is None or controller_host(snap.controller) is not None else [snap.controller]
         return [*snap.hosts, *self._side.values(), *own]

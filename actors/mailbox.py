@@ -37,9 +37,8 @@ from .restore import RestoreInfo
 from .scheduler import Scheduler
 from .source import SourceInstance
 from .statistics import InstanceStatistics
-from .topology import ChangePrepared
 from .stepresult import ControlSend, StepResult
-from .topology import plan_instance_change
+from .topology import ChangePrepared, plan_instance_change
 
 __all__ = ["HostCore"]
 
@@ -101,7 +100,6 @@ class HostCore:
         """
         changed: list[InstanceId] = []
         held: list[InstanceId] = []
-        finished_sources: list[InstanceId] = []
         fresh = {i for i in plan.instances if self.placement.get(i) != placement[i]}
         for name in fresh:  # a name retired earlier may come back (on a new host)
             self.ended_peers.pop(name, None)
@@ -114,9 +112,7 @@ class HostCore:
             change = plan_instance_change(inst, plan, self.config.channel_capacity,
                                           self.config.channel_capacity_bytes)
             if change is None:
-                if isinstance(inst, SourceInstance) and inst.finished:
-                    finished_sources.append(inst.name)
-                elif isinstance(inst, SourceInstance):
+                if isinstance(inst, SourceInstance) and not inst.finished:
                     inst.hold_for(op_id)
                     held.append(inst.name)
                 continue
@@ -130,7 +126,7 @@ class HostCore:
         for name in plan.instances:
             if placement[name] == self.host_id and name not in self.by_name:
                 self._add_instance(build_instance(plan, name, self.config, self.host_id))
-        return ChangePrepared(tuple(changed), tuple(held), tuple(finished_sources))
+        return ChangePrepared(tuple(changed), tuple(held))
 
     def _forget(self, inst: OperatorInstance) -> None:
         """Drop a finished instance that is no longer part of the job here (its name may come back

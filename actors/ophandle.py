@@ -10,6 +10,8 @@ import ray
 from chiray.control.oprun import OpFailedError, OpState, OpTimeoutError
 from chiray.operators.inflight import CallWindow, concat
 
+from .controller import controller_host
+
 __all__ = ["OpHandle", "OpSender"]
 
 
@@ -119,7 +121,7 @@ class OpHandle:
             try:
                 state = ray.get(self._controller.op_result.remote(self.op_id, timeout))
             except ray.exceptions.RayActorError as exc:
-                host = getattr(self._controller, "host_id", None)
+                host = controller_host(self._controller)
                 died = ("its controller died" if host is None else
                         f"host {host} died, and its controller with it (it ran there)")
                 error = OpFailedError(f"control op {self.op_id} failed: {died}")

@@ -64,6 +64,7 @@ from chiray.control.planning import Assignment, plan as plan_assignment
 from chiray.control.rescaleplan import RescaleOptions, Strategy, plan_steps, unreached
 from chiray.operators.graph import OperatorKind, PhysicalPlan, rescaled_plan
 
+from .controller import controller_host
 from .ophandle import OpHandle
 
 __all__ = ["RescaleHandle", "RescaleError", "STRATEGIES", "start_rescale"]
@@ -348,9 +349,8 @@ class RescaleRun(threading.Thread):
         added = list(topology.allocate_host_ids(len(missing)))  # never reused (peers forget retired ones)
         placement.update(zip(missing, added))
         used = set(placement.values())
-        controller = snap.controller
-        if getattr(controller, "hosted", False):  # the host the controller runs in stays, empty or not
-            used.add(controller.host_id)
+        if controller_host(snap.controller) is not None:  # the host the controller runs in stays, empty or not
+            used.add(controller_host(snap.controller))
         retiring = [h for h in snap.host_ids if h not in used]
         full = dict(snap.placement)
         full.update(placement)

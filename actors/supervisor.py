@@ -27,6 +27,7 @@ import ray
 from chiray.control.coordination import JobState
 
 from .config import JobConfig
+from .controller import controller_host
 from .errors import JobFailedError, OperatorError
 from .host import OperatorHost
 from .pool import kill, warm_pool
@@ -224,7 +225,7 @@ class Supervisor(threading.Thread):
         started = time.monotonic()
         dep = self.deployment
         topology = self.job.topology
-        if getattr(topology.controller, "hosted", False):  # the hosts go: the controller moves first
+        if controller_host(topology.controller) is not None:  # the hosts go: the controller moves first
             self._move_controller()
         with topology.lock:
             kill(topology.hosts())
@@ -278,10 +279,9 @@ class Supervisor(threading.Thread):
         ever. The new controller finds the checkpoints on storage; ops that
         were in flight fail.
         """
-        old = self.job.topology.controller
-        reason = "the job controller died"
-        if getattr(old, "hosted", False):
-            reason = f"host {old.host_id} died, and the job controller with it (it ran there)"
+        host = controller_host(self.job.topology.controller)
+        reason = ("the job controller died" if host is None else
+                  f"host {host} died, and the job controller with it (it ran there)")
         controller = self.make_controller()
         self._adopt_side_controllers(controller)
         self.job.topology.set_controller(controller)

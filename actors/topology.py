@@ -45,15 +45,13 @@ class ChangePrepared:
 
     Attributes:
         changed: its instances that apply the change when the op passes (they wait for it to finish).
-        held: its sources that stay open until the op has passed them, changed or not (they would
-            otherwise drop it once their input ended, and the instances after them would wait for it
-            for ever).
-        finished_sources: its sources that had already finished: the op cannot pass them.
+        held: its running sources, changed or not: they stay open until the op has passed them
+            (they would otherwise drop it once their input ended, and the instances after them
+            would wait for it for ever). A source that had already finished is not among them.
     """
 
     changed: tuple[InstanceId, ...]
     held: tuple[InstanceId, ...]
-    finished_sources: tuple[InstanceId, ...]
 
 
 @dataclasses.dataclass(frozen=True)

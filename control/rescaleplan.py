@@ -173,17 +173,20 @@ def acyclic_steps(chunks: Sequence[Sequence[int]], moves: Mapping[int, tuple[int
     return out
 
 
-def _reaches(edges: Mapping[int, set[int]], start: int, goal: int) -> bool:
-    seen, todo = {start}, [start]
+def _reaches(edges: Mapping[Any, Iterable[Any]], start: Any, goal: Any) -> bool:
+    return goal in _reachable(edges, [start])
+
+
+def _reachable(edges: Mapping[Any, Iterable[Any]], starts: Iterable[Any]) -> set:
+    """``starts`` and every node a path along ``edges`` leads to from one of them."""
+    seen = set(starts)
+    todo = list(seen)
     while todo:
-        node = todo.pop()
-        if node == goal:
-            return True
-        for nxt in edges.get(node, ()):
+        for nxt in edges.get(todo.pop(), ()):
             if nxt not in seen:
                 seen.add(nxt)
                 todo.append(nxt)
-    return False
+    return seen
 
 
 def unreached(plan: Any, live_sources: Iterable[tuple[str, int]],
@@ -202,11 +205,5 @@ def unreached(plan: Any, live_sources: Iterable[tuple[str, int]],
     edges: dict[tuple[str, int], list[tuple[str, int]]] = {}
     for ch in plan.channels:
         edges.setdefault(tuple(ch.src), []).append(tuple(ch.dst))
-    seen = set(live_sources)
-    todo = list(seen)
-    while todo:
-        for nxt in edges.get(todo.pop(), ()):
-            if nxt not in seen:
-                seen.add(nxt)
-                todo.append(nxt)
+    seen = _reachable(edges, live_sources)
     return [i for i in needed if i not in seen]
