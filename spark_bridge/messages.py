@@ -52,9 +52,10 @@ class Destination:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Push:
-    """One Arrow batch (an IPC stream) of one task attempt, from a Spark task to the reader.
+    """One Arrow IPC stream of one task attempt, from a Spark task to the reader.
 
-    ``unit`` is ``(epoch, partition)``; ``seq`` counts the attempt's batches from 0.
+    ``unit`` is ``(epoch, partition)``; ``seq`` counts the attempt's pushes from 0. ``data`` is an
+    Arrow buffer (``bytes`` also reads), which Ray ships out of band.
     """
 
     token: str
@@ -62,7 +63,7 @@ class Push:
     generation: int
     attempt: int
     seq: int
-    data: bytes
+    data: Any
     rows: int
 
 

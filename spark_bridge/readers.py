@@ -29,6 +29,7 @@ from chiray.operators import SplitAddress, SplitReader
 
 from .messages import Commit, CommitEpoch, Destination, EndStream, Fail, Push
 from .push import decode
+from .schema import conform
 from .staging import AttemptStage
 from .units import SparkUnitFailed, Unit
 
@@ -85,11 +86,13 @@ def empty(schema: pa.Schema) -> pa.RecordBatch:
     return pa.RecordBatch.from_pylist([], schema=schema)
 
 
-def _batch(data: list[bytes], schema: pa.Schema) -> pa.RecordBatch:
+def _batch(data: list[pa.Buffer], schema: pa.Schema) -> pa.RecordBatch:
+    """The pushed IPC streams ``data`` as one batch of ``schema`` (Spark's own batches arrive as Spark
+    wrote them: other string or time-zone types are cast here)."""
     batches = [b for chunk in data for b in decode(chunk)]
     if not batches:
         return empty(schema)
-    return batches[0] if len(batches) == 1 else pa.concat_batches(batches)
+    return conform(batches[0] if len(batches) == 1 else pa.concat_batches(batches), schema)
 
 
 class UnitReader(SplitReader):
@@ -106,7 +109,7 @@ class UnitReader(SplitReader):
         self._token = uuid.uuid4().hex
         self._destination: Destination | None = None
         self._stage = AttemptStage()
-        self._data: list[bytes] | None = None  # the committed attempt's batches
+        self._data: list[pa.Buffer] | None = None  # the committed attempt's batches
         self._error: str | None = None
         self._next_want: float | None = None
 
@@ -186,7 +189,7 @@ class LaneReader(SplitReader):
         self._next = next_epoch
         self._token = uuid.uuid4().hex
         self._stage = AttemptStage()  # keys: (epoch, partition, generation, attempt)
-        self._epochs: dict[int, tuple[int, list[bytes]]] = {}  # committed, not read: epoch -> (previous, data)
+        self._epochs: dict[int, tuple[int, list[pa.Buffer]]] = {}  # committed, not read: epoch -> (previous, data)
         self._last: int | None = None  # no epoch after this one will come
         self._end_error: str | None = None
         self._error: str | None = None
