@@ -257,28 +257,50 @@ class _SlotTable:
 
 
 class _KeyStore:
-    """The key of every slot, as Arrow: one consolidated array plus a short tail of chunks."""
+    """The key of every slot, as Arrow chunks whose sizes at least halve from one chunk to the next.
+
+    An append merges the new chunk into the ones before it while the one before is under twice its
+    size (a binary counter): each key is copied O(log n) times over the store's life, and an append
+    of a few keys copies only chunks about that small. A store kept as one array, consolidated on
+    the lookup after an append, copied every key it held whenever a batch brought a new key (and a
+    migration's new owner, once per step): a stall that grew with the state. A lookup gathers from
+    each chunk it hits, at most about log2(n) of them.
+    """
 
     def __init__(self, key_type: pa.DataType) -> None:
-        self._main = pa.array([], type=key_type)
-        self._tail: list[pa.Array] = []
-        self._tail_len = 0
+        self._type = key_type
+        self._chunks: list[pa.Array] = []
+        self._starts = np.zeros(1, dtype=np.int64)  # each chunk's first slot, then the end
 
     def __len__(self) -> int:
-        return len(self._main) + self._tail_len
+        return int(self._starts[-1])
 
     def append(self, keys: pa.Array) -> None:
-        self._tail.append(keys)
-        self._tail_len += len(keys)
-        if len(self._tail) >= 32 or self._tail_len >= len(self._main):
-            self._main = pa.concat_arrays([self._main, *self._tail])
-            self._tail, self._tail_len = [], 0
+        if not len(keys):
+            return
+        chunks = self._chunks
+        chunks.append(keys)
+        while len(chunks) > 1 and len(chunks[-2]) < 2 * len(chunks[-1]):
+            last = chunks.pop()
+            chunks[-1] = pa.concat_arrays([chunks[-1], last])
+        self._starts = np.concatenate([[0], np.cumsum([len(c) for c in chunks], dtype=np.int64)])
 
     def take(self, slots: np.ndarray) -> pa.Array:
-        if self._tail:  # consolidate once: a snapshot takes once per bin
-            self._main = pa.concat_arrays([self._main, *self._tail])
-            self._tail, self._tail_len = [], 0
-        return self._main.take(slots)
+        slots = np.asarray(slots, dtype=np.int64)
+        chunks = self._chunks
+        if len(chunks) <= 1 or not len(slots) or int(slots.max()) < self._starts[1]:
+            return (chunks[0] if chunks else pa.array([], type=self._type)).take(slots)
+        if int(slots.min()) < 0:
+            raise IndexError(f"slot {int(slots.min())} out of range")
+        which = np.searchsorted(self._starts, slots, side="right") - 1
+        order = np.argsort(which, kind="stable")
+        bounds = np.searchsorted(which[order], np.arange(len(chunks) + 1))
+        parts = [chunk.take(slots[order[lo:hi]] - self._starts[c])
+                 for c, (chunk, lo, hi) in enumerate(zip(chunks, bounds[:-1].tolist(), bounds[1:].tolist()))
+                 if hi > lo]
+        inverse = np.empty_like(order)
+        inverse[order] = np.arange(len(order))
+        return pa.concat_arrays(parts).take(inverse)
 
     def nbytes(self) -> int:
-        return self._main.nbytes + sum(chunk.nbytes for chunk in self._tail)
+        return sum(chunk.nbytes for chunk in self._chunks)

@@ -1,0 +1,56 @@
+"""The key index's key store: chunks that halve in size, lookups across them, and appends that leave the
+keys held before them in place (a store that consolidated into one array copied them all)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from chiray.operators.keyindex import KeyIndex, _KeyStore
+
+
+@pytest.mark.parametrize("kind", ["string", "int64"])
+def test_the_store_returns_the_key_of_every_slot_across_appends_of_any_size(kind: str) -> None:
+    rng = np.random.default_rng(7)
+    store, oracle = _KeyStore(pa.string() if kind == "string" else pa.int64()), []
+    for size in [1000, 3, 3, 500, 1, 0, 40, 2000, 7, 7, 7, 120, 4096, 1]:
+        values = list(range(len(oracle), len(oracle) + size))
+        keys = [f"k{v}" for v in values] if kind == "string" else values
+        store.append(pa.array(keys, type=pa.string() if kind == "string" else pa.int64()))
+        oracle.extend(keys)
+        assert len(store) == len(oracle)
+        slots = rng.integers(0, len(oracle), 300)
+        assert store.take(slots).to_pylist() == [oracle[s] for s in slots]  # any order, repeats
+        assert store.take(np.arange(len(oracle))).to_pylist() == oracle
+        assert store.take(np.zeros(0, dtype=np.int64)).to_pylist() == []
+    sizes = [len(chunk) for chunk in store._chunks]
+    assert all(a >= 2 * b for a, b in zip(sizes, sizes[1:]))  # each chunk at least twice the next
+    assert len(sizes) <= math.log2(len(oracle)) + 1
+    with pytest.raises(IndexError):
+        store.take(np.array([0, len(oracle)]))
+    with pytest.raises(IndexError):
+        store.take(np.array([len(oracle) - 1, -1]))
+
+
+def test_a_small_append_leaves_the_keys_held_before_in_place() -> None:
+    store = _KeyStore(pa.string())
+    store.append(pa.array([f"k{i}" for i in range(100_000)]))
+    first = store._chunks[0]
+    for i in range(50):  # a batch bringing a few new keys, then the lookup of the next batch
+        store.append(pa.array([f"new{i}-{j}" for j in range(5)]))
+        assert store.take(np.array([0, 99_999, len(store) - 1])).to_pylist()[:2] == ["k0", "k99999"]
+    assert store._chunks[0] is first  # not copied: 50 appends cost their own keys, not the 100,000 held
+
+
+def test_a_key_index_finds_every_key_after_many_small_additions() -> None:
+    index = KeyIndex(pa.string())
+    index.upsert(pa.array([f"k{i}" for i in range(20_000)]))
+    for step in range(30):
+        index.upsert(pa.array([f"k{i}" for i in range(step, 20_000, 997)] + [f"n{step}-{j}" for j in range(3)]))
+    everything = [f"k{i}" for i in range(20_000)] + [f"n{s}-{j}" for s in range(30) for j in range(3)]
+    slots, new = index.upsert(pa.array(everything))
+    assert new.size == 0 and slots.tolist() == list(range(len(everything)))
+    assert index.keys_at(slots[::-1]).to_pylist() == everything[::-1]
