@@ -14,6 +14,8 @@ from chiray.spark_bridge.messages import Commit, Push
 from chiray.spark_bridge.push import PushTarget, decode, encode, frame_messages, push_ipc_partition
 from chiray.spark_bridge.readers import UnitReader
 
+from .test_readers import FakeLink
+
 # what Spark writes with spark.sql.execution.arrow.useLargeVarTypes and a session time zone other than UTC
 SPARK_SCHEMA = pa.schema([("key", pa.large_string()), ("v", pa.int32()),
                           ("ts", pa.timestamp("us", tz="America/New_York"))])
@@ -60,17 +62,6 @@ def test_pushed_buffers_travel_out_of_band():
     buffers: list = []
     pickle.dumps(Push("t", (0, 1), 1, 2, 0, data, 1000), protocol=5, buffer_callback=buffers.append)
     assert sum(memoryview(b).nbytes for b in buffers) == data.size  # the data is not copied into the pickle
-
-
-class FakeLink:
-    def __init__(self) -> None:
-        self.calls: list[tuple] = []
-
-    def here(self):
-        return "this-host"
-
-    def call(self, method, *args):
-        self.calls.append((method, *args))
 
 
 def test_the_reader_casts_sparks_types_to_the_bridges_schema():
