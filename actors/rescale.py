@@ -58,7 +58,7 @@ import numpy as np
 import ray
 
 from chiray.control.coordination import JobState
-from chiray.control.oprun import OpFailedError, job_view
+from chiray.control.oprun import OpFailedError, OpTimeoutError, job_view
 from chiray.control.ops.migrate import MigrateBins, ReplicateBins
 from chiray.control.planning import Assignment, plan as plan_assignment
 from chiray.control.rescaleplan import RescaleOptions, Strategy, plan_steps, unreached
@@ -71,6 +71,8 @@ __all__ = ["RescaleHandle", "RescaleError", "STRATEGIES", "start_rescale"]
 
 STRATEGIES = tuple(s.value for s in Strategy)
 KEYED_STRATEGIES = tuple(s.value for s in Strategy if s.moves_bins)
+STEP_POLL_S = 1.0
+"""While a step's op runs, whether the job ended is checked this often."""
 
 
 class RescaleError(RuntimeError):
@@ -322,7 +324,7 @@ class RescaleRun(threading.Thread):
             handle = job.run_control(op, op_id=op_id)
         injected = time.monotonic()
         try:
-            result = handle.result(op.timeout_s)
+            result = self._wait_step(handle, op.timeout_s)
         except (OpFailedError, TimeoutError) as exc:
             self._abandon(str(exc))
             raise RescaleError(f"rescale of {self.operator!r} failed during a step: {exc}") from exc
@@ -339,6 +341,22 @@ class RescaleRun(threading.Thread):
                                   "extract_s": result.get("extract_s", 0.0)})
         if retiring:
             self._retire(retiring)
+
+    def _wait_step(self, handle: Any, timeout_s: float | None) -> Any:
+        """The step op's result, waiting up to ``timeout_s``; a job that ended meanwhile (its input did)
+        raises at once. The op of a step injected just before the input ended can reach instances that
+        finish without acting on it: it would only fail at its timeout."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            left = STEP_POLL_S if deadline is None else min(STEP_POLL_S, deadline - time.monotonic())
+            try:
+                return handle.result(max(left, 0.0))
+            except TimeoutError as exc:
+                if isinstance(exc, OpTimeoutError) or (deadline is not None and time.monotonic() >= deadline):
+                    raise
+                ended = self._ended_first(exc)
+                if ended is not None:
+                    raise ended from exc
 
     def _place(self, old: PhysicalPlan, new: PhysicalPlan) -> tuple[dict, list[int], list[int]]:
         """Placement after the change: each new instance on a new host; hosts left empty retire."""
