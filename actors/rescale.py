@@ -367,8 +367,9 @@ class RescaleRun(threading.Thread):
         added = list(topology.allocate_host_ids(len(missing)))  # never reused (peers forget retired ones)
         placement.update(zip(missing, added))
         used = set(placement.values())
-        if controller_host(snap.controller) is not None:  # the host the controller runs in stays, empty or not
-            used.add(controller_host(snap.controller))
+        controller_at = controller_host(snap.controller)
+        if controller_at is not None:  # the host the controller runs in stays, empty or not
+            used.add(controller_at)
         retiring = [h for h in snap.host_ids if h not in used]
         full = dict(snap.placement)
         full.update(placement)

@@ -115,10 +115,11 @@ def decode(data: pa.Buffer | bytes) -> list[pa.RecordBatch]:
 
 _END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"
 
+Frame = tuple[pa.Buffer, int]
+"""One push's data: an Arrow IPC stream and its row count."""
 
-def frame_messages(
-    messages: Iterator[bytes], schema: pa.Schema, batch_bytes: int
-) -> Iterator[tuple[pa.Buffer, int]]:
+
+def frame_messages(messages: Iterator[bytes], schema: pa.Schema, batch_bytes: int) -> Iterator[Frame]:
     """Spark's encapsulated record-batch ``messages`` (written with ``schema``) as IPC streams of about
     ``batch_bytes``, with their row counts; the batches are not decoded, only checked.
 
@@ -129,7 +130,7 @@ def frame_messages(
     again took three.
     """
     head = schema.serialize()
-    pending: list[Any] = [head]
+    pending: list[bytes] = []
     size = rows = 0
     for message in messages:
         batch = pa.ipc.read_record_batch(pa.py_buffer(message), schema)
@@ -140,10 +141,10 @@ def frame_messages(
         size += len(message)
         rows += batch.num_rows
         if size >= batch_bytes:
-            yield pa.py_buffer(b"".join([*pending, _END_OF_STREAM])), rows
-            pending, size, rows = [head], 0, 0
+            yield pa.py_buffer(b"".join([head, *pending, _END_OF_STREAM])), rows
+            pending, size, rows = [], 0, 0
     if rows:
-        yield pa.py_buffer(b"".join([*pending, _END_OF_STREAM])), rows
+        yield pa.py_buffer(b"".join([head, *pending, _END_OF_STREAM])), rows
 
 
 def _coordinator(target: PushTarget) -> Any:
@@ -256,10 +257,6 @@ class _Pusher:
                 answer = None
             self.lost = self.lost or answer is None
             self.accepted = self.accepted and bool(answer)
-
-
-Frame = tuple[pa.Buffer, int]
-"""One push's data: an Arrow IPC stream and its row count."""
 
 
 def _route(

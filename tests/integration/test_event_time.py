@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 import pytest
 import ray
 
-from chiray.actors.rescale import RescaleError
+from chiray import RescaleError
 from chiray.operators import Dataflow, bounded_out_of_orderness, generate, tumbling
 
 pytestmark = pytest.mark.usefixtures("ray_session")
