@@ -12,9 +12,11 @@ channel sees control messages in one order.
 Expected inputs of an op at an instance: its data input channels that have
 not ended, the controller (for a source), and the senders of the op's extra
 edges that point at it. A channel added by a rescale *joins* with the op that
-activates it (:meth:`ControlProcessor.join`): that op and every later one
-expect it, earlier ones do not (its sender never sees them). Only the owning
-instance touches a processor.
+activates it (:meth:`ControlProcessor.join`): that op and every later one (by
+global sequence) expect it, earlier ones do not (its sender never sees them),
+even where an earlier op first arrives here after the activating one did (it
+can come over the new channel before an earlier op comes over an old one).
+Only the owning instance touches a processor.
 """
 
 from __future__ import annotations
@@ -109,6 +111,7 @@ class ControlProcessor:
         self._blocking: dict[Hashable, int] = {}  # input -> pending blocking ops that hold it
         self._changes: list[tuple[Hashable, bool]] = []
         self._joins: dict[str, list[Hashable]] = {}
+        self._joined: dict[Hashable, int] = {}  # joined input -> seq of the op that activated it
 
     def join(self, op_id: str, channels: Iterable[Hashable]) -> None:
         """New input ``channels`` take part in op ``op_id`` (activated by it) and every later op."""
@@ -122,6 +125,8 @@ class ControlProcessor:
     def expected(self, message: ControlMessage) -> frozenset:
         """The inputs ``message`` must arrive on at this instance."""
         exp: set[Hashable] = {ch for ch in self.inputs if ch not in self.ended} if self.ended else set(self.inputs)
+        if self._joined:  # inputs that an op after this one activated never carry it
+            exp.difference_update(ch for ch, seq in self._joined.items() if seq > message.seq)
         if self.is_source:
             exp.add(CONTROLLER)
         if message.extra_edges:
@@ -133,7 +138,9 @@ class ControlProcessor:
         """``message`` arrived on input ``source``; return the ops that completed, in order."""
         pending = self._pending.get(message.op_id)
         if pending is None:
-            self.inputs.extend(self._joins.pop(message.op_id, ()))
+            joined = self._joins.pop(message.op_id, ())
+            self.inputs.extend(joined)
+            self._joined.update(dict.fromkeys(joined, message.seq))
             op = message.op
             handler = None if handles_nothing(op.Instance) else op.Instance(op, message.configs.get(self.instance))
             expected = self.expected(message)
@@ -232,6 +239,8 @@ class ControlProcessor:
     def _complete(self, message: ControlMessage, handler: Any, ctx: Any) -> Completion:
         """Run ``on_complete`` and ``on_dispose`` (none for an op that handles nothing here)."""
         self.completed += 1
+        if self._joined:  # every earlier op has arrived here on the old inputs, before this one
+            self._joined = {ch: seq for ch, seq in self._joined.items() if seq > message.seq}
         if handler is None:
             return Completion(message, {})
         attaching = _Attaching(ctx, message)

@@ -276,6 +276,39 @@ def test_input_ended_releases_several_in_order():
     assert [t for t, e, _ in log if e == "complete"] == ["A", "B"]
 
 
+def test_an_earlier_op_arriving_after_a_joining_op_does_not_expect_the_joined_inputs():
+    """A rescale's op (seq 1) activates inputs 7 and 8 here. It can come over them before an op
+    injected just before it (seq 0, a checkpoint) comes over the old input 0: the earlier op is never
+    sent on 7 or 8, so it completes on input 0 alone, and the joining op after it."""
+    log: list = []
+    proc = ControlProcessor(ME, [0], is_source=False)
+    ctx = FakeContext()
+    checkpoint = message(Logged(log, "checkpoint"), 0)
+    rescale = message(Logged(log, "rescale", blocking=False), 1)
+    proc.join(rescale.op_id, [7, 8])
+    assert proc.arrive(rescale, 7, ctx) == []
+    assert proc.arrive(rescale, 8, ctx) == []
+    assert proc.expected(checkpoint) == {0}
+    assert proc.expected(rescale) == {0, 7, 8}
+    done = proc.arrive(checkpoint, 0, ctx)
+    assert [c.message.op_id for c in done] == [checkpoint.op_id]
+    done = proc.arrive(rescale, 0, ctx)
+    assert [c.message.op_id for c in done] == [rescale.op_id]
+    later = message(Logged(log, "later"), 2)
+    assert proc.expected(later) == {0, 7, 8}, "ops after the joining one expect the new inputs"
+    assert [t for t, e, _ in log if e == "complete"] == ["checkpoint", "rescale"]
+
+
+def test_an_op_arriving_before_the_joining_one_keeps_its_expected_inputs():
+    proc = ControlProcessor(ME, [0], is_source=False)
+    ctx = FakeContext()
+    checkpoint = message(Logged([], "checkpoint"), 0)
+    rescale = message(Logged([], "rescale", blocking=False), 1)
+    proc.join(rescale.op_id, [7])
+    assert proc.arrive(checkpoint, 0, ctx) and proc.arrive(rescale, 7, ctx) == []
+    assert [c.message.op_id for c in proc.arrive(rescale, 0, ctx)] == [rescale.op_id]
+
+
 class HoldsNothingHere(Logged):
     """A blocking op whose handler leaves this instance's inputs free."""
 
