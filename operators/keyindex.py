@@ -90,17 +90,21 @@ class KeyIndex:
         """Make room for ``total`` keys in all: a new table sized for them, refilled from the keys held
         (their cost, not the room's). Growing past ``total`` later works as before."""
         n = len(self)
-        if total <= max(n, len(self._hash)):
-            return
-        hashes = self._hash[:n]
-        masked = hashes & self._table_mask
+        if total > len(self._hash):
+            grown = np.zeros(total, dtype=np.uint64)
+            grown[:n] = self._hash[:n]
+            self._hash = grown
+        if total > max(self._table.capacity, n):
+            self._refill_table(total)
+
+    def _refill_table(self, total: int) -> None:
+        """A table sized for ``total`` keys, holding the entries of the one before."""
+        n = len(self)
+        masked = self._hash[:n] & self._table_mask
         slots = np.arange(n)
         held = self._table.find(masked) == slots  # the slot that holds its hash's entry (others: overflow)
         self._table = _SlotTable(total)
         self._table.put(masked[held], slots[held])
-        grown = np.zeros(total, dtype=np.uint64)
-        grown[:n] = hashes
-        self._hash = grown
 
     def __len__(self) -> int:
         return len(self._keys)
@@ -182,6 +186,8 @@ class KeyIndex:
 
     def _add(self, keys: pa.Array, hashes: np.ndarray) -> np.ndarray:
         start, end = len(self), len(self) + len(keys)
+        if end > SHARD_ABOVE and self._table.shards == 1:  # split once; later growth rehashes a shard
+            self._refill_table(max(end, 2 * SHARD_ABOVE))
         if end > len(self._hash):
             grown = np.zeros(max(end, 2 * len(self._hash)), dtype=np.uint64)
             grown[:start] = self._hash[:start]
@@ -227,15 +233,47 @@ def _keys_equal(a: pa.Array, b: pa.Array) -> np.ndarray:
     return eq.to_numpy(zero_copy_only=False)
 
 
+SHARD_ABOVE = 1 << 20
+"""Keys above which the ``hash -> slot`` table is split into ``SHARDS`` tables by the hashes' low bits.
+
+pandas sizes a table for at most about 1.6M entries up front (it caps the size hint), and each growth
+past that rehashes every entry in one stall: 80-110 ms at 1.6M keys here, doubling with each growth
+(a migration's new owner hit it in the middle of a step). Split, a growth rehashes one shard, and a
+table made for more keys (``KeyIndex.reserve``) grows no more until it holds them."""
+SHARDS = 16
+
+
 class _SlotTable:
-    """``hash -> slot`` in pandas' C hash table (``Int64HashTable``: 10x a NumPy probing loop here)."""
+    """``hash -> slot`` in pandas' C hash table (``Int64HashTable``: 10x a NumPy probing loop here).
+
+    Tables made for more than ``SHARD_ABOVE`` keys are ``SHARDS`` tables, each holding the hashes
+    whose low bits are its number (the top bits are the key's bin, shared by the keys of an instance).
+    A lookup then groups its hashes by shard: about 40 us more per 5,000 keys.
+    """
 
     def __init__(self, expected: int = 0) -> None:
-        self._table = _int64_hash_table(expected)
+        self.capacity = int(expected)
+        self.shards = SHARDS if expected > SHARD_ABOVE else 1
+        per = -(-self.capacity // self.shards)
+        self._tables = [_int64_hash_table(per) for _ in range(self.shards)]
+
+    def _by_shard(self, hashes: np.ndarray) -> tuple[np.ndarray, list[int]]:
+        """The order that groups ``hashes`` by shard, and where each shard's group starts and ends."""
+        shard = (hashes & np.uint64(self.shards - 1)).astype(np.uint8)
+        order = np.argsort(shard, kind="stable")
+        return order, np.searchsorted(shard[order], np.arange(self.shards + 1)).tolist()
 
     def find(self, hashes: np.ndarray) -> np.ndarray:
         """The slot stored under each hash, or -1."""
-        return self._table.lookup(hashes.view(np.int64))
+        if self.shards == 1:
+            return self._tables[0].lookup(hashes.view(np.int64))
+        order, bounds = self._by_shard(hashes)
+        grouped = hashes[order].view(np.int64)
+        found = np.empty(len(hashes), dtype=np.int64)
+        for table, lo, hi in zip(self._tables, bounds[:-1], bounds[1:]):
+            if hi > lo:
+                found[order[lo:hi]] = table.lookup(grouped[lo:hi])
+        return found
 
     def insert(self, hashes: np.ndarray, slots: np.ndarray) -> np.ndarray:
         """Store ``hash -> slot`` pairs; returns False where the hash was already taken."""
@@ -249,11 +287,19 @@ class _SlotTable:
 
     def put(self, hashes: np.ndarray, slots: np.ndarray) -> None:
         """Store ``hash -> slot`` pairs known to be distinct and absent."""
-        self._table.map_keys_to_values(hashes.view(np.int64), slots.astype(np.int64))
+        slots = slots.astype(np.int64)
+        if self.shards == 1:
+            self._tables[0].map_keys_to_values(hashes.view(np.int64), slots)
+            return
+        order, bounds = self._by_shard(hashes)
+        grouped, slots = hashes[order].view(np.int64), slots[order]
+        for table, lo, hi in zip(self._tables, bounds[:-1], bounds[1:]):
+            if hi > lo:
+                table.map_keys_to_values(grouped[lo:hi], slots[lo:hi])
 
     def nbytes(self) -> int:
-        """The table's allocated bytes."""
-        return int(self._table.sizeof())
+        """The tables' allocated bytes."""
+        return sum(int(table.sizeof()) for table in self._tables)
 
 
 class _KeyStore:
