@@ -260,8 +260,8 @@ class _SlotTable:
     def _by_shard(self, hashes: np.ndarray) -> tuple[np.ndarray, list[int]]:
         """The order that groups ``hashes`` by shard, and where each shard's group starts and ends."""
         shard = (hashes & np.uint64(self.shards - 1)).astype(np.uint8)
-        order = np.argsort(shard, kind="stable")
-        return order, np.searchsorted(shard[order], np.arange(self.shards + 1)).tolist()
+        order = np.argsort(shard, kind="stable")  # a radix sort of small integers
+        return order, [0, *np.cumsum(np.bincount(shard, minlength=self.shards)).tolist()]
 
     def find(self, hashes: np.ndarray) -> np.ndarray:
         """The slot stored under each hash, or -1."""
@@ -270,9 +270,8 @@ class _SlotTable:
         order, bounds = self._by_shard(hashes)
         grouped = hashes[order].view(np.int64)
         found = np.empty(len(hashes), dtype=np.int64)
-        for table, lo, hi in zip(self._tables, bounds[:-1], bounds[1:]):
-            if hi > lo:
-                found[order[lo:hi]] = table.lookup(grouped[lo:hi])
+        found[order] = np.concatenate([table.lookup(grouped[lo:hi]) for table, lo, hi
+                                       in zip(self._tables, bounds[:-1], bounds[1:])])
         return found
 
     def insert(self, hashes: np.ndarray, slots: np.ndarray) -> np.ndarray:
