@@ -31,6 +31,8 @@ __all__ = ["build", "warm_up", "WarmState", "counted", "source_records", "state_
            "loadavg", "PARALLELISM"]
 
 PARALLELISM = 2
+WIDE_S = 3.0
+"""Seconds over which :func:`warm_up` measures the capacity of the widened layout."""
 
 
 def build(name: str, rate: float | None, keys: int, batch_size: int, sink: Any = None,
@@ -66,21 +68,26 @@ class WarmState:
         capacity: records/s the unthrottled job counted over the last part of the warm-up.
         keys_held: keys in the count operator's state when the checkpoint was taken.
         seconds: how long the warm-up took (submit to cancel).
+        wide_capacity: records/s the same job counted after the checkpoint, rescaled to the
+            ``widen_to`` parallelism of :func:`warm_up` (None without it).
     """
 
     path: str
     capacity: float
     keys_held: int
     seconds: float
+    wide_capacity: float | None = None
 
 
 def warm_up(keys: int, batch_size: int, root: str, coverage: float = 0.99, min_s: float = 3.0,
-            timeout_s: float = 300.0, num_bins: int | None = None) -> WarmState:
+            timeout_s: float = 300.0, num_bins: int | None = None, widen_to: int | None = None) -> WarmState:
     """Fill the state unthrottled, measure capacity, checkpoint into ``root``, stop.
 
     Runs at least ``min_s`` and until the count operator has taken in
     ``-keys * ln(1 - coverage)`` records; capacity is the rate over the
-    second half of the run (at least the last second).
+    second half of the run (at least the last second). ``widen_to``: after the
+    checkpoint, rescale the count to that parallelism (all at once) and measure
+    the capacity of that layout too, over ``WIDE_S`` seconds.
     """
     started = time.perf_counter()
     needed = math.ceil(-keys * math.log(1.0 - coverage))
@@ -102,10 +109,17 @@ def warm_up(keys: int, batch_size: int, root: str, coverage: float = 0.99, min_s
         capacity = (end_n - start_n) / (end_t - start_t)
         checkpoint_id = job.checkpoint(timeout=120)
         keys_held = int(job.metrics().operators["count"]["keys"])
+        wide = None
+        if widen_to is not None:
+            job.rescale("count", widen_to, strategy="all_at_once").result(600)
+            time.sleep(WIDE_S / 4)  # the backlog of the rescale drains
+            t1, n1 = time.perf_counter(), counted(job) or 0
+            time.sleep(WIDE_S)
+            wide = ((counted(job) or 0) - n1) / (time.perf_counter() - t1)
     finally:
         job.cancel()
     path = os.path.join(root, f"chk-{checkpoint_id:06d}")
-    return WarmState(path, capacity, keys_held, time.perf_counter() - started)
+    return WarmState(path, capacity, keys_held, time.perf_counter() - started, wide)
 
 
 def source_records(manifest: dict[str, Any], batch_size: int) -> tuple[int, int]:
