@@ -84,6 +84,10 @@ class BinnedState(abc.ABC):
     def bin_sizes(self) -> dict[int, int]:
         """Approximate bytes per non-empty bin."""
 
+    def prepare_moves(self) -> None:
+        """Bins may move soon (a rescale's planner asked for this state's metrics): get ready without
+        stalling the owner. By default nothing."""
+
     def snapshot_later(self, bins: Iterable[int]) -> Callable[[], dict[int, bytes]]:
         """Capture ``bins`` now; serialise them when the returned function is called (off the hot path).
 
@@ -577,6 +581,11 @@ class ColumnarAggState(BinnedState):
     def bin_key_counts(self) -> dict[int, int]:
         counts = self._bin_counts()
         return {int(b): int(counts[b]) for b in np.flatnonzero(counts)}
+
+    def prepare_moves(self) -> None:
+        """Sort the index of each bin's slots in the background (``BinSlots.prepare``): the first
+        step's extraction then finds it ready rather than sorting every slot's bin first."""
+        self._slots_of.prepare(self._bin[: self._n])
 
     def bin_sizes(self) -> dict[int, int]:
         """Approximate bytes per non-empty bin (keys counted at their average size)."""

@@ -60,6 +60,9 @@ def instance_metrics(ctx: Any) -> dict[str, Any]:
         out["state_memory_bytes"] = int(memory()) if memory is not None else out["state_bytes"]
         out["keys_per_bin"] = counts
         out["bytes_per_bin"] = sizes
+        prepare = getattr(state, "prepare_moves", None)
+        if prepare is not None:  # a rescale's planner asks for these first: its bins may move next
+            prepare()
     loads = {}
     for router in ctx.routers:
         counts = getattr(router, "bin_counts", None)

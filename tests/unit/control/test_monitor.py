@@ -115,3 +115,32 @@ def test_monitor_while_data_flows_reports_every_instance_once():
         assert before[name] <= metrics["records_in"] <= after[name], name
     src.hold_end = False
     assert run.run(max_rounds=200_000)["out"].num_rows == sum(src.rows_per_split)
+
+
+def test_metrics_of_a_columnar_state_start_sorting_its_bins_slots_in_the_background():
+    """A rescale's planner asks for metrics first: the state then sorts its bins' slots on the worker
+    thread, so that the first step's extraction does not sort them on the owner's thread."""
+    import types
+
+    import numpy as np
+    import pyarrow as pa
+
+    from chiray.control.ops.monitor import instance_metrics
+    from chiray.operators.hashing import bins_of
+    from chiray.operators.state import Accumulator, ColumnarAggState
+
+    state = ColumnarAggState(64)
+    state.configure(pa.string(), [Accumulator("n", "sum", "int64")])
+    keys = pa.array([f"k{i}" for i in range(5000)])
+    state.update(keys, {"n": np.ones(5000, dtype=np.int64)})
+    stats = types.SimpleNamespace(records_in=0, records_out=0, batches_in=0, queued_batches=0, queued_bytes=0,
+                                  backpressured_s=0.0, busy_s=0.0)
+    ctx = types.SimpleNamespace(statistics=lambda: stats, state=state, routers=[])
+    assert state._slots_of._building is None
+    metrics = instance_metrics(ctx)
+    assert metrics["keys"] == 5000
+    assert state._slots_of._building is not None, "no background sort began"
+    state.extract_bins([3, 40])  # the first extraction takes the run sorted in the background
+    assert state._slots_of._building is None
+    left = state.keys_at(state.slots()).to_pylist()
+    assert sorted(left) == sorted(np.array(keys.to_pylist())[~np.isin(bins_of(keys, 64), [3, 40])].tolist())

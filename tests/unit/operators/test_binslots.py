@@ -19,8 +19,11 @@ from chiray.operators.hashing import bins_of
 from chiray.operators.state import Accumulator, ColumnarAggState
 
 
+@pytest.mark.parametrize("background", [False, True], ids=["", "sorted-in-the-background"])
 @pytest.mark.parametrize("seed", range(40))
-def test_the_slots_of_bins_equal_a_pass_over_every_slot(seed, monkeypatch):
+def test_the_slots_of_bins_equal_a_pass_over_every_slot(seed, background, monkeypatch):
+    """With ``background``, the run is also sorted on the worker thread from copies taken at random
+    points, while slots are added, bins leave and come back, and slots are renumbered."""
     rng, r = np.random.default_rng(seed), random.Random(seed)
     num_bins = r.choice([4, 16, 64])
     monkeypatch.setattr(binslots, "MIN_TAIL", r.choice([1, 4, 64]))
@@ -46,6 +49,10 @@ def test_the_slots_of_bins_equal_a_pass_over_every_slot(seed, monkeypatch):
         elif action < 0.8:  # compaction renumbers the slots
             bin_of = bin_of[bin_of != num_bins].copy()
             index.invalidate()
+        elif background and action < 0.86:  # a rescale's planner asked for metrics: sort in the background
+            index.prepare(bin_of)
+            if r.random() < 0.5 and index._building is not None:
+                index._building.future.result()  # done before what follows (else it may still run)
         else:
             bins = r.sample(range(num_bins), r.randrange(1, num_bins))
             got = index.slots_in(bins, bin_of)
@@ -133,3 +140,22 @@ def test_a_state_that_reserved_room_before_it_learnt_its_layout_installs_bins_un
     configured.reserve(100)
     configured.update(pa.array(["x", "y"]), {"n": np.array([1, 2])})
     assert _contents(configured) == {"x": 6, "y": 2}
+
+
+def test_a_prepared_index_answers_its_first_question_without_sorting_on_the_owners_thread(monkeypatch):
+    """The first question after ``prepare`` takes the run sorted in the background; it sorts nothing
+    itself (the owner's stall that ``prepare`` exists to avoid)."""
+    num_bins = 64
+    bin_of = np.random.default_rng(3).integers(0, num_bins, 50_000).astype(np.int32)
+    index = BinSlots(num_bins)
+    index.prepare(bin_of)
+    index._building.future.result()
+    bin_of[bin_of == 5] = num_bins  # bin 5 leaves after the copy was taken
+    index.removed([5], bin_of)
+    bin_of = np.concatenate([bin_of, np.array([7, 5], dtype=np.int32)])  # a new key, and bin 5 comes back
+    index.added(np.array([50_000, 50_001]))
+    sorted_here = []
+    monkeypatch.setattr(binslots, "_sorted_run", lambda *a: sorted_here.append(1))
+    for bins in ([5], [7], [5, 7, 9]):
+        assert sorted(index.slots_in(bins, bin_of).tolist()) == np.flatnonzero(np.isin(bin_of, bins)).tolist()
+    assert not sorted_here
