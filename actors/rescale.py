@@ -258,6 +258,7 @@ class RescaleRun(threading.Thread):
         incoming: dict[int, int] = {}  # new owner -> keys the rescale brings it
         for b, (_, new_owner) in result.moves.items():
             incoming[new_owner] = incoming.get(new_owner, 0) + keys_per_bin.get(b, 0)
+        retiring = list(range(self.parallelism, old_p))  # a scale-in's old owners that go
         for k, chunk in enumerate(chunks):
             for b in chunk:
                 table[b] = result.table[b]
@@ -275,7 +276,8 @@ class RescaleRun(threading.Thread):
             op = MigrateBins(self.operator, list(table), moves, blocking, key, replicas,
                              timeout_s=self.knobs.get("step_timeout_s", 120.0),
                              everywhere=self.strategy == "all_at_once",
-                             reserve={i: n for i, n in incoming.items() if n} if k == 0 else None)
+                             reserve={i: n for i, n in incoming.items() if n} if k == 0 else None,
+                             retiring=retiring)
             self._step(job.plan, new_plan, op)
             gap = self.knobs.get("gap_s", 0.0)
             if gap and not last:

@@ -82,6 +82,8 @@ class MigrateBins(ControlOp):
         reserve: new owner's index -> keys the whole rescale brings it (the first step carries it):
             a new owner whose state is small makes room for them at once (``BinnedState.reserve``),
             before the bins arrive, rather than growing in stalls while they do.
+        retiring: indexes of old owners that give away every bin in the whole rescale (a
+            scale-in): their states are told so (``BinnedState.retire``) before bins leave.
 
     Its result: {"bins": bins moved, "bytes": bytes moved, "reloaded": bins reloaded from replicas}.
     """
@@ -91,9 +93,11 @@ class MigrateBins(ControlOp):
     def __init__(self, operator: str, table: list[int] | None, moves: Mapping[int, tuple[int, int]],
                  blocking: bool = True, key: str | Sequence[str] | None = None,
                  replicas: Mapping[int, int] | None = None, timeout_s: float | None = 120.0,
-                 everywhere: bool = True, reserve: Mapping[int, int] | None = None):
+                 everywhere: bool = True, reserve: Mapping[int, int] | None = None,
+                 retiring: Sequence[int] = ()):
         super().__init__()
         self.everywhere = everywhere
+        self.retiring = frozenset(int(i) for i in retiring)
         self.reserve = {int(i): int(n) for i, n in (reserve or {}).items()}
         self.operator = operator
         self.table = list(table) if table is not None else None
@@ -167,6 +171,9 @@ class MigrateBins(ControlOp):
             if not self.config or not self.config["send"]:
                 return
             state = ctx.state
+            retire = getattr(state, "retire", None) if ctx.instance[1] in op.retiring else None
+            if retire is not None:  # it gives every bin away in this rescale: nothing to compact
+                retire()
             sent = nbytes = reloaded = 0
             started = time.perf_counter()
             for target, bins in self.config["send"].items():

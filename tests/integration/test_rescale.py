@@ -184,7 +184,8 @@ def test_a_large_state_moves_exactly_with_every_strategy(tmp_path):
     """The ``--large`` migration benchmark scaled down: many keys per bin, so bins move as slices of
     big columns. A scale-out's new owner reserves room for what the rescale brings it, old owners
     find their bins' slots without a pass over the state, and one bin a step (fluid) drains a
-    retiring owner until it compacts. The counts equal a plain count of the records sent."""
+    retiring owner to empty (told it retires, it never compacts). The counts equal a plain count of
+    the records sent."""
     stop = str(tmp_path / "stop")
     counted = UntilStopped(generate(None, rate=60_000, batch_size=2000, num_keys=LARGE_KEYS, num_splits=2,
                                     seed=11), stop, "counted")
