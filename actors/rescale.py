@@ -60,6 +60,7 @@ import ray
 from chiray.control.coordination import JobState
 from chiray.control.oprun import OpFailedError, OpTimeoutError, job_view
 from chiray.control.ops.migrate import MigrateBins, ReplicateBins
+from chiray.control.ops.monitor import Monitor
 from chiray.control.planning import Assignment, plan as plan_assignment
 from chiray.control.rescaleplan import RescaleOptions, Strategy, plan_steps, unreached
 from chiray.operators.graph import OperatorKind, PhysicalPlan, rescaled_plan
@@ -229,7 +230,9 @@ class RescaleRun(threading.Thread):
         keys_per_bin: dict[int, int] = {}
         needs_metrics = self.planner == "ssm" or self.knobs.get("priority", "hot_first") == "hot_first"
         if needs_metrics and self.assignment is None:
-            metrics = job.metrics(timeout=self.knobs.get("step_timeout_s", 120.0))
+            # the operator's states ready their bins' slots for the first step meanwhile
+            metrics = job.run_control(Monitor(prepare_moves=self.operator)).result(
+                self.knobs.get("step_timeout_s", 120.0))
             loads = metrics.bin_loads.get(self.operator)
             sizes = metrics.bin_bytes.get(self.operator)
             for (name, _), m in metrics.instances.items():

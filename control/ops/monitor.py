@@ -41,8 +41,9 @@ class MonitorResult:
     bin_bytes: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
 
 
-def instance_metrics(ctx: Any) -> dict[str, Any]:
-    """The metrics of one instance, read through its control context."""
+def instance_metrics(ctx: Any, prepare_moves: bool = False) -> dict[str, Any]:
+    """The metrics of one instance, read through its control context. ``prepare_moves``: its bins
+    are about to move (``BinnedState.prepare_moves``)."""
     stats = ctx.statistics()
     out: dict[str, Any] = {
         "records_in": stats.records_in, "records_out": stats.records_out,
@@ -60,8 +61,8 @@ def instance_metrics(ctx: Any) -> dict[str, Any]:
         out["state_memory_bytes"] = int(memory()) if memory is not None else out["state_bytes"]
         out["keys_per_bin"] = counts
         out["bytes_per_bin"] = sizes
-        prepare = getattr(state, "prepare_moves", None)
-        if prepare is not None:  # a rescale's planner asks for these first: its bins may move next
+        prepare = getattr(state, "prepare_moves", None) if prepare_moves else None
+        if prepare is not None:
             prepare()
     loads = {}
     for router in ctx.routers:
@@ -77,9 +78,12 @@ class Monitor(ControlOp):
 
     blocking = False
 
-    def __init__(self, timeout_s: float | None = 60.0):
+    def __init__(self, timeout_s: float | None = 60.0, prepare_moves: str | None = None):
+        """``prepare_moves``: the operator a rescale is about to plan for (its planner asks for
+        these metrics first): its instances get their state ready for bins to move."""
         super().__init__()
         self.timeout_s = timeout_s
+        self.prepare_moves = prepare_moves
 
     class Instance(InstanceHandler):
         def on_begin(self, ctx: Any) -> None:
@@ -90,7 +94,8 @@ class Monitor(ControlOp):
                 self.collected.update(payload)
 
         def on_complete(self, ctx: Any) -> None:
-            self.collected[ctx.instance] = instance_metrics(ctx)
+            moving = ctx.instance[0] == self.op.prepare_moves  # type: ignore[attr-defined]
+            self.collected[ctx.instance] = instance_metrics(ctx, prepare_moves=moving)
             downstream = ctx.downstream
             ctx.attach(downstream[0] if downstream else CONTROLLER, self.collected)
 

@@ -118,8 +118,9 @@ def test_monitor_while_data_flows_reports_every_instance_once():
 
 
 def test_metrics_of_a_columnar_state_start_sorting_its_bins_slots_in_the_background():
-    """A rescale's planner asks for metrics first: the state then sorts its bins' slots on the worker
-    thread, so that the first step's extraction does not sort them on the owner's thread."""
+    """A rescale's planner asks for metrics first (``Monitor(prepare_moves=operator)``): the state then
+    sorts its bins' slots on the worker thread, so that the first step's extraction does not sort them
+    on the owner's thread. Other metrics requests (the autoscaler's, every few seconds) do not."""
     import types
 
     import numpy as np
@@ -137,7 +138,9 @@ def test_metrics_of_a_columnar_state_start_sorting_its_bins_slots_in_the_backgro
                                   backpressured_s=0.0, busy_s=0.0)
     ctx = types.SimpleNamespace(statistics=lambda: stats, state=state, routers=[])
     assert state._slots_of._building is None
-    metrics = instance_metrics(ctx)
+    assert instance_metrics(ctx)["keys"] == 5000
+    assert state._slots_of._building is None, "plain metrics (an autoscaler's) prepare nothing"
+    metrics = instance_metrics(ctx, prepare_moves=True)
     assert metrics["keys"] == 5000
     assert state._slots_of._building is not None, "no background sort began"
     state.extract_bins([3, 40])  # the first extraction takes the run sorted in the background
