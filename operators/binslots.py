@@ -170,17 +170,14 @@ class BinSlots:
         assert building is not None
         self._run, self._lo, self._hi = building.future.result()
         copied = building.bins
-        if building.removed:
-            b = np.fromiter(building.removed, dtype=np.int64)
-            self._hi[b] = self._lo[b]
+        gone = np.zeros(self._num_bins + 1, dtype=bool)
+        gone[list(building.removed)] = True
+        self._hi[gone] = self._lo[gone]
         tail = self._tail[: self._tail_n]
         old = tail < len(copied)
         placed = np.zeros(len(tail), dtype=bool)
         placed[old] = copied[tail[old]] == bin_of[tail[old]]
-        if building.removed:
-            gone = np.zeros(self._num_bins + 1, dtype=bool)
-            gone[list(building.removed)] = True
-            placed &= ~gone[bin_of[tail]]
+        placed &= ~gone[bin_of[tail]]
         kept = tail[~placed]
         self._tail[: len(kept)] = kept
         self._tail_n = len(kept)

@@ -171,9 +171,8 @@ class MigrateBins(ControlOp):
             if not self.config or not self.config["send"]:
                 return
             state = ctx.state
-            retire = getattr(state, "retire", None) if ctx.instance[1] in op.retiring else None
-            if retire is not None:  # it gives every bin away in this rescale: nothing to compact
-                retire()
+            if ctx.instance[1] in op.retiring:  # it gives every bin away in this rescale: nothing to compact
+                state.retire()
             sent = nbytes = reloaded = 0
             started = time.perf_counter()
             for target, bins in self.config["send"].items():

@@ -61,9 +61,8 @@ def instance_metrics(ctx: Any, prepare_moves: bool = False) -> dict[str, Any]:
         out["state_memory_bytes"] = int(memory()) if memory is not None else out["state_bytes"]
         out["keys_per_bin"] = counts
         out["bytes_per_bin"] = sizes
-        prepare = getattr(state, "prepare_moves", None) if prepare_moves else None
-        if prepare is not None:
-            prepare()
+        if prepare_moves:
+            state.prepare_moves()
     loads = {}
     for router in ctx.routers:
         counts = getattr(router, "bin_counts", None)

@@ -11,6 +11,7 @@ routed per bin).
 from __future__ import annotations
 
 import collections
+import types
 from typing import Any
 
 import numpy as np
@@ -21,8 +22,10 @@ from chiray.actors.config import JobConfig
 from chiray.actors.harness import LocalRun
 from chiray.control.oprun import OpState
 from chiray.control.ops import Monitor, MonitorResult
+from chiray.control.ops.monitor import instance_metrics
 from chiray.operators import Dataflow, collect
 from chiray.operators.hashing import bins_of
+from chiray.operators.state import Accumulator, ColumnarAggState
 
 from .support import SEQ_SCHEMA, SeqSource, all_instances, ops_done, run_until
 
@@ -121,15 +124,6 @@ def test_metrics_of_a_columnar_state_start_sorting_its_bins_slots_in_the_backgro
     """A rescale's planner asks for metrics first (``Monitor(prepare_moves=operator)``): the state then
     sorts its bins' slots on the worker thread, so that the first step's extraction does not sort them
     on the owner's thread. Other metrics requests (the autoscaler's, every few seconds) do not."""
-    import types
-
-    import numpy as np
-    import pyarrow as pa
-
-    from chiray.control.ops.monitor import instance_metrics
-    from chiray.operators.hashing import bins_of
-    from chiray.operators.state import Accumulator, ColumnarAggState
-
     state = ColumnarAggState(64)
     state.configure(pa.string(), [Accumulator("n", "sum", "int64")])
     keys = pa.array([f"k{i}" for i in range(5000)])
