@@ -31,7 +31,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import threading
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -60,6 +60,10 @@ def _sorted_run(bins: np.ndarray, num_bins: int) -> tuple[np.ndarray, np.ndarray
     counts = np.bincount(bins, minlength=num_bins + 1)
     hi = np.cumsum(counts).astype(np.int64)
     return run, hi - counts, hi
+
+
+def _done() -> None:
+    """Nothing to wait for."""
 
 
 @dataclasses.dataclass
@@ -95,13 +99,21 @@ class BinSlots:
         self._tail_n = 0
         self._building = None  # sorted from the old numbering: its result is dropped
 
-    def prepare(self, bin_of: np.ndarray) -> None:
+    def prepare(self, bin_of: np.ndarray) -> Callable[[], None]:
         """Bins may move soon: sort the run in the background now, from a copy of ``bin_of`` (the bin
-        of every slot in use), if the next question would rebuild it."""
-        if self._building is not None or not self._due(len(bin_of)):
-            return
-        copy = bin_of.astype(self._sort_dtype)
-        self._building = _Building(_sorter().submit(_sorted_run, copy, self._num_bins), copy, set())
+        of every slot in use), if the next question would rebuild it. Returns a function that waits
+        until the sort is done (any thread may call it)."""
+        if self._building is None and self._due(len(bin_of)):
+            copy = bin_of.astype(self._sort_dtype)
+            self._building = _Building(_sorter().submit(_sorted_run, copy, self._num_bins), copy, set())
+        if self._building is None:
+            return _done
+        future = self._building.future
+
+        def wait() -> None:
+            concurrent.futures.wait([future])  # its outcome is the owner's to take (``_install``)
+
+        return wait
 
     def _due(self, n: int) -> bool:
         return not self._valid or self._tail_n > max(MIN_TAIL, REBUILD_TAIL * n)

@@ -53,6 +53,10 @@ COMPACT_LIVE = 1 / 32
 """A columnar state compacts its slots once fewer than this share of them hold live keys."""
 
 
+def _ready() -> None:
+    """Nothing to wait for."""
+
+
 class BinnedState(abc.ABC):
     """Keyed state partitioned into ``num_bins`` bins (the contract all keyed state offers)."""
 
@@ -88,9 +92,11 @@ class BinnedState(abc.ABC):
     def bin_sizes(self) -> dict[int, int]:
         """Approximate bytes per non-empty bin."""
 
-    def prepare_moves(self) -> None:
+    def prepare_moves(self) -> Callable[[], None]:
         """Bins may move soon (a rescale's planner asked for this state's metrics): get ready without
-        stalling the owner. By default nothing."""
+        stalling the owner. Returns a function that waits until ready, safe to call from another
+        thread. By default nothing to do."""
+        return _ready
 
     def snapshot_later(self, bins: Iterable[int]) -> Callable[[], dict[int, bytes]]:
         """Capture ``bins`` now; serialise them when the returned function is called (off the hot path).
@@ -590,10 +596,10 @@ class ColumnarAggState(BinnedState):
     def retire(self) -> None:
         self._retiring = True
 
-    def prepare_moves(self) -> None:
+    def prepare_moves(self) -> Callable[[], None]:
         """Sort the index of each bin's slots in the background (``BinSlots.prepare``): the first
         step's extraction then finds it ready rather than sorting every slot's bin first."""
-        self._slots_of.prepare(self._bin[: self._n])
+        return self._slots_of.prepare(self._bin[: self._n])
 
     def bin_sizes(self) -> dict[int, int]:
         """Approximate bytes per non-empty bin (keys counted at their average size)."""

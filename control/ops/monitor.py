@@ -41,9 +41,8 @@ class MonitorResult:
     bin_bytes: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
 
 
-def instance_metrics(ctx: Any, prepare_moves: bool = False) -> dict[str, Any]:
-    """The metrics of one instance, read through its control context. ``prepare_moves``: its bins
-    are about to move (``BinnedState.prepare_moves``)."""
+def instance_metrics(ctx: Any) -> dict[str, Any]:
+    """The metrics of one instance, read through its control context."""
     stats = ctx.statistics()
     out: dict[str, Any] = {
         "records_in": stats.records_in, "records_out": stats.records_out,
@@ -61,8 +60,6 @@ def instance_metrics(ctx: Any, prepare_moves: bool = False) -> dict[str, Any]:
         out["state_memory_bytes"] = int(memory()) if memory is not None else out["state_bytes"]
         out["keys_per_bin"] = counts
         out["bytes_per_bin"] = sizes
-        if prepare_moves:
-            state.prepare_moves()
     loads = {}
     for router in ctx.routers:
         counts = getattr(router, "bin_counts", None)
@@ -79,10 +76,15 @@ class Monitor(ControlOp):
 
     def __init__(self, timeout_s: float | None = 60.0, prepare_moves: str | None = None):
         """``prepare_moves``: the operator a rescale is about to plan for (its planner asks for
-        these metrics first): its instances get their state ready for bins to move."""
+        these metrics first): its instances get their state ready for bins to move
+        (``BinnedState.prepare_moves``, off their processing path), and the op completes once
+        every one of them is ready, so that the rescale's first step finds them so."""
         super().__init__()
         self.timeout_s = timeout_s
         self.prepare_moves = prepare_moves
+
+    def expected_acks(self, ctx: Any) -> set[InstanceId]:
+        return {tuple(i) for i in ctx.instances if i[0] == self.prepare_moves}  # type: ignore[misc]
 
     class Instance(InstanceHandler):
         def on_begin(self, ctx: Any) -> None:
@@ -93,10 +95,11 @@ class Monitor(ControlOp):
                 self.collected.update(payload)
 
         def on_complete(self, ctx: Any) -> None:
-            moving = ctx.instance[0] == self.op.prepare_moves  # type: ignore[attr-defined]
-            self.collected[ctx.instance] = instance_metrics(ctx, prepare_moves=moving)
+            self.collected[ctx.instance] = instance_metrics(ctx)
             downstream = ctx.downstream
             ctx.attach(downstream[0] if downstream else CONTROLLER, self.collected)
+            if ctx.instance[0] == self.op.prepare_moves:  # type: ignore[attr-defined]
+                ctx.ack_in_background(ctx.state.prepare_moves() if ctx.state is not None else (lambda: None))
 
     def on_complete(self, ctx: Any) -> MonitorResult:
         instances: dict[InstanceId, dict[str, Any]] = {}

@@ -22,7 +22,6 @@ from chiray.actors.config import JobConfig
 from chiray.actors.harness import LocalRun
 from chiray.control.oprun import OpState
 from chiray.control.ops import Monitor, MonitorResult
-from chiray.control.ops.monitor import instance_metrics
 from chiray.operators import Dataflow, collect
 from chiray.operators.hashing import bins_of
 from chiray.operators.state import Accumulator, ColumnarAggState
@@ -120,23 +119,49 @@ def test_monitor_while_data_flows_reports_every_instance_once():
     assert run.run(max_rounds=200_000)["out"].num_rows == sum(src.rows_per_split)
 
 
-def test_metrics_of_a_columnar_state_start_sorting_its_bins_slots_in_the_background():
-    """A rescale's planner asks for metrics first (``Monitor(prepare_moves=operator)``): the state then
-    sorts its bins' slots on the worker thread, so that the first step's extraction does not sort them
-    on the owner's thread. Other metrics requests (the autoscaler's, every few seconds) do not."""
+def test_a_rescales_metrics_request_sorts_its_operators_bins_in_the_background_and_waits_for_them():
+    """A rescale's planner asks for metrics first (``Monitor(prepare_moves=operator)``): each instance
+    of that operator sorts its bins' slots on the worker thread (its owner goes on), and acknowledges
+    the op only once the sort is done, so the rescale's first step never waits for it. Other metrics
+    requests (the autoscaler's, every few seconds) start nothing and wait for nothing."""
     state = ColumnarAggState(64)
     state.configure(pa.string(), [Accumulator("n", "sum", "int64")])
     keys = pa.array([f"k{i}" for i in range(5000)])
     state.update(keys, {"n": np.ones(5000, dtype=np.int64)})
     stats = types.SimpleNamespace(records_in=0, records_out=0, batches_in=0, queued_batches=0, queued_bytes=0,
                                   backpressured_s=0.0, busy_s=0.0)
-    ctx = types.SimpleNamespace(statistics=lambda: stats, state=state, routers=[])
-    assert state._slots_of._building is None
-    assert instance_metrics(ctx)["keys"] == 5000
-    assert state._slots_of._building is None, "plain metrics (an autoscaler's) prepare nothing"
-    metrics = instance_metrics(ctx, prepare_moves=True)
-    assert metrics["keys"] == 5000
-    assert state._slots_of._building is not None, "no background sort began"
+    acked: list = []
+    attached: list = []
+
+    def ctx_of(name: str) -> types.SimpleNamespace:
+        return types.SimpleNamespace(instance=(name, 0), statistics=lambda: stats, state=state, routers=[],
+                                     downstream=[], attach=lambda target, payload: attached.append(payload),
+                                     ack_in_background=acked.append)
+
+    controller = types.SimpleNamespace(instances=[("src", 0), ("count", 0), ("count", 1), ("out", 0)])
+    plain = Monitor()
+    assert set(plain.expected_acks(controller)) == set()
+    handler = Monitor.Instance(plain, None)
+    handler.on_begin(ctx_of("count"))
+    handler.on_complete(ctx_of("count"))
+    assert attached[-1][("count", 0)]["keys"] == 5000
+    assert state._slots_of._building is None and not acked, "plain metrics (an autoscaler's) prepare nothing"
+
+    rescale = Monitor(prepare_moves="count")
+    assert set(rescale.expected_acks(controller)) == {("count", 0), ("count", 1)}
+    other = Monitor.Instance(rescale, None)
+    other.on_begin(ctx_of("src"))
+    other.on_complete(ctx_of("src"))
+    assert not acked and state._slots_of._building is None, "only the rescaled operator's instances prepare"
+    handler = Monitor.Instance(rescale, None)
+    handler.on_begin(ctx_of("count"))
+    handler.on_complete(ctx_of("count"))
+    assert attached[-1][("count", 0)]["keys"] == 5000
+    building = state._slots_of._building
+    assert building is not None, "no background sort began"
+    assert len(acked) == 1
+    assert acked[0]() is None  # the acknowledgement waits for the sort...
+    assert building.future.done()  # ...which is then done
     state.extract_bins([3, 40])  # the first extraction takes the run sorted in the background
     assert state._slots_of._building is None
     left = state.keys_at(state.slots()).to_pylist()
