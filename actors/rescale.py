@@ -14,8 +14,11 @@ by step, carry each out as one ``MigrateBins`` control op and wait for it:
   old owners that wait for each other's bins would wait for ever);
 * ``batched`` (``chunk_bins=k``) and ``fluid`` (k = 1): Megaphone's sequence
   of small blocking steps, each after the previous one completed, with an
-  optional ``gap_s`` between them; a step holds only the inputs of the old
-  and new owners of its bins;
+  optional ``gap_s`` between them, or ``pace=True``: after each step a
+  non-blocking ``NoOp`` travels the dataflow behind the records that queued up
+  during it, and the next step waits for it (steps paced to the backlog, so
+  their queues never pile up); a step holds only the inputs of the old
+  and new owners of its bins (one of each: ``rescaleplan.pair_chunks``);
 * ``non_disruptive``: Spacker's protocol, non-blocking steps (the new owner
   buffers only records of the bins it waits for); with ``replicate=True``
   each step's bins are first copied to their new owners (``ReplicateBins``,
@@ -26,7 +29,7 @@ by step, carry each out as one ``MigrateBins`` control op and wait for it:
 
 Knobs: ``priority`` ("hot_first": the bins with most records first,
 "arrival": bin order, "random"), ``chunk_bins`` or ``chunks``
-(progressiveness), ``replicate``, ``gap_s``, ``theta`` (the planner's load
+(progressiveness), ``replicate``, ``gap_s``, ``pace``, ``theta`` (the planner's load
 bound), ``seed``. Which bins move in which step is pure code
 (``control/rescaleplan.py``); this module runs the steps.
 
@@ -61,6 +64,7 @@ from chiray.control.coordination import JobState
 from chiray.control.oprun import OpFailedError, OpTimeoutError, job_view
 from chiray.control.ops.migrate import MigrateBins, ReplicateBins
 from chiray.control.ops.monitor import Monitor
+from chiray.control.ops.noop import NoOp
 from chiray.control.planning import Assignment, plan as plan_assignment
 from chiray.control.rescaleplan import RescaleOptions, Strategy, plan_steps, unreached
 from chiray.operators.graph import OperatorKind, PhysicalPlan, rescaled_plan
@@ -282,9 +286,27 @@ class RescaleRun(threading.Thread):
                              reserve={i: n for i, n in incoming.items() if n} if k == 0 else None,
                              retiring=retiring)
             self._step(job.plan, new_plan, op)
+            if self.knobs.get("pace") and not last:
+                self._drain()
             gap = self.knobs.get("gap_s", 0.0)
             if gap and not last:
                 time.sleep(gap)  # let queues drain between steps (a pacing knob, not synchronisation)
+
+    def _drain(self) -> None:
+        """``pace``: wait until the records queued behind the last step have gone through. A
+        non-blocking op, in-band behind them, completes once every instance has taken what came
+        before it. Only a pace: if it fails (not the job), the next step goes on, and the step log
+        says why."""
+        timeout_s = self.knobs.get("step_timeout_s", 120.0)
+        started = time.monotonic()
+        entry: dict[str, Any] = {"step": "drain"}
+        try:
+            self._wait_step(self.job.run_control(NoOp(blocking=False, timeout_s=timeout_s)), timeout_s)
+        except (OpFailedError, TimeoutError) as exc:
+            entry["error"] = str(exc)
+        entry["elapsed_s"] = time.monotonic() - started
+        with self._lock:
+            self.step_log.append(entry)
 
     def _replicate(self, moves: dict[int, tuple[int, int]]) -> dict[int, int]:
         handle = self.job.run_control(ReplicateBins(self.operator, moves))

@@ -146,6 +146,7 @@ def wait_records(job, operator: str, n: int, timeout: float = 60) -> None:
 STRATEGIES = [
     ("all_at_once", {}),
     ("batched", {"chunk_bins": 4}),
+    ("batched", {"chunk_bins": 4, "pace": True}),
     ("fluid", {}),
     ("non_disruptive", {"chunk_bins": 4}),
     ("non_disruptive", {"chunk_bins": 4, "replicate": True}),
@@ -164,6 +165,9 @@ def test_every_strategy_scales_2_3_1_2_exactly(tmp_path):
                     progress = job.rescale(op, p, strategy=strategy, **knobs).result(120)
                     assert progress["state"] == "DONE" and progress["parallelism"] == p, (strategy, progress)
                     assert progress["bins_moved"] == progress["bins"] > 0, (strategy, progress)
+                    if knobs.get("pace"):  # each step waited for the backlog it left before the next
+                        drains = [e for e in progress["step_log"] if e["step"] == "drain"]
+                        assert len(drains) == progress["steps"] - 1, progress["step_log"]
                     if knobs.get("replicate"):  # every bin was copied ahead
                         assert progress["bytes_replicated"] > 0, progress
                         if op == "count":  # and rebuilt from its copy and the keys written since

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from chiray.control.rescaleplan import Priority, RescaleOptions, Strategy, acyclic_steps, plan_steps
+from chiray.control.rescaleplan import Priority, RescaleOptions, Strategy, acyclic_steps, pair_chunks, plan_steps
 
 # bins 0..9 move from instance 0 to instance 1; bin b's load is b (so hot_first is 9, 8, ..., 0)
 MOVES = {b: (0, 1) for b in range(10)}
@@ -34,7 +34,7 @@ def test_non_disruptive_defaults_to_an_eighth_and_replication_adds_a_first_empty
     assert steps("non_disruptive", priority="arrival", chunk_bins=5, replicate=True) == [
         [0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]
     assert steps("non_disruptive", priority="arrival", chunk_bins=5, replicate=True, scale_out=True) == [
-        [], [0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]
+        [], [0], [1, 2], [3, 4, 5, 6], [7, 8, 9]]  # and a scale-out's first steps ramp up (below)
 
 
 def test_priorities():
@@ -43,6 +43,35 @@ def test_priorities():
     shuffled = steps("batched", chunk_bins=10, priority="random", seed=3)
     assert sorted(shuffled[0]) == list(range(10)) and shuffled != [list(range(10))]
     assert shuffled == steps("batched", chunk_bins=10, priority="random", seed=3)  # seeded
+
+
+def test_each_fine_grained_step_moves_between_one_old_and_one_new_owner_in_priority_order():
+    """A blocking step holds its owners' inputs until the new owner installed what every old owner
+    sent: one pair a step never waits for a second old owner, nor holds it."""
+    moves = {b: (b % 2, 2) for b in range(10)}  # a scale-out: even bins leave 0, odd ones leave 1
+    loads = [float(b) for b in range(10)]
+    for strategy in ("batched", "non_disruptive"):
+        got = plan_steps(RescaleOptions.of(strategy, {"chunk_bins": 3}), moves, loads)
+        assert got == [[9, 7, 5], [8, 6, 4], [3, 1], [2, 0]]  # hottest first, by the first bin of each
+        assert all(len({moves[b] for b in step}) == 1 for step in got)
+    assert sorted(b for step in got for b in step) == list(range(10))
+    assert plan_steps(RescaleOptions.of("all_at_once", {}), moves, loads) == [list(range(9, -1, -1))]
+
+
+def test_a_scale_outs_first_steps_ramp_up_per_pair_from_one_bin():
+    """A new owner is cold (its first installs fault in the hash table made for all its keys): each
+    pair's steps grow 1, 2, 4, ... bins up to the chunk size. A scale-in's new owners are warm."""
+    moves = {b: (0, 1) for b in range(40)}
+    out = plan_steps(RescaleOptions.of("batched", {"chunk_bins": 16, "priority": "arrival"}), moves, None,
+                     scale_out=True)
+    assert [len(step) for step in out] == [1, 2, 4, 8, 16, 9]
+    assert [b for step in out for b in step] == list(range(40))
+    assert [len(s) for s in plan_steps(RescaleOptions.of("batched", {"chunk_bins": 16}), moves, None)] == [16, 16, 8]
+    two = {b: (b % 2, 2) for b in range(12)}
+    assert pair_chunks(list(range(12)), two, 4, ramp=True) == [[0], [1], [2, 4], [3, 5], [6, 8, 10], [7, 9, 11]]
+    assert pair_chunks([], two, 4, ramp=True) == []
+    assert pair_chunks(list(range(12)), two, 6, ramp=True) == [[0, 2, 4, 6, 8, 10], [1, 3, 5, 7, 9, 11]], \
+        "bins that fit in one step per pair move in one"
 
 
 def test_nothing_to_move_is_one_empty_step():
