@@ -369,8 +369,8 @@ class Job:
             planner: "ssm" (minimum bytes moved within load bound ``theta``),
                 "round_robin" or "consistent_hash".
             **knobs: ``chunk_bins``, ``chunks``, ``priority`` ("hot_first", "arrival",
-                "random"), ``replicate`` (non_disruptive), ``gap_s``, ``theta``, ``seed``,
-                ``step_timeout_s``.
+                "random"), ``replicate`` (non_disruptive), ``gap_s``, ``pace`` (each step
+                waits for the backlog the one before left), ``theta``, ``seed``, ``step_timeout_s``.
 
         Returns:
             A handle: ``progress()`` and ``result(timeout)``.

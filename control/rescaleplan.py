@@ -111,6 +111,10 @@ class RescaleOptions:
             value = knobs.get(name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"rescale: {name} must be an int >= 1, got {value!r}")
+        for name in ("replicate", "pace"):
+            value = knobs.get(name)
+            if value is not None and not isinstance(value, bool):
+                raise ValueError(f"rescale: {name} must be True or False, got {value!r}")
         if knobs.get("replicate") and kind is not Strategy.NON_DISRUPTIVE:
             raise ValueError("rescale: replicate=True needs strategy='non_disruptive'")
         fields = {k: knobs[k] for k in ("chunk_bins", "chunks", "gap_s", "theta", "seed", "step_timeout_s")

@@ -100,4 +100,7 @@ def test_options_are_checked():
         RescaleOptions.of("batched", {"chunk_bins": 0})
     with pytest.raises(ValueError, match="replicate=True needs strategy='non_disruptive'"):
         RescaleOptions.of("batched", {"replicate": True})
+    with pytest.raises(ValueError, match="pace must be True or False, got 'False'"):
+        RescaleOptions.of("batched", {"pace": "False"})  # a CLI --option pace=False arrives as text
+    assert RescaleOptions.of("batched", {"pace": True}).pace and not RescaleOptions.of("batched", {}).pace
     assert not Strategy.ALL_AT_ONCE.moves_bins and Strategy.FLUID.moves_bins
