@@ -62,10 +62,6 @@ def _sorted_run(bins: np.ndarray, num_bins: int) -> tuple[np.ndarray, np.ndarray
     return run, hi - counts, hi
 
 
-def _done() -> None:
-    """Nothing to wait for."""
-
-
 @dataclasses.dataclass
 class _Building:
     """A run being sorted in the background from ``bins``, a copy of the slots' bins when it began."""
@@ -106,12 +102,10 @@ class BinSlots:
         if self._building is None and self._due(len(bin_of)):
             copy = bin_of.astype(self._sort_dtype)
             self._building = _Building(_sorter().submit(_sorted_run, copy, self._num_bins), copy, set())
-        if self._building is None:
-            return _done
-        future = self._building.future
+        pending = [self._building.future] if self._building is not None else []
 
         def wait() -> None:
-            concurrent.futures.wait([future])  # its outcome is the owner's to take (``_install``)
+            concurrent.futures.wait(pending)  # its outcome is the owner's to take (``_install``)
 
         return wait
 
