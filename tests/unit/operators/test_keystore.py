@@ -9,6 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from chiray.operators import keyindex
 from chiray.operators.keyindex import KeyIndex, _KeyStore
 
 
@@ -43,6 +44,35 @@ def test_a_small_append_leaves_the_keys_held_before_in_place() -> None:
         store.append(pa.array([f"new{i}-{j}" for j in range(5)]))
         assert store.take(np.array([0, 99_999, len(store) - 1])).to_pylist()[:2] == ["k0", "k99999"]
     assert store._chunks[0] is first  # not copied: 50 appends cost their own keys, not the 100,000 held
+
+
+@pytest.mark.parametrize("kind", ["string", "int64"])
+def test_no_append_copies_more_than_the_merge_limit(monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
+    """Keys that keep coming (a migration's new owner: one append a step) never merge into one chunk
+    holding them all: the merge at each power of two copied the whole store (130 ms at 2M keys)."""
+    monkeypatch.setattr(keyindex, "MERGE_LIMIT", 1024)
+    key_type = pa.string() if kind == "string" else pa.int64()
+    store, oracle = _KeyStore(key_type), []
+    store.append(pa.array([f"r{i}" for i in range(5000)] if kind == "string" else range(5000), type=key_type))
+    oracle.extend([f"r{i}" for i in range(5000)] if kind == "string" else range(5000))
+    restored = store._chunks[0]  # one chunk above the limit (a restored state): kept as it is
+    rng = np.random.default_rng(3)
+    for step in range(120):
+        size = int(rng.integers(1, 200))
+        keys = [f"s{step}-{j}" for j in range(size)] if kind == "string" else list(range(len(oracle), len(oracle) + size))
+        before = list(store._chunks)  # held, so that no id is reused
+        store.append(pa.array(keys, type=key_type))
+        oracle.extend(keys)
+        made = [c for c in store._chunks if not any(c is b for b in before)]
+        assert sum(len(c) for c in made) <= 1024  # the keys this append copied, its own included
+        assert all(len(c) <= 1024 for c in store._chunks[1:])
+    assert store._chunks[0] is restored
+    assert len(store._chunks) <= len(oracle) // 512 + 12
+    slots = rng.integers(0, len(oracle), 2000)
+    assert store.take(slots).to_pylist() == [oracle[s] for s in slots]
+    assert store.take(np.arange(len(oracle))).to_pylist() == oracle
+    with pytest.raises(IndexError):
+        store.take(np.array([3, len(oracle)]))
 
 
 def test_a_key_index_finds_every_key_after_many_small_additions() -> None:
