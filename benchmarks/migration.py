@@ -43,7 +43,13 @@ Targets: the best fine-grained strategy's max latency is at most 1/5 of
 all_at_once's (``best_over_all_at_once`` <= 0.2), and no strategy but
 all_at_once has an output gap over 250 ms.
 
-Run: ``python -m benchmarks.migration [--quick | --large] [--keys N] [--load F] [--png PATH] [--theta F]``.
+Ray's own metrics are off (``--ray-metrics`` keeps them; ``ray_metrics`` in the JSON): every 10 s
+Ray's metrics agent aggregates the workers' metrics, 150-250 ms of one of this machine's two cores,
+and in five runs with it (8M keys) each leg's highest latencies belonged to records stamped within the
+same few hundred ms of that 10 s period, whatever the strategy and step: the max measured the agent.
+
+Run: ``python -m benchmarks.migration [--quick | --large] [--keys N] [--load F] [--png PATH] [--theta F]
+[--ray-metrics]``.
 ``--quick`` (about a minute): 100,000 keys, 256 bins, fewer strategies.
 ``--large`` (several minutes, about 3 GB): 8,000,000 keys and 4096 bins, where Megaphone's result
 lives: all_at_once against batched (plain and paced to the backlog) and the paced non-disruptive
@@ -260,6 +266,8 @@ def main() -> None:
     parser.add_argument("--settle", type=float, default=SETTLE_S,
                         help=f"seconds of settling after each leg, and of baseline before each strategy "
                              f"(default {SETTLE_S})")
+    parser.add_argument("--ray-metrics", action="store_true",
+                        help="keep Ray's metrics collection on (its agent takes a core for 150-250 ms every 10 s)")
     parser.add_argument("--theta", type=float, default=THETA,
                         help=f"the planner's load bound (default {THETA}; few bins need more)")
     args = parser.parse_args()
@@ -273,7 +281,7 @@ def main() -> None:
     chosen = [s for s in STRATEGIES if s[0] in labels]
     started, load_at_start = time.perf_counter(), loadavg()
     tmp = tempfile.mkdtemp(prefix="chiray-bench-migration-")
-    start_ray(num_cpus=4)  # room for the hosts a scale-out adds (each asks for 0.5 CPU)
+    start_ray(num_cpus=4, ray_metrics=args.ray_metrics)  # room for the hosts a scale-out adds (0.5 CPU each)
     import ray
 
     results = []
@@ -315,7 +323,7 @@ def main() -> None:
         "capacity_records_per_s": round(warm.capacity),
         f"capacity_{PARALLELISM + 1}_records_per_s": round(warm.wide_capacity or 0),
         "offered_records_per_s": round(rate), "load": args.load,
-        "theta": args.theta, "strategies": results, "best_over_all_at_once": ratio,
+        "theta": args.theta, "ray_metrics": args.ray_metrics, "strategies": results, "best_over_all_at_once": ratio,
         "all_at_once_max_latency_ms": base["max_latency_ms"] if base else None,
         "best_fine_grained_max_latency_ms": best,
         "target_large_met": ratio is not None and ratio <= 0.1 and best is not None and best <= 100,
