@@ -46,7 +46,7 @@ all_at_once has an output gap over 250 ms.
 Ray's own metrics are off (``--ray-metrics`` keeps them; ``ray_metrics`` in the JSON): every 10 s
 Ray's metrics agent aggregates the workers' metrics, 150-250 ms of one of this machine's two cores,
 and in five runs with it (8M keys) each leg's highest latencies belonged to records stamped within the
-same few hundred ms of that 10 s period, whatever the strategy and step: the max measured the agent.
+same few hundred ms of that 10 s period, whatever the step: the max measured the agent.
 
 Run: ``python -m benchmarks.migration [--quick | --large] [--keys N] [--load F] [--png PATH] [--theta F]
 [--ray-metrics]``.
