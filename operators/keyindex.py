@@ -308,10 +308,6 @@ here, in a migration's new owner in the middle of a step (and in any job whose k
 Bounded, an append copies at most this many keys (5-15 ms), and a lookup gathers from one chunk more
 per ``MERGE_LIMIT`` keys held (about 6 us each: +0.1 ms for 5,000 keys out of 4M)."""
 
-_TAKE = pc.get_function("array_take")
-_UNCHECKED = pc.TakeOptions(boundscheck=False)
-
-
 class _KeyStore:
     """The key of every slot, as Arrow chunks whose sizes at least halve from one chunk to the next,
     up to ``MERGE_LIMIT`` keys a chunk.
@@ -356,11 +352,11 @@ class _KeyStore:
         order = np.argsort(which.astype(small), kind="stable")  # a radix sort of small integers
         local = (slots - self._starts[which])[order]  # each slot within its chunk, grouped by chunk
         bounds = np.searchsorted(which[order], np.arange(len(chunks) + 1)).tolist()
-        parts = [_TAKE.call([chunk, pa.array(local[lo:hi])], _UNCHECKED)
+        parts = [pc.take(chunk, local[lo:hi], boundscheck=False)
                  for chunk, lo, hi in zip(chunks, bounds[:-1], bounds[1:]) if hi > lo]
         inverse = np.empty_like(order)
         inverse[order] = np.arange(len(order))
-        return _TAKE.call([pa.concat_arrays(parts), pa.array(inverse)], _UNCHECKED)
+        return pc.take(pa.concat_arrays(parts), inverse, boundscheck=False)
 
     def nbytes(self) -> int:
         return sum(chunk.nbytes for chunk in self._chunks)
