@@ -20,6 +20,9 @@ import time
 
 __all__ = ["LocalCluster", "free_ports"]
 
+_START_LOG = "ray-start.log"  # a worker's ``ray start`` output, in its temp dir
+_STOP_WAIT_S = 5.0  # after SIGTERM, then SIGKILL: ``ray start --block`` can take 20 s to wind down
+
 
 def free_ports(n: int) -> list[int]:
     socks = [socket.socket() for _ in range(n)]
@@ -61,6 +64,7 @@ class LocalCluster:
         self.env: dict[str, str] = {}
         self.metrics_port = 0
         self._head: subprocess.Popen | None = None
+        self.worker_restarts = 0  # workers started again because their `ray start` exited before joining
 
     def __enter__(self) -> "LocalCluster":
         port, self.metrics_port, agent, agent_grpc, runtime_env, client, node_mgr, obj_mgr, dash = free_ports(9)
@@ -85,7 +89,7 @@ class LocalCluster:
             self._wait_up(port)
             for _ in range(self.worker_nodes):
                 self._start_worker(env)
-            self._wait_nodes(1 + self.worker_nodes)
+            self._wait_nodes(1 + self.worker_nodes, env)
         except BaseException:
             self.__exit__(None, None, None)
             raise
@@ -93,6 +97,9 @@ class LocalCluster:
 
     def _start_worker(self, env: dict[str, str]) -> None:
         """A second node on this machine: a ``ray start`` that joins the head, with ports and a temp dir of its own."""
+        self._workers.append(self._spawn_worker(env))
+
+    def _spawn_worker(self, env: dict[str, str]) -> tuple[subprocess.Popen, str]:
         temp = tempfile.mkdtemp(prefix="crw", dir="/tmp")
         metrics, agent, agent_grpc, runtime_env, node_mgr, obj_mgr = free_ports(6)
         self.metrics_ports.append(metrics)
@@ -101,23 +108,50 @@ class LocalCluster:
                f"--dashboard-agent-listen-port={agent}", f"--dashboard-agent-grpc-port={agent_grpc}",
                f"--runtime-env-agent-port={runtime_env}", f"--node-manager-port={node_mgr}",
                f"--object-manager-port={obj_mgr}", "--disable-usage-stats"]
-        self._workers.append((subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
-                                               stderr=subprocess.DEVNULL), temp))
+        with open(os.path.join(temp, _START_LOG), "wb") as log:  # read back into the error if it never joins
+            return subprocess.Popen(cmd, env=env, start_new_session=True, stdout=log, stderr=subprocess.STDOUT), temp
 
-    def _wait_nodes(self, count: int, timeout: float = 60.0) -> None:
-        """Until ``count`` nodes are alive (asked from a short-lived process, so this one stays off Ray)."""
+    def _respawn_dead_workers(self, env: dict[str, str]) -> None:
+        """A worker whose ``ray start`` exited is started again on fresh ports (one that ``free_ports`` gave
+        can be taken by another process before Ray binds it, and the node then exits)."""
+        for i, (worker, temp) in enumerate(self._workers):
+            if worker.poll() is not None:
+                self._stop_worker(worker, temp)
+                self._workers[i] = self._spawn_worker(env)
+                self.metrics_ports[1 + i] = self.metrics_ports.pop()  # node order: the head's first
+                self.worker_restarts += 1
+
+    def _wait_nodes(self, count: int, env: dict[str, str], timeout: float = 180.0) -> None:
+        """Until ``count`` nodes are alive (asked from a short-lived process, so this one stays off Ray).
+
+        Generous: on a loaded two-core machine a node takes well over ten seconds to join. A worker
+        that exits meanwhile is started again (twice at most); a timeout says what each probe saw."""
         if count <= 1:
             return
         code = ("import ray; ray.init(logging_level='ERROR', log_to_driver=False); "
                 "print(sum(n['Alive'] for n in ray.nodes()))")
         deadline = time.monotonic() + timeout
+        seen = "no probe finished"
         while time.monotonic() < deadline:
-            done = subprocess.run([sys.executable, "-c", code], env=self.env, capture_output=True, text=True,
-                                  timeout=60)
-            if done.returncode == 0 and done.stdout.strip().splitlines()[-1:] == [str(count)]:
+            if self.worker_restarts < 2:
+                self._respawn_dead_workers(env)
+            try:
+                done = subprocess.run([sys.executable, "-c", code], env=self.env, capture_output=True, text=True,
+                                      timeout=max(5.0, min(60.0, deadline - time.monotonic())), check=False)
+            except subprocess.TimeoutExpired:
+                seen = "the last probe did not return within its timeout"
+                continue
+            alive = done.stdout.strip().splitlines()[-1:]
+            if done.returncode == 0 and alive == [str(count)]:
                 return
+            seen = (f"the last probe saw {alive[0]} alive" if done.returncode == 0 and alive
+                    else f"the last probe failed: {_tail(done.stderr)}")
             time.sleep(0.5)
-        raise TimeoutError(f"{count} Ray nodes were not up within {timeout} s")
+        exits = [f"worker {i + 1}: " + ("running" if w.poll() is None else f"exited {w.returncode}: "
+                                        + _tail(_read(os.path.join(temp, _START_LOG))))
+                 for i, (w, temp) in enumerate(self._workers)]
+        raise TimeoutError(f"{count} Ray nodes were not up within {timeout:.0f} s ({seen}; "
+                           f"{self.worker_restarts} worker restarts; {'; '.join(exits)})")
 
     def _wait_up(self, port: int, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
@@ -132,28 +166,50 @@ class LocalCluster:
                 time.sleep(0.2)
         raise TimeoutError(f"the head node did not listen on port {port} within {timeout} s")
 
+    def _stop_worker(self, worker: subprocess.Popen, temp: str) -> None:
+        _stop_group(worker)
+        _kill_naming(temp)
+        shutil.rmtree(temp, ignore_errors=True)
+
     def __exit__(self, *exc: object) -> None:
         for worker, temp in self._workers:
-            try:
-                os.killpg(worker.pid, signal.SIGTERM)
-                worker.wait(timeout=20)
-            except (ProcessLookupError, subprocess.TimeoutExpired):
-                pass
-            for pid in _pids_naming(temp):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            shutil.rmtree(temp, ignore_errors=True)
+            self._stop_worker(worker, temp)
+        self._workers = []
         if self._head is not None:
-            try:
-                os.killpg(self._head.pid, signal.SIGTERM)
-                self._head.wait(timeout=20)
-            except (ProcessLookupError, subprocess.TimeoutExpired):
-                pass
-        for pid in _pids_naming(self.temp):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            _stop_group(self._head)
+        _kill_naming(self.temp)
         shutil.rmtree(self.temp, ignore_errors=True)
+
+
+def _stop_group(proc: subprocess.Popen) -> None:
+    """SIGTERM to the process group a ``ray start`` leads, then SIGKILL to what is left of it."""
+    for sig, wait in ((signal.SIGTERM, _STOP_WAIT_S), (signal.SIGKILL, _STOP_WAIT_S)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def _kill_naming(temp: str) -> None:
+    """Every process whose command line names ``temp`` (the raylet's workers and agents leave the group)."""
+    for pid in _pids_naming(temp):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _read(path: str) -> str:
+    try:
+        return pathlib.Path(path).read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+def _tail(text: str, lines: int = 3) -> str:
+    return " | ".join(line.strip() for line in text.strip().splitlines()[-lines:]) or "(no output)"

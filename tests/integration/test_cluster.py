@@ -172,3 +172,29 @@ def test_detached_job_through_the_cli(cluster, tmp_path):
     assert driver(env, "wc3", str(tmp_path / "out3"), str(tmp_path / "chk3"), "1").returncode == 0
     assert cli_json(env, "cancel", "wc3")["state"] == "CANCELLED"
     assert cli_json(env, "status", "wc3")["state"] == "CANCELLED"
+
+
+def test_a_worker_node_that_exits_before_joining_is_started_again(monkeypatch):
+    """A worker's ``ray start`` can exit before it joins (a port that ``free_ports`` gave was taken before Ray
+    bound it); the cluster starts that worker again instead of waiting out its deadline."""
+    spawn = LocalCluster._spawn_worker
+    failed = []
+
+    def first_one_fails(self, env):
+        if failed:
+            return spawn(self, env)
+        worker, temp = spawn(self, env)  # a real one, with its ports and temp dir, that dies as a taken port would
+        os.killpg(worker.pid, 9)
+        failed.append(worker)
+        return worker, temp
+
+    monkeypatch.setattr(LocalCluster, "_spawn_worker", first_one_fails)
+    with LocalCluster(num_cpus=1, worker_nodes=1, worker_cpus=1) as head:
+        assert head.worker_restarts == 1 and failed[0].returncode is not None
+        assert len(head.metrics_ports) == 2 and len(set(head.metrics_ports)) == 2
+        code = ("import ray; ray.init(logging_level='ERROR'); "
+                "print(sorted(n['Resources'].get('CPU', 0) for n in ray.nodes() if n['Alive']))")
+        probe = subprocess.run([sys.executable, "-c", code], env=head.env, capture_output=True, text=True,
+                               timeout=120, check=False)
+        assert probe.stdout.strip().splitlines()[-1] == "[1.0, 1.0]", probe.stdout + probe.stderr
+    assert not [p for p in failed if p.poll() is None]
