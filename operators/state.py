@@ -38,6 +38,7 @@ import pyarrow as pa
 
 from .hashing import bins_from_hashes, check_num_bins, hash_keys
 from .binslots import BinSlots
+from .growable import grown
 from .keyindex import KeyIndex
 
 __all__ = [
@@ -823,6 +824,4 @@ def _accumulator(spec: list[Any], column_type: pa.DataType) -> Accumulator:
 
 
 def _resized(array: np.ndarray, capacity: int, used: int) -> np.ndarray:
-    grown = np.full(capacity, None, dtype=object) if array.dtype == object else np.zeros(capacity, dtype=array.dtype)
-    grown[:used] = array[:used]
-    return grown
+    return grown(array, capacity, used)  # a large column grows inside its reservation, without a copy
