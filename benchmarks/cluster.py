@@ -87,19 +87,16 @@ class LocalCluster:
         self.env = {**env, "RAY_ADDRESS": self.address}
         try:
             self._wait_up(port)
-            for _ in range(self.worker_nodes):
-                self._start_worker(env)
+            for _ in range(self.worker_nodes):  # one at a time: those started are stopped if one fails
+                self._workers.append(self._spawn_worker(env))
             self._wait_nodes(1 + self.worker_nodes, env)
         except BaseException:
             self.__exit__(None, None, None)
             raise
         return self
 
-    def _start_worker(self, env: dict[str, str]) -> None:
-        """A second node on this machine: a ``ray start`` that joins the head, with ports and a temp dir of its own."""
-        self._workers.append(self._spawn_worker(env))
-
     def _spawn_worker(self, env: dict[str, str]) -> tuple[subprocess.Popen, str]:
+        """A second node on this machine: a ``ray start`` that joins the head, with ports and a temp dir of its own."""
         temp = tempfile.mkdtemp(prefix="crw", dir="/tmp")
         metrics, agent, agent_grpc, runtime_env, node_mgr, obj_mgr = free_ports(6)
         self.metrics_ports.append(metrics)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 import pytest
+
 from chiray.operators import growable, keyindex
 from chiray.operators.growable import grown
 from chiray.operators.keyindex import KeyIndex
