@@ -26,17 +26,19 @@ import collections
 import dataclasses
 from typing import Any, Collection
 
+from chiray.operators.errors import ChirayError
+
 from .messages import Data, Envelope, Grant
 
 __all__ = ["WouldBlock", "ChannelError", "OutputChannel", "InputChannel", "ChannelStatistics", "CreditLedger",
            "CREDIT_DELAY_S"]
 
 
-class WouldBlock(Exception):
+class WouldBlock(ChirayError):
     """``sequence_nowait`` found older messages still waiting for credit."""
 
 
-class ChannelError(RuntimeError):
+class ChannelError(ChirayError, RuntimeError):
     """A broken channel invariant (a gap that cannot close, a credit overflow)."""
 
 

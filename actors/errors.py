@@ -7,11 +7,9 @@ import traceback
 
 import cloudpickle
 
+from chiray.operators.errors import ChirayError
+
 __all__ = ["ChirayError", "OperatorError", "JobFailedError", "JobCancelledError", "portable"]
-
-
-class ChirayError(Exception):
-    """Base of chiray's runtime errors."""
 
 
 class OperatorError(ChirayError):

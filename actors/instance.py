@@ -29,6 +29,7 @@ import pyarrow as pa
 from chiray.control.message import CONTROLLER, ControlMessage, ControlReturn, InstanceId, instance_id
 from chiray.control.processor import Completion, ControlProcessor, extra_input
 from chiray.operators.endpoints import SinkLogic, SourceLogic
+from chiray.operators.errors import ChirayError
 from chiray.operators.logic import InstanceInfo, OperatorLogic, SideOutput
 
 from .channel import InputChannel, OutputChannel
@@ -50,7 +51,7 @@ CONTROL_RUN = 256
 __all__ = ["OperatorInstance", "OperatorFailure"]
 
 
-class OperatorFailure(Exception):
+class OperatorFailure(ChirayError):
     """Raised by :meth:`OperatorInstance.step` when the operator's code raised."""
 
     def __init__(self, info: InstanceInfo, cause: BaseException):

@@ -67,6 +67,7 @@ from chiray.control.ops.monitor import Monitor
 from chiray.control.ops.noop import NoOp
 from chiray.control.planning import Assignment, plan as plan_assignment
 from chiray.control.rescaleplan import RescaleOptions, Strategy, plan_steps, unreached
+from chiray.operators.errors import ChirayError
 from chiray.operators.graph import OperatorKind, PhysicalPlan, rescaled_plan
 
 from .controller import controller_host
@@ -80,7 +81,7 @@ STEP_POLL_S = 1.0
 """While a step's op runs, whether the job ended is checked this often."""
 
 
-class RescaleError(RuntimeError):
+class RescaleError(ChirayError, RuntimeError):
     """A rescale or migration could not be carried out (the reason says what happened to the job)."""
 
 

@@ -12,13 +12,14 @@ from typing import Sequence
 import numpy as np
 import pyarrow as pa
 
+from chiray.operators.errors import ChirayError
 from chiray.operators.graph import InputEdge, Partition
 from chiray.operators.hashing import bins_of
 
 __all__ = ["Router", "ForwardRouter", "RebalanceRouter", "HashRouter", "make_router", "KeyColumnError"]
 
 
-class KeyColumnError(KeyError):
+class KeyColumnError(ChirayError, KeyError):
     """A batch reaching a hash edge lacks the key column."""
 
     def __str__(self) -> str:

@@ -25,6 +25,8 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.ipc as ipc
 
+from chiray.operators.errors import ChirayError
+
 __all__ = ["CheckpointStorage", "CheckpointError", "MANIFEST"]
 
 log = logging.getLogger(__name__)
@@ -34,7 +36,7 @@ _CHK = re.compile(r"^chk-(\d+)$")
 _BINS_SCHEMA = pa.schema([("bin", pa.int32()), ("data", pa.large_binary())])
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(ChirayError, RuntimeError):
     """A checkpoint is missing, incomplete or corrupt."""
 
 

@@ -17,10 +17,12 @@ import sys
 import time
 from typing import Any, Callable
 
+from chiray.operators.errors import ChirayError
+
 __all__ = ["add_job_verbs", "run_verb"]
 
 
-class CliError(Exception):
+class CliError(ChirayError):
     """A failure to report as one line."""
 
 

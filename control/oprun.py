@@ -17,16 +17,18 @@ import enum
 import time
 from typing import Any, Iterable, Mapping
 
+from chiray.operators.errors import ChirayError
+
 from .message import InstanceId, instance_id
 
 __all__ = ["OpState", "OpRun", "JobView", "job_view", "OpTimeoutError", "OpFailedError"]
 
 
-class OpTimeoutError(TimeoutError):
+class OpTimeoutError(ChirayError, TimeoutError):
     """A control op did not complete within its timeout."""
 
 
-class OpFailedError(RuntimeError):
+class OpFailedError(ChirayError, RuntimeError):
     """A control op failed (a handler raised, an instance or host failed, the job ended)."""
 
 

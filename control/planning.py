@@ -35,6 +35,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from chiray.operators.errors import ChirayError
+
 __all__ = ["Assignment", "PlanningError", "plan", "PLANNERS", "migration_bytes", "max_load_ratio",
            "EXACT_MAX_INSTANCES"]
 
@@ -42,7 +44,7 @@ EXACT_MAX_INSTANCES = 10
 """Up to this many target instances ``ssm`` searches every interval-to-instance assignment."""
 
 
-class PlanningError(ValueError):
+class PlanningError(ChirayError, ValueError):
     """No assignment satisfies the planner's constraints (e.g. one bin's load exceeds the bound)."""
 
 

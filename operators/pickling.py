@@ -21,6 +21,7 @@ from typing import Any
 
 import cloudpickle
 
+from .errors import ChirayError
 from .graph import LogicalGraph
 
 __all__ = ["find_unpicklable", "UnpicklableError", "check_picklable"]
@@ -28,7 +29,7 @@ __all__ = ["find_unpicklable", "UnpicklableError", "check_picklable"]
 _MAX_DEPTH = 6
 
 
-class UnpicklableError(TypeError):
+class UnpicklableError(ChirayError, TypeError):
     """Part of a dataflow cannot be pickled, so it cannot reach the workers."""
 
 

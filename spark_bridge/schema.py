@@ -18,10 +18,12 @@ from typing import Any
 
 import pyarrow as pa
 
+from chiray.operators.errors import ChirayError
+
 __all__ = ["UnsupportedSparkType", "conform", "to_arrow_schema"]
 
 
-class UnsupportedSparkType(TypeError):
+class UnsupportedSparkType(ChirayError, TypeError):
     """A column has a Spark type the bridge does not hand to the dataflow."""
 
 

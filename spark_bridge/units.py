@@ -47,6 +47,8 @@ import enum
 from collections.abc import Collection, Sequence
 from typing import Any
 
+from chiray.operators.errors import ChirayError
+
 from .messages import Commit, Destination, Fail, Forward
 
 __all__ = ["WAIT", "BufferStatistics", "SparkUnitFailed", "Unit", "UnitDirectory", "UnitStatus"]
@@ -57,7 +59,7 @@ WAIT = "wait"
 """``route``'s answer while the unit's reader has not registered yet."""
 
 
-class SparkUnitFailed(RuntimeError):
+class SparkUnitFailed(ChirayError, RuntimeError):
     """Spark could not compute a unit (its job failed); the message carries Spark's error."""
 
 
