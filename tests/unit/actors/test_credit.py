@@ -18,18 +18,9 @@ from chiray.actors.channel import CreditLedger
 from chiray.actors.harness import LocalRun
 from chiray.actors.messages import Data, Grant, Parcel
 from chiray.operators import Dataflow, from_items
+from tests.clock import FakeClock
 
 ROWS = [{"x": i} for i in range(40)]
-
-
-class FakeClock:
-    """Time that moves only when a test moves it."""
-
-    def __init__(self, now: float = 1000.0):
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 # -- the ledger alone --------------------------------------------------------------------

@@ -8,6 +8,7 @@ import pytest
 
 from chiray.operators.generator import RateSchedule, generate
 from chiray.operators.logic import SourceSplit
+from tests.clock import FakeClock
 
 STEPS = [(0, 100.0), (10, 300.0), (20, 0.0), (30, 50.0)]
 
@@ -40,16 +41,8 @@ def test_due_never_when_the_rate_stops_for_good():
     assert math.isinf(RateSchedule([(0, 10.0), (1, 0.0)]).due(11))
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_a_paced_reader_follows_the_schedule_and_reports_its_backlog():
-    clock = FakeClock()
+    clock = FakeClock(100.0)
     src = generate(None, rate=[(0, 1000), (5, 3000)], batch_size=100, num_splits=2, clock=clock)
     reader = src.open_split(SourceSplit("generate-0", 0))  # 500 rec/s, then 1500 rec/s per split
     assert reader.ready_at() == 100.0 and reader.backlog() == 0
@@ -63,9 +56,9 @@ def test_a_paced_reader_follows_the_schedule_and_reports_its_backlog():
 
 
 def test_a_bounded_source_has_no_backlog_past_its_end():
-    clock = FakeClock()
+    clock = FakeClock(100.0)
     reader = generate(250, rate=100, batch_size=100, clock=clock).open_split(SourceSplit("generate-0", 0))
-    clock.now += 60
+    clock.advance(60)
     assert reader.backlog() == 250
     while reader.read() is not None:
         pass

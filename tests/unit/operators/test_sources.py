@@ -13,6 +13,7 @@ import pytest
 
 from chiray.operators.logic import Source, SourceSplit
 from chiray.operators.sources import from_arrow, from_items, from_parquet, generate
+from tests.clock import FakeClock
 
 
 def read_split(source: Source, split: SourceSplit, offset=None, limit=None):
@@ -307,8 +308,7 @@ def test_generate_uniform_is_not_skewed():
 
 
 def test_generate_rate_pacing_from_ready_at():
-    now = [100.0]
-    source = generate(10_000, rate=2000.0, batch_size=250, num_splits=2, clock=lambda: now[0])
+    source = generate(10_000, rate=2000.0, batch_size=250, num_splits=2, clock=FakeClock(100.0))
     reader = source.open_split(source.splits()[0])
     due = [reader.ready_at()]
     for _ in range(4):
