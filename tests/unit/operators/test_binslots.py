@@ -18,6 +18,8 @@ from chiray.operators.binslots import BinSlots
 from chiray.operators.hashing import bins_of
 from chiray.operators.state import Accumulator, ColumnarAggState
 
+from .support import move_bins
+
 
 @pytest.mark.parametrize("background", [False, True], ids=["", "sorted-in-the-background"])
 @pytest.mark.parametrize("seed", range(40))
@@ -92,12 +94,10 @@ def test_bins_moving_back_and_forth_between_two_states_keep_every_count(seed):
                 oracle[k] = oracle.get(k, 0) + 1
         else:  # a migration step: a few bins change owner
             moving = r.sample(range(num_bins), r.randrange(1, 6))
+            leaving = [[b for b in moving if owner[b] == side] for side in (0, 1)]
             for side in (0, 1):
-                mine = [b for b in moving if owner[b] == side]
-                if mine:
-                    states[1 - side].install_bins(states[side].extract_bins(mine))
-            for b in moving:
-                owner[b] = 1 - owner[b]
+                if leaving[side]:
+                    move_bins(states, owner, side, leaving[side])
         held = {**_contents(states[0]), **_contents(states[1])}
         assert held == oracle
         for side in (0, 1):  # per-bin key counts (kept as bins move) equal a count over the keys

@@ -13,6 +13,8 @@ from chiray.operators.hashing import bins_of
 from chiray.operators.joins import JoinLogic, WindowJoinLogic
 from chiray.operators.windows import tumbling
 
+from .support import move_bins, owned
+
 NUM_BINS = 16
 
 
@@ -56,9 +58,7 @@ def test_join_state_moves_with_its_bins(windowed, seed):
             out += inst.on_watermark(high - 21 - (0 if j == 0 else 6))
         if i % 6 == 2:
             src = (i // 6) % 2
-            moving = [b for b in range(NUM_BINS) if owner[b] == src][:4]
-            instances[1 - src].state.install_bins(instances[src].state.extract_bins(moving))
-            owner[moving] = 1 - src
+            move_bins(instances, owner, src, owned(owner, src)[:4])
     for inst in instances:
         out += inst.finish()
     ldf, rdf = pa.Table.from_batches(left).to_pandas(), pa.Table.from_batches(right).to_pandas()

@@ -22,6 +22,8 @@ from chiray.operators.keyed import (
 )
 from chiray.operators.logic import InstanceInfo
 
+from .support import move_bins, owned
+
 NUM_BINS = 16
 KEY_TYPES = {"string": pa.string(), "int": pa.int64()}
 ALL_AGGS = [
@@ -219,9 +221,7 @@ def _run_moving_bins(instances: list, batches: Sequence[pa.RecordBatch],
             table.update(_as_dict(logic.process(batch.filter(pa.array(owner[bins] == i)), 0)))
         if step % 3 == 2:
             src, dst = rng.choice(len(instances), size=2, replace=False)
-            moving = [b for b in range(NUM_BINS) if owner[b] == src and rng.random() < 0.6]
-            instances[dst].state.install_bins(instances[src].state.extract_bins(moving))
-            owner[moving] = dst
+            move_bins(instances, owner, src, [b for b in owned(owner, src) if rng.random() < 0.6], dst)
     for logic in instances:
         table.update(_as_dict(logic.finish()))
     return table, owner
@@ -344,9 +344,7 @@ def test_reduce_updates_replay_to_the_final_result_and_bins_move() -> None:
             table.update(_as_dict(out))
         if step % 2 == 1:
             src = int(rng.integers(0, 2))
-            moving = [b for b in instances[src].state.bins() if rng.random() < 0.5]
-            instances[1 - src].state.install_bins(instances[src].state.extract_bins(moving))
-            owner[moving] = 1 - src
+            move_bins(instances, owner, src, [b for b in instances[src].state.bins() if rng.random() < 0.5])
     assert all(logic.finish() == [] for logic in instances)
     assert table == _reduce_oracle(batches, _add)
 
@@ -433,9 +431,7 @@ def test_process_state_persists_across_batches_and_bins_move() -> None:
                 emitted.extend((r["k"], r["last"]) for r in out.to_pylist())
         if step % 2 == 0:
             src = int(rng.integers(0, 2))
-            moving = [b for b in instances[src].state.bins() if rng.random() < 0.5]
-            instances[1 - src].state.install_bins(instances[src].state.extract_bins(moving))
-            owner[moving] = 1 - src
+            move_bins(instances, owner, src, [b for b in instances[src].state.bins() if rng.random() < 0.5])
     assert sorted(emitted, key=repr) == sorted(_session_oracle(batches), key=repr)
 
 

@@ -15,6 +15,8 @@ from chiray.operators.windows import session
 
 from .test_windows import JITTER, NUM_BINS, batches, pc_max, route
 
+from .support import move_bins, owned
+
 GAP = 12
 
 
@@ -56,9 +58,7 @@ def test_sessions_move_with_their_bins(seed):
             out += instances[1].on_watermark(marks[i - lag])
         if i % 7 == 3:
             src = (i // 7) % 2
-            moving = [b for b in range(NUM_BINS) if owner[b] == src][:3]
-            instances[1 - src].state.install_bins(instances[src].state.extract_bins(moving))
-            owner[moving] = 1 - src
+            move_bins(instances, owner, src, owned(owner, src)[:3])
     for inst in instances:
         out += inst.finish()
     pd.testing.assert_frame_equal(normal(out), oracle(pa.Table.from_batches(data)), check_dtype=False)

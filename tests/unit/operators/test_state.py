@@ -16,6 +16,8 @@ from chiray.operators.hashing import bins_of
 from chiray.operators.keyindex import encode_keys
 from chiray.operators.state import Accumulator, BinnedState, ColumnarAggState, DictState
 
+from .support import move_bins
+
 REPO = Path(__file__).resolve().parents[3]
 ACCS = [Accumulator("n", "sum", "int64"), Accumulator("lo", "min", "float64"), Accumulator("hi", "max", "int64")]
 
@@ -159,9 +161,7 @@ def test_columnar_state_matches_oracle_while_bins_move(kind: str, index_hash_bit
         oracle.update(uniques.to_pylist(), n, lo, hi)
         if step % 3 == 2:  # move some random bins from one state to the other
             src = int(rng.integers(0, 2))
-            moving = [b for b in states[src].bins() if rng.random() < 0.5]
-            states[1 - src].install_bins(states[src].extract_bins(moving))
-            owner.update({b: 1 - src for b in moving})
+            move_bins(states, owner, src, [b for b in states[src].bins() if rng.random() < 0.5])
     merged = {**_dump(states[0]), **_dump(states[1])}
     assert len(states[0]) + len(states[1]) == len(merged) == len(oracle.values)
     for k, expected in oracle.values.items():

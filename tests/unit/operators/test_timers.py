@@ -11,6 +11,8 @@ from chiray.operators.timers import TimerProcessLogic
 
 from .test_windows import JITTER, NUM_BINS, batches, pc_max, route
 
+from .support import move_bins, owned
+
 
 def test_pending_timers_move_with_their_bins():
     """Timers registered on one instance fire on the one their bin moved to, once, in time order."""
@@ -38,9 +40,7 @@ def test_pending_timers_move_with_their_bins():
             out += instances[1].on_watermark(marks[i - 3])
         if i % 5 == 2:
             src = (i // 5) % 2
-            moving = [b for b in range(NUM_BINS) if owner[b] == src][:4]
-            instances[1 - src].state.install_bins(instances[src].state.extract_bins(moving))
-            owner[moving] = 1 - src
+            move_bins(instances, owner, src, owned(owner, src)[:4])
     for inst in instances:
         out += inst.finish()
     got = pa.Table.from_batches(out).to_pandas()

@@ -10,6 +10,8 @@ import pytest
 from chiray.operators.hashing import bins_of
 from chiray.operators.topn import RANK, TopLogic
 
+from .support import move_bins, owned
+
 NUM_BINS = 16
 SIZE = 10
 
@@ -63,9 +65,7 @@ def test_top_n_per_window_matches_pandas_while_bins_move(seed):
             out += inst.on_watermark(mark)
         if i % 5 == 2:  # some bins move, with their open windows and watermark
             src = int(rng.integers(0, 2))
-            moving = [b for b in range(NUM_BINS) if owner[b] == src and rng.random() < 0.5]
-            instances[1 - src].state.install_bins(instances[src].state.extract_bins(moving))
-            owner[moving] = 1 - src
+            move_bins(instances, owner, src, [b for b in owned(owner, src) if rng.random() < 0.5])
     for inst in instances:
         out += inst.finish()
     assert got(out) == oracle(batches, 3)

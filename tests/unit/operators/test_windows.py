@@ -20,6 +20,8 @@ from chiray.operators.aggregates import AggSpec
 from chiray.operators.hashing import bins_of
 from chiray.operators.windows import FixedWindowLogic, sliding, tumbling
 
+from .support import move_bins, owned
+
 NUM_BINS = 16
 JITTER = 30
 
@@ -75,10 +77,7 @@ def test_bins_move_with_their_windows_and_watermark(spec, seed):
             out += instances[1].on_watermark(marks[i - lag])
         if i % 9 == 4:  # move a few bins, alternately each way
             src = (i // 9) % 2
-            moving = [b for b in range(NUM_BINS) if owner[b] == src][:3]
-            payload = instances[src].state.extract_bins(moving)
-            instances[1 - src].state.install_bins(payload)
-            owner[moving] = 1 - src
+            move_bins(instances, owner, src, owned(owner, src)[:3])
     for inst in instances:
         out += inst.finish()
     size, slide = (40, 40) if spec.kind == "tumbling" else (40, 10)
@@ -189,9 +188,7 @@ def test_first_last_arg_max_and_count_distinct_per_window_move_with_their_bins()
             out += inst.process(part, 0)
         if i % 7 == 3:
             src = (i // 7) % 2
-            moving = [b for b in range(NUM_BINS) if owner[b] == src][:3]
-            instances[1 - src].state.install_bins(instances[src].state.extract_bins(moving))
-            owner[moving] = 1 - src
+            move_bins(instances, owner, src, owned(owner, src)[:3])
     for inst in instances:
         out += inst.finish()
     got = pa.Table.from_batches([b for b in out if b.num_rows]).to_pandas()
