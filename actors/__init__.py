@@ -3,14 +3,24 @@
 from .client import AttachedJob, JobNotFoundError, ManagerRestartedError, attach, jobs
 from .config import JobConfig
 from .errors import ChirayError, JobCancelledError, JobFailedError, OperatorError
+from .handle import JobEndedError, JobHandle
 from .job import Job, JobStatistics, JobStatus
+from .jobvalues import CheckpointInfo, EventKind, JobEvent, JobInfo, RescaleProgress, RescaleRecord
 from .submit import submit
 from .detached import submit_detached  # registers the job manager for submit(detached=True)
 from .pool import release_warm_actors, wait_warm_actors
 
 __all__ = [
     "submit",
+    "JobHandle",
     "Job",
+    "JobInfo",
+    "JobEvent",
+    "EventKind",
+    "RescaleProgress",
+    "RescaleRecord",
+    "CheckpointInfo",
+    "JobEndedError",
     "JobConfig",
     "JobStatus",
     "JobStatistics",

@@ -1,11 +1,12 @@
 """client.py: reaching a detached job from any process: ``attach(name)``, ``jobs()`` and ``AttachedJob``.
 
-An ``AttachedJob`` has the verbs of the driver's ``Job`` and sends each to
-the job's manager actor (``actors/manager.py``). Reading verbs (status,
-statistics, wait, ...) retry while Ray restarts the manager; a changing
-verb (checkpoint, rescale, stop, ...) that was in flight when the manager
-died fails with a ``ManagerRestartedError``: the job rolled back to its last
-checkpoint without it, so it is safe to run again.
+An ``AttachedJob`` is a ``JobHandle``: the verbs of the driver's ``Job``,
+each sent to the remote method of the same name on the job's manager actor
+(``actors/manager.py``). Reading verbs (status, statistics, wait, ...)
+retry while Ray restarts the manager; a changing verb (checkpoint, rescale,
+stop, ...) that was in flight when the manager died fails with a
+``ManagerRestartedError``: the job rolled back to its last checkpoint
+without it, so it is safe to run again.
 """
 
 from __future__ import annotations
@@ -21,19 +22,17 @@ from chiray.control.coordination import JobState
 
 from . import jobstore
 from .errors import ChirayError, JobCancelledError, JobFailedError
+from .handle import READING_VERBS, JobNotFoundError, check_timeout
 from .jobstore import NAMESPACE
+from .jobvalues import CheckpointInfo, JobInfo, RescaleProgress, RescaleRecord
 
 __all__ = ["attach", "jobs", "AttachedJob", "RemoteRescale", "JobNotFoundError", "ManagerRestartedError",
            "connect", "find_manager"]
 
+log = logging.getLogger(__name__)
+
 RESTART_WAIT_S = 60.0
 """How long a reading verb waits for a restarting manager."""
-
-_READING = frozenset({"status", "info", "statistics", "rescale_progress", "rescales", "wait", "result"})
-
-
-class JobNotFoundError(ChirayError, LookupError):
-    """No job of that name on the cluster."""
 
 
 class ManagerRestartedError(ChirayError):
@@ -71,12 +70,12 @@ def attach(name: str, address: str | None = None) -> "AttachedJob":
     connect(address)
     manager = find_manager(name)
     if manager is None:
-        known = [j["name"] for j in jobs(all=True)]
+        known = [j.name for j in jobs(all=True)]
         raise JobNotFoundError(f"no job named {name!r} on this cluster; jobs: {known or 'none'}")
     return AttachedJob(name, manager)
 
 
-def jobs(address: str | None = None, all: bool = False) -> list[dict[str, Any]]:
+def jobs(address: str | None = None, all: bool = False) -> list[JobInfo]:
     """A summary of each detached job (``AttachedJob.info()``), running ones only unless ``all``."""
     connect(address)
     names = set(jobstore.names())
@@ -85,23 +84,27 @@ def jobs(address: str | None = None, all: bool = False) -> list[dict[str, Any]]:
     for name in sorted(names):
         manager = find_manager(name)
         try:
-            info = ray.get(manager.call.remote("info"), timeout=10) if manager is not None else None
+            info = ray.get(manager.info.remote(), timeout=10) if manager is not None else None
         except ray.exceptions.RayError:
             info = None
         if info is None:
-            record = jobstore.load(name)
+            try:
+                record = jobstore.load(name)
+            except jobstore.JobRecordError as exc:
+                log.warning("%s", exc)
+                continue
             if record is None:
                 continue
-            info = {"name": name, "state": "RESTARTING" if manager is not None else record.state,
-                    "operators": dict(record.parallelism), "uptime_s": time.time() - record.submitted_at,
-                    "records_per_second": None, "restarts": record.restarts}
-        if all or not JobState(info["state"]).terminal:
+            info = JobInfo(name, record.state, record.submitted_at, record.ended_at,
+                           time.time() - record.submitted_at, record.parallelism, record.restarts, record.error,
+                           record.checkpoint_dir, restarting=manager is not None)
+        if all or info.restarting or not info.state.terminal:
             out.append(info)
     return out
 
 
 class AttachedJob:
-    """A detached job's handle: the verbs of ``Job``, carried out by the job's manager."""
+    """A detached job's handle: a ``JobHandle``, whose verbs the job's manager carries out."""
 
     def __init__(self, name: str, manager: Any):
         self.name = name
@@ -110,18 +113,20 @@ class AttachedJob:
     def __repr__(self) -> str:
         return f"AttachedJob({self.name!r})"
 
-    def _call(self, verb: str, *args: Any, timeout: float | None = None, **kwargs: Any) -> Any:
+    def _call(self, method: Any, verb: str, *args: Any, timeout: float | None = None) -> Any:
+        """``method.remote(*args)`` on the manager (``method``: its remote method ``verb``), with the errors
+        the verb raised there; a reading verb retries while the manager restarts."""
         deadline = time.monotonic() + RESTART_WAIT_S
         while True:
             try:
-                return ray.get(self._manager.call.remote(verb, *args, **kwargs), timeout=timeout)
+                return ray.get(method.remote(*args), timeout=timeout)
             except ray.exceptions.RayTaskError as exc:
                 raise (exc.cause if isinstance(exc.cause, BaseException) else exc) from None
             except ray.exceptions.RayActorError as exc:
                 if find_manager(self.name) is None:
                     raise JobNotFoundError(f"job {self.name!r} is gone (forgotten or its cluster "
                                            f"restarted)") from None
-                if verb not in _READING:
+                if verb not in READING_VERBS:
                     raise ManagerRestartedError(
                         f"job {self.name!r}: its manager died during {verb}; the job rolls back to its last "
                         f"checkpoint without it; run {verb} again") from exc
@@ -133,76 +138,78 @@ class AttachedJob:
 
     def status(self) -> Any:
         """The job's ``JobStatus``: state, events (the manager's and the current run's)."""
-        return self._call("status")
+        return self._call(self._manager.status, "status")
 
-    def info(self) -> dict[str, Any]:
+    def info(self) -> JobInfo:
         """A summary: state, uptime, operators and their parallelism, last checkpoint, records/s."""
-        return self._call("info")
+        return self._call(self._manager.info, "info")
 
     def statistics(self) -> Any:
         """Per-instance ``JobStatistics`` (the last snapshot once the job ended)."""
-        return self._call("statistics")
+        return self._call(self._manager.statistics, "statistics")
 
     def metrics(self, timeout: float | None = 60.0) -> Any:
         """A ``Monitor`` op's result, run in-band now."""
-        return self._call("metrics", timeout)
+        return self._call(self._manager.metrics, "metrics", timeout)
 
-    def rescales(self) -> tuple[dict, ...]:
+    def rescales(self) -> tuple[RescaleRecord, ...]:
         """The rescale history: when, operator, from -> to, strategy, duration, bytes, outcome."""
-        return self._call("rescales")
+        return self._call(self._manager.rescales, "rescales")
 
-    def rescale_progress(self, rescale_id: str) -> dict[str, Any]:
+    def rescale_progress(self, rescale_id: str) -> RescaleProgress:
         """The progress of rescale ``rescale_id`` (as ``RemoteRescale.progress``)."""
-        return self._call("rescale_progress", rescale_id)
+        return self._call(self._manager.rescale_progress, "rescale_progress", rescale_id)
 
-    def rescale_result(self, rescale_id: str, timeout: float | None) -> dict[str, Any]:
+    def rescale_result(self, rescale_id: str, timeout: float | None) -> RescaleProgress:
         """Wait up to ``timeout`` s for rescale ``rescale_id``; its final progress (else ``TimeoutError``)."""
-        return self._call("rescale_result", rescale_id, timeout)
+        return self._call(self._manager.rescale_result, "rescale_result", rescale_id, timeout)
 
     # -- operating ---------------------------------------------------------------------
 
     def rescale(self, operator: str, parallelism: int, strategy: str = "all_at_once", planner: str = "ssm",
                 **knobs: Any) -> "RemoteRescale":
         """As ``Job.rescale``; returns a handle with ``progress()``, ``done()`` and ``result(timeout)``."""
-        return RemoteRescale(self, self._call("rescale", operator, parallelism, strategy, planner, None, knobs))
+        return RemoteRescale(self, self._call(self._manager.rescale, "rescale", operator, parallelism, strategy,
+                                              planner, knobs))
 
     def migrate(self, operator: str, assignment: list[int], strategy: str = "all_at_once",
                 **knobs: Any) -> "RemoteRescale":
         """As ``Job.migrate``: a new bin -> instance table for a keyed operator."""
-        return RemoteRescale(self, self._call("rescale", operator, None, strategy, "ssm", list(assignment), knobs))
+        return RemoteRescale(self, self._call(self._manager.migrate, "migrate", operator, list(assignment),
+                                              strategy, knobs))
 
     def autoscale(self, enabled: bool = True, **options: Any) -> dict[str, Any]:
-        """Switch the job's DS2 autoscaler on (options as ``Job.autoscale``) or off."""
-        return self._call("autoscale", enabled, options)
+        """Switch the job's DS2 autoscaler on (options as ``Job.autoscale``) or off; a summary of the switch."""
+        return self._call(self._manager.autoscale, "autoscale", enabled, options)
 
     def checkpoint(self, timeout: float | None = 120.0) -> int:
         """An aligned checkpoint now; returns its id once durable (``checkpoint_info`` for its path)."""
-        return int(self.checkpoint_info(timeout)["id"])
+        return self.checkpoint_info(timeout).id
 
-    def checkpoint_info(self, timeout: float | None = 120.0) -> dict[str, Any]:
-        """An aligned checkpoint now: ``{"id", "path", "duration_s"}``."""
-        return self._call("checkpoint", timeout)
+    def checkpoint_info(self, timeout: float | None = 120.0) -> CheckpointInfo:
+        """An aligned checkpoint now: its id, path and duration."""
+        return self._call(self._manager.checkpoint_info, "checkpoint", timeout)
 
     def savepoint(self, dir: str | None = None, timeout: float | None = 120.0) -> str:
         """A checkpoint kept in ``dir`` (default: under the job's checkpoint dir) until deleted; its path."""
-        return str(self._call("savepoint", dir, timeout)["path"])
+        return self._call(self._manager.savepoint, "savepoint", dir, timeout)
 
-    def stop(self, savepoint: str | None = None, timeout: float | None = 120.0) -> dict[str, Any]:
+    def stop(self, savepoint: str | None = None, timeout: float | None = 120.0) -> CheckpointInfo:
         """Stop gracefully: a final checkpoint (into ``savepoint`` if given), its output committed, the job
-        finished. Returns ``{"id", "path", ...}`` of that checkpoint."""
-        return self._call("stop", savepoint, timeout)
+        finished. Returns that checkpoint."""
+        return self._call(self._manager.stop, "stop", savepoint, timeout)
 
     def cancel(self) -> None:
-        """Stop now; output after the last checkpoint is discarded (an ended job: ``ChirayError``)."""
-        self._call("cancel")
+        """Stop now; output after the last checkpoint is discarded. An ended job is left as it is."""
+        self._call(self._manager.cancel, "cancel")
 
     def run_control(self, op: Any, controller: str | None = None) -> Any:
         """Start a control op on the job; returns its ``OpHandle``."""
-        return self._call("run_control", op, controller)
+        return self._call(self._manager.run_control, "run_control", op, controller)
 
     def forget(self) -> None:
-        """Drop a finished job's record and results and remove its manager."""
-        self._call("forget")
+        """Drop an ended job's record and results and remove its manager (a running job: ``ChirayError``)."""
+        self._call(self._manager.forget, "forget")
         try:
             ray.kill(self._manager, no_restart=True)
         except Exception:
@@ -211,13 +218,22 @@ class AttachedJob:
     # -- waiting -----------------------------------------------------------------------
 
     def wait(self, timeout: float | None = None) -> None:
-        """Block until the job ends, as ``Job.wait`` (TimeoutError, JobFailedError, JobCancelledError)."""
+        """Block until the job ends, as ``Job.wait``.
+
+        Raises:
+            ValueError: a negative timeout.
+            TimeoutError: still running after ``timeout``.
+            OperatorError / JobFailedError: the job failed (the error ``Job.wait`` raised in the manager).
+            JobCancelledError: the job was cancelled.
+        """
+        check_timeout(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             left = 5.0 if deadline is None else min(max(deadline - time.monotonic(), 0.0), 5.0)
-            state = JobState(self._call("wait", left))
+            state = self._call(self._manager.wait, "wait", left)
             if state is JobState.FAILED:
-                raise JobFailedError(f"job {self.name!r} failed: {self.info().get('error')}")
+                failure = self._call(self._manager.failure, "wait")
+                raise failure if failure is not None else JobFailedError(f"job {self.name!r} failed")
             if state is JobState.CANCELLED:
                 raise JobCancelledError(f"job {self.name!r} was cancelled")
             if state is JobState.FINISHED:
@@ -228,7 +244,7 @@ class AttachedJob:
     def result(self, sink: str | None = None) -> Any:
         """A finished job's sink result (``collect()``: a table; ``to_parquet``: the committed files)."""
         self.wait()
-        return self._call("result", sink)
+        return self._call(self._manager.result, "result", sink)
 
 
 class RemoteRescale:
@@ -238,15 +254,16 @@ class RemoteRescale:
         self.job = job
         self.id = rescale_id
 
-    def progress(self) -> dict[str, Any]:
-        """{"state", "steps_done", "steps", "bins_moved", "bins", "bytes_moved", "elapsed_s", "done", ...}."""
+    def progress(self) -> RescaleProgress:
+        """Where the rescale is (its history entry's outcome once done)."""
         return self.job.rescale_progress(self.id)
 
     def done(self) -> bool:
-        return bool(self.progress()["done"])
+        return bool(self.progress().done)
 
-    def result(self, timeout: float | None = None) -> dict[str, Any]:
+    def result(self, timeout: float | None = None) -> RescaleProgress:
         """Wait for the rescale; returns its final progress (raises ``TimeoutError`` / the rescale's error)."""
+        check_timeout(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             left = 5.0 if deadline is None else min(max(deadline - time.monotonic(), 0.0), 5.0)
@@ -255,4 +272,3 @@ class RemoteRescale:
             except TimeoutError:
                 if deadline is not None and time.monotonic() >= deadline:
                     raise
-

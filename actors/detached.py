@@ -2,8 +2,10 @@
 
 ``JobManager`` is a thin ``@ray.remote`` shell (``lifetime="detached"``,
 named by the job in the ``"chiray"`` namespace, ``max_restarts=-1``) around
-``manager.JobManagerCore``: it deploys in a thread of its own and answers
-``call(verb, ...)``. ``submit_detached`` refuses sources that need the
+``manager.JobManagerCore``: it deploys in a thread of its own and has one
+remote method per verb of ``manager.VERBS`` (the ``JobHandle`` protocol's,
+generated here, so a verb the core lacks fails at import and a misspelt
+call is an ``AttributeError`` of the actor handle). ``submit_detached`` refuses sources that need the
 driver, refuses a name that is taken, starts the manager and waits until the
 job is deployed (raising what made the deployment fail).
 """
@@ -13,7 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 import warnings
-from typing import Any
+from typing import Any, Callable
 
 import cloudpickle
 import ray
@@ -29,9 +31,8 @@ from .manager import VERBS, JobManagerCore
 __all__ = ["JobManager", "submit_detached", "refuse_driver_bound"]
 
 
-@ray.remote(max_restarts=-1, max_concurrency=64, num_cpus=0)  # type: ignore[call-overload]
-class JobManager:
-    """The actor shell: deploys in a thread of its own and answers ``call(verb, ...)``."""
+class _JobManagerShell:
+    """The actor shell: deploys in a thread of its own and answers each verb (added below) once deployed."""
 
     def __init__(self, name: str, flow: bytes, config: JobConfig, restore_from: str | None):
         logging.basicConfig(level=logging.WARNING)
@@ -44,11 +45,25 @@ class JobManager:
     def ready(self, timeout: float | None = None) -> None:
         self._core.ready(timeout)
 
-    def call(self, verb: str, *args: Any, **kwargs: Any) -> Any:
-        if verb not in VERBS:
-            raise ValueError(f"job manager: unknown verb {verb!r}; verbs: {sorted(VERBS)}")
+
+
+def _verb(method: Callable[..., Any]) -> Callable[..., Any]:
+    """The shell's method for one of the core's: waits until the job is deployed, then calls it."""
+
+    def verb(self: _JobManagerShell, *args: Any, **kwargs: Any) -> Any:
         self._core.ready(None)
-        return getattr(self._core, verb)(*args, **kwargs)
+        return method(self._core, *args, **kwargs)
+
+    verb.__name__ = verb.__qualname__ = method.__name__
+    verb.__doc__ = method.__doc__
+    return verb
+
+
+for _name in VERBS:
+    setattr(_JobManagerShell, _name, _verb(getattr(JobManagerCore, _name)))  # AttributeError: a verb it lacks
+
+JobManager = ray.remote(max_restarts=-1, max_concurrency=64, num_cpus=0)(_JobManagerShell)  # type: ignore[call-overload]
+"""The job manager actor class (``JobManager.options(...).remote(name, flow, config, restore_from)``)."""
 
 
 def refuse_driver_bound(flow: Any) -> None:
@@ -95,7 +110,7 @@ def _taken(name: str, manager: Any) -> str:
     state = "running"
     if manager is not None:
         try:
-            state = ray.get(manager.call.remote("info"), timeout=10)["state"].lower()
+            state = ray.get(manager.info.remote(), timeout=10).as_dict()["state"].lower()
         except Exception:
             state = "restarting"
     if state in ("finished", "failed", "cancelled"):

@@ -1,4 +1,4 @@
-"""job.py: ``Job``, the driver's handle on a running job (``submit.py`` deploys one).
+"""job.py: ``Job``, the driver's handle on a running job (``submit.py`` deploys one): a ``JobHandle``.
 
 Example:
     >>> import ray
@@ -30,8 +30,11 @@ from chiray.operators.graph import OperatorKind, PhysicalPlan
 from .autoscaler import start_autoscale
 from .controlops import SideController
 from .controller import HostedController, JobController, controller_host
-from .errors import JobCancelledError, JobFailedError
+from .errors import ChirayError, JobCancelledError, JobFailedError
+from .handle import JobNotFoundError, check_timeout, ended_error
+from .jobfiles import RescaleOutcome, commit_stopped, copy_savepoint
 from .jobtopology import JobTopology
+from .jobvalues import CheckpointInfo, EventKind, JobEvent, JobInfo, RescaleRecord
 from .statistics import InstanceStatistics
 from .ophandle import OpHandle, OpSender
 from .pool import kill, warm_pool
@@ -44,20 +47,21 @@ __all__ = ["Job", "JobStatus", "JobStatistics"]
 log = logging.getLogger(__name__)
 
 
-def _check_timeout(timeout: float | None) -> None:
-    if timeout is not None and timeout < 0:
-        raise ValueError(f"timeout must be None (wait forever), 0 (poll) or positive, got {timeout}")
-
-
 @dataclasses.dataclass(frozen=True, slots=True)
 class JobStatus:
-    """A job's state, the instances that finished, and its events (failures, recoveries)."""
+    """A job's state, the instances that finished, and its events (failures, recoveries).
+
+    Attributes:
+        events: the events as text, oldest first (``str`` of each of ``history``).
+        history: the same events as ``JobEvent`` values.
+    """
 
     name: str
     state: JobState
     finished_instances: tuple[tuple[str, int], ...]
     events: tuple[str, ...]
     error: BaseException | None
+    history: tuple[JobEvent, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -115,7 +119,11 @@ class Job:
         self._deployment: Deployment | None = None
         self._supervisor: Supervisor | None = None
         self.started_at = time.time()
+        self.ended_at: float | None = None
         self.autoscaler: Any = None  # see autoscale()
+        self._rescales: list[tuple[RescaleRecord, RescaleHandle]] = []  # this handle's rescales, oldest first
+        self._stopped: CheckpointInfo | None = None  # the checkpoint stop() ended the job at
+        self._forgotten = False
 
     def launch(self, deployment: Deployment, restore: RestoreInfo | None,
                make_controller: Callable[..., Any]) -> None:
@@ -194,13 +202,14 @@ class Job:
         for side in self._side.values():
             side.set_view.remote(self.view)
 
-    def _call(self, method: str, *args: Any, timeout: float | None = None) -> Any:
-        """Call the job controller; retry while the supervisor replaces a dead one."""
+    def _call(self, send: Callable[[Any], Any], timeout: float | None = None) -> Any:
+        """``send(controller)`` (a remote call on the job controller) and its answer; retry while the
+        supervisor replaces a dead controller."""
         deadline = time.monotonic() + 60.0
         while True:
             controller = self.topology.controller
             try:
-                return ray.get(getattr(controller, method).remote(*args), timeout=timeout)
+                return ray.get(send(controller), timeout=timeout)
             except ray.exceptions.RayActorError:
                 if self._final is not None or time.monotonic() > deadline:
                     raise
@@ -220,10 +229,12 @@ class Job:
             OperatorError: a user function raised (its exception is the cause).
             JobFailedError: the job failed otherwise (a host died).
             JobCancelledError: the job was cancelled.
+            JobNotFoundError: the job was forgotten.
         """
-        _check_timeout(timeout)
+        check_timeout(timeout)
+        self._known()
         if self._final is None:
-            snap = self._call("wait", timeout)
+            snap = self._call(lambda c: c.wait.remote(timeout))
             if not snap.state.terminal:
                 raise TimeoutError(f"job {self.name!r} still running after {timeout} s")
             self._finalize(snap)
@@ -241,7 +252,7 @@ class Job:
         if self._supervisor is not None:
             self._supervisor.stop()
         if snap.state is JobState.FINISHED:
-            per_instance = self._call("results")
+            per_instance = self._call(lambda c: c.results.remote())
             try:
                 self._last_stats = self._collect_statistics()
             except ray.exceptions.RayError:
@@ -253,6 +264,7 @@ class Job:
                     node.sink.commit_final(parts)  # every instance finished: the last epoch is safe
                     self._results[node.name] = node.sink.combine(parts)
         self._final = snap
+        self.ended_at = time.time()
         self._shutdown()
         if self._own_dir is not None and snap.state is JobState.FINISHED:
             shutil.rmtree(self._own_dir, ignore_errors=True)
@@ -262,7 +274,12 @@ class Job:
 
         Args:
             sink: the sink operator's name; may be omitted when there is one sink.
+
+        Raises:
+            ValueError: no such sink, or several and none named.
+            JobNotFoundError: the job was forgotten.
         """
+        self._known()
         if self._final is None:
             self.wait()
         self._raise_if_failed()
@@ -281,26 +298,94 @@ class Job:
     # -- control ---------------------------------------------------------------------
 
     def cancel(self) -> None:
-        """Stop the job and remove its actors; unfinished sink output is discarded. Idempotent."""
+        """Stop the job and remove its actors; unfinished sink output is discarded. An ended job is left as
+        it is (idempotent)."""
         if self._final is not None:
             return
+        snap = self._halt()
+        if snap.state is JobState.FINISHED:
+            self._finalize(snap)
+            return
+        self._final = snap
+        self.ended_at = time.time()
+        self._shutdown()
+        if self._own_dir is not None:  # nothing to restore from after a cancel
+            shutil.rmtree(self._own_dir, ignore_errors=True)
+
+    def _halt(self) -> LifecycleSnapshot:
+        """Stop the supervisor, the controller and the hosts; the controller's last snapshot."""
         if self._supervisor is not None:
             self._supervisor.stop()
         try:
             snap = ray.get(self.topology.controller.cancel.remote(), timeout=30)
         except ray.exceptions.RayError:
             snap = LifecycleSnapshot(JobState.CANCELLED, (), (), None, ("cancelled",))
-        if snap.state is JobState.FINISHED:
-            self._finalize(snap)
-            return
+        if snap.state is not JobState.FINISHED:
+            try:
+                ray.get([h.abort.remote() for h in self.topology.hosts()], timeout=30)
+            except ray.exceptions.RayError:
+                pass
+        return snap
+
+    def stop(self, savepoint: str | None = None, timeout: float | None = 120.0) -> CheckpointInfo:
+        """Stop gracefully: a final checkpoint (a savepoint into ``savepoint`` if given), its sink output
+        committed, later output discarded, the hosts stopped; the job ends as finished.
+
+        Args:
+            savepoint: a directory to keep the final checkpoint in (as :meth:`savepoint`).
+            timeout: seconds for the checkpoint.
+
+        Returns:
+            The final checkpoint (a savepoint's path if one was asked for).
+
+        Raises:
+            JobEndedError: the job has ended.
+            OpFailedError / OpTimeoutError: the checkpoint failed; the job runs on.
+        """
+        taken = self.savepoint_info(savepoint, timeout) if savepoint else self.checkpoint_info(timeout)
         try:
-            ray.get([h.abort.remote() for h in self.topology.hosts()], timeout=30)
+            self._last_stats = self._collect_statistics()
         except ray.exceptions.RayError:
             pass
-        self._final = snap
+        snap = self._halt()
+        if snap.state is JobState.FINISHED:  # it reached the end of its input meanwhile: all output is final
+            self._finalize(snap)
+            return taken
+        assert self._deployment is not None
+        self._results = commit_stopped(self.plan.graph, self._deployment.storage, taken.id)
+        self._stopped = taken
+        events = (*snap.events, f"stopped at checkpoint {taken.id}" + (f" (savepoint {taken.path})" if savepoint
+                                                                        else ""))
+        self._final = LifecycleSnapshot(JobState.FINISHED, snap.finished_instances, (), None, events,
+                                        snap.restarts)
+        self.ended_at = time.time()
         self._shutdown()
-        if self._own_dir is not None:  # nothing to restore from after a cancel
+        if self._own_dir is not None:
             shutil.rmtree(self._own_dir, ignore_errors=True)
+        return taken
+
+    def forget(self) -> None:
+        """Drop an ended job's results and statistics; later verbs raise ``JobNotFoundError``.
+
+        The driver's job keeps no record elsewhere: forgetting releases what this handle holds.
+
+        Raises:
+            ChirayError: the job still runs (stop or cancel it first).
+        """
+        if self._final is None:
+            raise ChirayError(f"job {self.name!r} is {self.status().state.value.lower()}: stop or cancel it "
+                              f"first")
+        self._results, self._last_stats, self._rescales, self._forgotten = {}, None, [], True
+
+    def _known(self) -> None:
+        if self._forgotten:
+            raise JobNotFoundError(f"job {self.name!r} is gone (forgotten)")
+
+    def _running(self, verb: str) -> None:
+        """Raise ``JobEndedError`` if the job has ended (``JobNotFoundError`` once forgotten)."""
+        self._known()
+        if self._final is not None:
+            raise ended_error(self.name, self._final.state, verb)
 
     def _shutdown(self) -> None:
         if self._supervisor is not None:
@@ -333,7 +418,11 @@ class Job:
 
         Returns:
             A handle: ``result(timeout)`` waits for the op's result.
+
+        Raises:
+            JobEndedError: the job has ended.
         """
+        self._running("run a control op on")
         op_id = op_id or f"{controller or 'controller'}:{uuid.uuid4().hex[:12]}:{type(op).__name__}"
         handle = self.topology.controller if controller is None else self._side_controller(controller)
         with self._lock:  # a recovery gives the job a new controller: a new sender for it
@@ -378,9 +467,13 @@ class Job:
         Raises:
             ValueError / TypeError: an unknown operator, strategy, planner or knob, a
                 parallelism < 1, a source or sink, a keyed strategy for a stateless operator.
-            RescaleError: another rescale of the operator is running, or the job ended.
+            RescaleError: another rescale of the operator is running.
+            JobEndedError: the job has ended (a ``RescaleError`` too).
         """
-        return start_rescale(self, operator, parallelism, strategy, planner, None, knobs)
+        self._running("rescale")
+        before = self.plan.graph.nodes[operator].parallelism if operator in self.plan.graph.nodes else None
+        handle = start_rescale(self, operator, parallelism, strategy, planner, None, knobs)
+        return self._note_rescale(handle, before, parallelism, strategy)
 
     def migrate(self, operator: str, assignment: list[int], strategy: str = "all_at_once",
                 **knobs: Any) -> RescaleHandle:
@@ -390,9 +483,36 @@ class Job:
             assignment: the new bin -> instance table (one entry per bin).
             strategy, knobs: as for :meth:`rescale`.
         """
+        self._running("rescale")
         node = self.plan.graph.nodes.get(operator)
         parallelism = node.parallelism if node is not None else None
-        return start_rescale(self, operator, parallelism, strategy, "ssm", list(assignment), knobs)  # type: ignore[arg-type]
+        handle = start_rescale(self, operator, parallelism, strategy, "ssm", list(assignment), knobs)  # type: ignore[arg-type]
+        return self._note_rescale(handle, parallelism, parallelism, strategy)
+
+    def _note_rescale(self, handle: RescaleHandle, before: int | None, after: int | None,
+                      strategy: str) -> RescaleHandle:
+        entry = RescaleRecord(uuid.uuid4().hex[:10], time.time(), handle.operator, before, after, strategy,
+                              RescaleOutcome.RUNNING)
+        self._rescales.append((entry, handle))
+        return handle
+
+    def rescales(self) -> tuple[RescaleRecord, ...]:
+        """The rescales and migrations started through this handle, oldest first, with their outcomes."""
+        self._known()
+        out = []
+        for entry, handle in self._rescales:
+            if not handle.done():
+                out.append(entry)
+                continue
+            progress = handle.progress()
+            try:
+                handle.result(0)
+                outcome, error = RescaleOutcome.DONE, None
+            except Exception as exc:
+                outcome, error = RescaleOutcome.FAILED, str(exc)
+            out.append(entry.replace(state=outcome, error=error, duration_s=progress.elapsed_s,
+                                     bytes_moved=progress.bytes_moved, bins_moved=progress.bins_moved))
+        return tuple(out)
 
     def refill_spare_hosts(self, timeout: float | None = None) -> None:
         """Start spare hosts for those scale-outs took (``JobConfig.spare_hosts``) and wait until they are up.
@@ -406,7 +526,7 @@ class Job:
         Raises:
             TimeoutError: not all up after ``timeout``.
         """
-        _check_timeout(timeout)
+        check_timeout(timeout)
         if self._deployment is None or self._final is not None:
             return
         self._deployment.start_spares()
@@ -424,14 +544,13 @@ class Job:
         checkpoint newer than any before the call is returned (it became durable), else it failed.
 
         Raises:
+            JobEndedError: the job has ended (an ``OpFailedError`` too).
             OpFailedError / OpTimeoutError: the checkpoint failed (a host died, the input ended).
         """
-        if self._final is not None:
-            raise OpFailedError(f"job {self.name!r} has ended ({self._final.state.value.lower()}); there is nothing "
-                                f"left to checkpoint")
+        self._running("checkpoint")
         storage = self._deployment.storage if self._deployment is not None else None
         before = max(storage.committed(), default=0) if storage is not None else 0
-        op_id = self._call("checkpoint")
+        op_id = self._call(lambda c: c.checkpoint.remote())
         try:
             return OpHandle(op_id, self.topology.controller, timeout).result(timeout)
         except OpFailedError as exc:
@@ -445,10 +564,47 @@ class Job:
                                 f"before it was durable (the newest complete checkpoint is still "
                                 f"{before or 'none'})") from exc
 
+    def checkpoint_info(self, timeout: float | None = 120.0) -> CheckpointInfo:
+        """As :meth:`checkpoint`; returns the checkpoint's id, path and how long it took."""
+        started = time.monotonic()
+        checkpoint_id = self.checkpoint(timeout)
+        assert self._deployment is not None
+        return CheckpointInfo(checkpoint_id, self._deployment.storage.chk_dir(checkpoint_id),
+                              time.monotonic() - started)
+
+    def savepoint(self, dir: str | None = None, timeout: float | None = 120.0) -> str:
+        """A checkpoint now, copied to ``dir`` (default ``<checkpoint_dir>/savepoints``), kept until deleted.
+
+        Returns:
+            The savepoint's path: ``submit(flow, restore_from=<dir>)`` starts a job from it.
+
+        Raises:
+            ValueError: no ``dir`` for a job whose checkpoints go to a temporary directory (removed at its end).
+            JobEndedError: the job has ended.
+            OpFailedError / OpTimeoutError / CheckpointError: the checkpoint or its copy failed.
+        """
+        return self.savepoint_info(dir, timeout).path
+
+    def savepoint_info(self, dir: str | None = None, timeout: float | None = 120.0) -> CheckpointInfo:
+        """As :meth:`savepoint`; returns the savepoint's id, path, duration and root directory."""
+        self._running("savepoint")
+        if dir is None and self._own_dir is not None:
+            raise ValueError(f"job {self.name!r} keeps its checkpoints in a temporary directory, removed when it "
+                             f"ends: give savepoint a directory (or submit with checkpoint_dir=...)")
+        assert self._deployment is not None
+        storage = self._deployment.storage
+        root = dir or f"{storage.root_uri.rstrip('/')}/savepoints"
+        return copy_savepoint(storage, self.checkpoint_info(timeout), root)
+
     def metrics(self, timeout: float | None = 60.0) -> Any:
-        """Run a non-blocking ``Monitor`` op in-band and return its result."""
+        """Run a non-blocking ``Monitor`` op in-band and return its result.
+
+        Raises:
+            JobEndedError: the job has ended.
+        """
         from chiray.control.ops.monitor import Monitor
 
+        self._running("read metrics of")
         return self.run_control(Monitor()).result(timeout)
 
     def autoscale(self, enabled: bool = True, **options: Any) -> Any:
@@ -456,15 +612,45 @@ class Job:
 
         See ``chiray.actors.autoscaler.start_autoscale`` for the options; decisions are in
         ``job.autoscaler.events``.
+
+        Returns:
+            The running ``Autoscaler`` (``None`` when switched off).
+
+        Raises:
+            JobEndedError: the job has ended.
         """
+        self._running("autoscale")
         return start_autoscale(self, enabled, **options)
 
     # -- observing -------------------------------------------------------------------
 
     def status(self) -> JobStatus:
-        """The job's state and events."""
-        snap = self._final or self._call("snapshot")
-        return JobStatus(self.name, snap.state, snap.finished_instances, snap.events, snap.error)
+        """The job's state and events (``JobNotFoundError`` once forgotten)."""
+        self._known()
+        snap = self._final or self._call(lambda c: c.snapshot.remote())
+        history = tuple(JobEvent.of(EventKind.RUN, text=e) for e in snap.events)
+        return JobStatus(self.name, snap.state, snap.finished_instances, snap.events, snap.error, history)
+
+    def info(self) -> JobInfo:
+        """A summary: state, uptime, operators and parallelism, last checkpoint, records/s."""
+        state = self.status().state
+        storage = self._deployment.storage if self._deployment is not None else None
+        ids = storage.committed() if storage is not None and not (self._own_dir and self._final) else []
+        last = CheckpointInfo(ids[-1], storage.chk_dir(ids[-1])) if ids and storage is not None else None
+        error = self._final.error if self._final is not None else None
+        rate = None
+        if self._final is None:
+            try:
+                sources = {n.name for n in self.plan.graph.nodes.values() if n.kind is OperatorKind.SOURCE}
+                out = sum(s.records_out for s in self.statistics().instances if s.operator in sources)
+                rate = out / max(time.time() - self.started_at, 1e-6)
+            except ray.exceptions.RayError:
+                pass
+        return JobInfo(self.name, state, self.started_at, self.ended_at,
+                       (self.ended_at or time.time()) - self.started_at,
+                       tuple((n.name, n.parallelism) for n in self.plan.graph.nodes.values()), 0,
+                       None if error is None else f"{type(error).__name__}: {error}", self.checkpoint_dir, last,
+                       rate)
 
     def _collect_statistics(self) -> JobStatistics:
         hosts = self.topology.hosts()
@@ -472,10 +658,15 @@ class Job:
         return JobStatistics(tuple(s for stats in per_host for s in stats), time.time())
 
     def statistics(self) -> JobStatistics:
-        """Per-instance counters, queue depths and back-pressured time (last snapshot once ended)."""
+        """Per-instance counters, queue depths and back-pressured time (last snapshot once ended).
+
+        Raises:
+            ChirayError: the job ended without statistics (its hosts were gone).
+        """
+        self._known()
         if self._final is not None:
             if self._last_stats is None:
-                raise RuntimeError(f"job {self.name!r} ended without statistics")
+                raise ChirayError(f"job {self.name!r} ended without statistics")
             return self._last_stats
         self._last_stats = self._collect_statistics()
         return self._last_stats

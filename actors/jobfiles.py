@@ -2,26 +2,25 @@
 
 A job's sink output and checkpoints in storage (committing what a checkpoint
 staged, reading committed results, sizes), the dataflow at the parallelism
-rescales left, and the plain forms of rescale progress kept in the record.
+rescales left, and the rescale progress kept in the record.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import enum
 import logging
 from typing import Any
 
-import cloudpickle
 import pyarrow.fs as pafs
 
 from chiray.operators.graph import OperatorKind
 
+from .jobvalues import CheckpointInfo, RescaleOutcome, RescaleProgress, RescaleRecord
 from .restore import RestoreInfo
 from .storage import CheckpointStorage
 
-__all__ = ["RescaleOutcome", "sink_names", "recover_sinks", "with_parallelism", "dir_bytes", "committed_results", "interrupted",
-           "plain"]
+__all__ = ["RescaleOutcome", "sink_names", "recover_sinks", "with_parallelism", "dir_bytes", "committed_results",
+           "interrupted", "plain", "copy_savepoint", "commit_stopped"]
 
 log = logging.getLogger(__name__)
 
@@ -30,9 +29,9 @@ def sink_names(graph: Any) -> list[str]:
     return [n.name for n in graph.nodes.values() if n.kind is OperatorKind.SINK]
 
 
-def recover_sinks(flow: Any, storage: CheckpointStorage, restore: RestoreInfo | None) -> None:
-    """Commit what ``restore``'s checkpoint staged for each sink and discard their later staged output."""
-    for node in flow.graph.nodes.values():
+def recover_sinks(graph: Any, storage: CheckpointStorage, restore: RestoreInfo | None) -> None:
+    """Commit what ``restore``'s checkpoint staged for each sink of ``graph`` and discard their later output."""
+    for node in graph.nodes.values():
         if node.kind is OperatorKind.SINK:
             bound = node.sink.bind_output(storage.output_dir(node.name), node.name)
             bound.recover(restore.sink_staged(node.name) if restore is not None else [])
@@ -51,10 +50,10 @@ def dir_bytes(fs: pafs.FileSystem, path: str) -> int:
     return sum(i.size or 0 for i in infos if i.type == pafs.FileType.File)
 
 
-def committed_results(flow_bytes: bytes, storage: CheckpointStorage) -> dict[str, Any]:
-    flow = cloudpickle.loads(flow_bytes)
+def committed_results(graph: Any, storage: CheckpointStorage) -> dict[str, Any]:
+    """Sink -> what it committed to ``storage`` (``graph``: a logical or physical plan's graph)."""
     out = {}
-    for node in flow.graph.nodes.values():
+    for node in graph.nodes.values():
         if node.kind is OperatorKind.SINK:
             try:
                 out[node.name] = node.sink.bind_output(storage.output_dir(node.name), node.name).combine([])
@@ -63,22 +62,43 @@ def committed_results(flow_bytes: bytes, storage: CheckpointStorage) -> dict[str
     return out
 
 
-class RescaleOutcome(str, enum.Enum):
-    """A rescale's state in a job's record (its history, as the CLI shows it)."""
-
-    RUNNING = "running"
-    DONE = "done"
-    FAILED = "failed"
-    INTERRUPTED = "interrupted"
-
-
-def interrupted(entry: dict[str, Any]) -> dict[str, Any]:
+def interrupted(entry: RescaleRecord) -> RescaleRecord:
     """A rescale that was running when the manager died: the rollback undid it."""
-    if entry["state"] != RescaleOutcome.RUNNING:
+    if entry.state is not RescaleOutcome.RUNNING:
         return entry
-    return {**entry, "state": RescaleOutcome.INTERRUPTED.value, "error": "the job manager restarted during the rescale; the job "
-            "rolled back to its last checkpoint, before it; run the rescale again"}
+    return entry.replace(state=RescaleOutcome.INTERRUPTED, error="the job manager restarted during the rescale; the "
+                         "job rolled back to its last checkpoint, before it; run the rescale again")
 
 
-def plain(progress: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in progress.items() if k != "step_log"}
+def plain(progress: RescaleProgress) -> RescaleProgress:
+    """``progress`` without its step log (what a job's record keeps)."""
+    return progress.replace(step_log=())
+
+
+def copy_savepoint(storage: CheckpointStorage, taken: CheckpointInfo, directory: str) -> CheckpointInfo:
+    """Copy checkpoint ``taken`` of ``storage`` to ``directory``, where it stays until deleted.
+
+    Returns:
+        ``taken`` with the copy's path and ``root=directory``.
+
+    Raises:
+        CheckpointError: the copy is incomplete.
+    """
+    target = CheckpointStorage(directory)
+    target.fs.create_dir(target.chk_dir(taken.id), recursive=True)
+    pafs.copy_files(storage.chk_dir(taken.id), target.chk_dir(taken.id), source_filesystem=storage.fs,
+                    destination_filesystem=target.fs)
+    target.load(taken.id)  # raises if the copy is incomplete
+    path = target.chk_dir(taken.id) if "://" not in directory else f"{directory.rstrip('/')}/chk-{taken.id:06d}"
+    return dataclasses.replace(taken, path=path, root=directory)
+
+
+def commit_stopped(graph: Any, storage: CheckpointStorage, checkpoint_id: int) -> dict[str, Any]:
+    """A stopped job's sinks commit what checkpoint ``checkpoint_id`` staged and discard later output.
+
+    Returns:
+        sink -> its committed result.
+    """
+    recover_sinks(graph, storage, RestoreInfo(storage, storage.load(checkpoint_id)))
+    return committed_results(graph, storage)
+

@@ -1,7 +1,9 @@
 """jobstore.py: a detached job's record in Ray's internal key-value store, where a restarted manager finds it.
 
 The record is one pickled ``JobRecord`` under ``chiray/job/<name>`` in the
-KV namespace ``"chiray"``. It lives in the cluster's control store (GCS), so
+KV namespace ``"chiray"``, stamped with ``RECORD_SCHEMA``: a record stored
+by a chiray with another layout is refused with a ``JobRecordError``, never
+half-read. It lives in the cluster's control store (GCS), so
 it survives the job manager's process; it goes when the cluster goes or the
 job is forgotten (``chiray forget``).
 """
@@ -17,15 +19,26 @@ from ray.experimental import internal_kv
 
 from chiray.control.coordination import JobState
 
-__all__ = ["NAMESPACE", "JobRecord", "save", "load", "delete", "names"]
+from .errors import ChirayError
+from .jobvalues import EventKind, JobEvent, RescaleRecord
+
+__all__ = ["NAMESPACE", "RECORD_SCHEMA", "JobRecord", "JobRecordError", "save", "load", "delete", "names"]
 
 NAMESPACE = "chiray"
 """The Ray namespace of every job manager actor, and the KV namespace of their records."""
 
 _PREFIX = "chiray/job/"
 
+RECORD_SCHEMA = 2
+"""The layout of ``JobRecord``; bump it with every change of its fields or of the values it holds.
+1: states, events and rescales as strings and dicts; 2: ``JobState``, ``JobEvent``, ``RescaleRecord``."""
 
-@dataclasses.dataclass(frozen=True)
+
+class JobRecordError(ChirayError):
+    """A stored job record this chiray cannot read (another schema version, or not a record)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class JobRecord:
     """What a job manager needs to bring its job back after a restart, and what it reports.
 
@@ -35,16 +48,18 @@ class JobRecord:
         config: the ``JobConfig`` (``detached`` set).
         checkpoint_dir: where the job's checkpoints go (fixed at submit).
         restore_from: the checkpoint the job first started from, if any.
-        state: ``RUNNING``, ``RECOVERING``, ``FINISHED``, ``FAILED`` or ``CANCELLED``.
+        state: the job's ``JobState``.
         parallelism: operator -> parallelism now (rescales change it).
-        events: the manager's events, oldest first (submits, recoveries, rescales, checkpoints).
-        rescales: the rescale history, one dict per rescale.
+        events: the manager's ``JobEvent``s, oldest first (submits, recoveries, rescales, checkpoints).
+        rescales: the rescale history, one ``RescaleRecord`` per rescale.
         results: sink -> its result, once the job finished.
         statistics: the last ``JobStatistics`` of a finished job.
         error: what made the job fail, as text.
+        failure: what made the job fail (``errors.portable``), raised by ``wait()``.
         submitted_at / ended_at: ``time.time()`` stamps.
         restarts: how often the manager was restarted.
         autoscale: the autoscaler's options while it is on (``None``: off); a restarted manager turns it on.
+        schema: the record's layout, ``RECORD_SCHEMA`` when this chiray wrote it.
     """
 
     name: str
@@ -52,25 +67,27 @@ class JobRecord:
     config: Any
     checkpoint_dir: str
     restore_from: str | None
-    state: str = "RUNNING"
+    state: JobState = JobState.RUNNING
     parallelism: tuple[tuple[str, int], ...] = ()
-    events: tuple[str, ...] = ()
-    rescales: tuple[dict, ...] = ()
+    events: tuple[JobEvent, ...] = ()
+    rescales: tuple[RescaleRecord, ...] = ()
     results: tuple[tuple[str, Any], ...] = ()
     statistics: Any = None
     error: str | None = None
+    failure: BaseException | None = None
     autoscale: tuple[tuple[str, Any], ...] | None = None
     submitted_at: float = dataclasses.field(default_factory=time.time)
     ended_at: float | None = None
     restarts: int = 0
+    schema: int = RECORD_SCHEMA
 
-    def with_event(self, text: str) -> "JobRecord":
-        stamp = time.strftime("%H:%M:%S", time.localtime())
-        return dataclasses.replace(self, events=(*self.events, f"{stamp} {text}"))
+    def with_event(self, kind: EventKind, **fields: Any) -> "JobRecord":
+        """The record with one more event, of ``kind`` with ``fields``, stamped now."""
+        return dataclasses.replace(self, events=(*self.events, JobEvent.of(kind, time.time(), **fields)))
 
     @property
     def terminal(self) -> bool:
-        return JobState(self.state).terminal
+        return self.state.terminal
 
 
 def _key(name: str) -> str:
@@ -84,9 +101,33 @@ def save(record: JobRecord) -> None:
 
 
 def load(name: str) -> JobRecord | None:
-    """The stored record of job ``name``, or ``None``."""
+    """The stored record of job ``name``, or ``None``.
+
+    Raises:
+        JobRecordError: the stored record has another schema version (or is no record).
+    """
     data = internal_kv._internal_kv_get(_key(name), namespace=NAMESPACE)
-    return None if data is None else cloudpickle.loads(data)
+    return None if data is None else decode(name, data)
+
+
+def decode(name: str, data: bytes) -> JobRecord:
+    """The record of job ``name`` from its stored bytes.
+
+    Raises:
+        JobRecordError: another schema version, or not a record.
+    """
+    try:
+        record = cloudpickle.loads(data)
+    except Exception as exc:  # a record of another layout may not even unpickle
+        raise JobRecordError(f"job {name!r}: its stored record cannot be read ({type(exc).__name__}: {exc}); "
+                             f"it was stored by another chiray version (this one reads record schema "
+                             f"{RECORD_SCHEMA}): forget it with `chiray forget {name}`") from exc
+    schema = getattr(record, "schema", 1) if isinstance(record, JobRecord) else None
+    if schema != RECORD_SCHEMA:
+        raise JobRecordError(f"job {name!r}: its stored record has schema {schema}, this chiray reads schema "
+                             f"{RECORD_SCHEMA}: use the chiray version that submitted it, or forget it with "
+                             f"`chiray forget {name}`")
+    return record
 
 
 def delete(name: str) -> None:

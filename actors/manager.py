@@ -32,33 +32,31 @@ from typing import Any
 
 import cloudpickle
 import ray
-import pyarrow.fs as pafs
 
 from chiray.control.coordination import JobState
 from chiray.operators.graph import OperatorKind
 
 from . import jobstore
 from .config import JobConfig
-from .errors import ChirayError, JobCancelledError
+from .errors import ChirayError, JobCancelledError, portable
+from .handle import VERBS as JOB_VERBS, ended_error
 from .job import Job, JobStatus
-from .jobfiles import RescaleOutcome, committed_results, dir_bytes, interrupted, plain, recover_sinks
+from .jobfiles import RescaleOutcome, dir_bytes, interrupted, plain, recover_sinks
 from .jobfiles import sink_names, with_parallelism
+from .jobvalues import CheckpointInfo, EventKind, JobEvent, JobInfo, RescaleProgress, RescaleRecord, RescaleState
 from .submit import submit
 from .jobstore import JobRecord
 from .metrics import MetricsExporter
 from .restore import RestoreInfo
-from .rescale import RescaleState
 from .storage import CheckpointStorage
 
 __all__ = ["JobManagerCore", "VERBS"]
 
 log = logging.getLogger(__name__)
 
-VERBS = frozenset({
-    "status", "info", "statistics", "host_pids", "metrics", "rescale", "rescale_progress", "rescale_result", "rescales",
-    "checkpoint", "savepoint", "stop", "autoscale", "cancel", "run_control", "wait", "result", "forget",
-})
-"""The manager methods a client may call (``JobManager.call``)."""
+VERBS: tuple[str, ...] = (*JOB_VERBS, "savepoint_info", "rescale_progress", "rescale_result", "host_pids",
+                          "failure")
+"""The manager methods a client may call: every ``JobHandle`` verb, and what ``RemoteRescale`` and tests ask."""
 
 POLL_S = 0.5
 STATE_SIZE_INTERVAL_S = 10.0
@@ -93,7 +91,7 @@ class JobManagerCore:
             self.record = dataclasses.replace(stored, restarts=stored.restarts + 1)
         else:
             root = config.checkpoint_dir or tempfile.mkdtemp(prefix=f"chiray-{name}-")
-            self.record = JobRecord(name, flow, config, root, restore_from).with_event("submitted")
+            self.record = JobRecord(name, flow, config, root, restore_from).with_event(EventKind.SUBMITTED)
         self._save()
 
     # -- record ----------------------------------------------------------------------
@@ -101,10 +99,11 @@ class JobManagerCore:
     def _save(self) -> None:
         jobstore.save(self.record)
 
-    def _update(self, event: str | None = None, **changes: Any) -> None:
+    def _update(self, event: JobEvent | None = None, **changes: Any) -> None:
+        """Change the record (and add ``event``) and store it."""
         with self._lock:
             record = dataclasses.replace(self.record, **changes) if changes else self.record
-            self.record = record.with_event(event) if event else record
+            self.record = dataclasses.replace(record, events=(*record.events, event)) if event else record
             self._save()
 
     @property
@@ -122,7 +121,8 @@ class JobManagerCore:
                 self._deploy()
         except BaseException as exc:  # reported to the submitting client by ready()
             self._start_error = exc
-            self._update(f"failed to start: {exc}", state="FAILED", error=str(exc), ended_at=time.time())
+            self._update(JobEvent.of(EventKind.START_FAILED, error=str(exc)), state=JobState.FAILED, error=str(exc),
+                         failure=portable(exc), ended_at=time.time())
             self._ended.set()
         finally:
             self._ready.set()
@@ -137,13 +137,12 @@ class JobManagerCore:
             storage = self.storage
             latest = storage.latest()
             restore = RestoreInfo(storage, latest) if latest is not None else None
-            recover_sinks(flow, storage, restore)
+            recover_sinks(flow.graph, storage, restore)
             if restore is not None:
                 restore_from = record.checkpoint_dir
             where = f"checkpoint {restore.checkpoint_id}" if restore is not None else "the start"
             self._exporter.recovery()
-            self._update(f"recovery: the job manager restarted (restart {record.restarts}); "
-                         f"the job rolled back to {where}", state="RUNNING",
+            self._update(JobEvent.of(EventKind.RECOVERY, restart=record.restarts, where=where), state=JobState.RUNNING,
                          rescales=tuple(interrupted(r) for r in record.rescales))
         config = dataclasses.replace(record.config, detached=False, name=None,
                                      checkpoint_dir=record.checkpoint_dir)
@@ -196,15 +195,15 @@ class JobManagerCore:
         except TimeoutError:
             return False
         except JobCancelledError:
-            self._end("CANCELLED", None)
+            self._end(JobState.CANCELLED, None)
             return True
         except Exception as exc:
-            self._end("FAILED", f"{type(exc).__name__}: {exc}")
+            self._end(JobState.FAILED, exc)
             return True
-        self._end("FINISHED", None)
+        self._end(JobState.FINISHED, None)
         return True
 
-    def _end(self, state: str, error: str | None, event: str | None = None) -> None:
+    def _end(self, state: JobState, failure: BaseException | None) -> None:
         """Record the job's end (its results and last statistics if it finished) and wake waiters."""
         job = self._job
         results: dict[str, Any] = {}
@@ -215,14 +214,16 @@ class JobManagerCore:
                 self._exporter.export(stats)
             except Exception:
                 stats = None
-            if JobState(state) is JobState.FINISHED:
+            if state is JobState.FINISHED:
                 for sink in sink_names(job.plan.graph):
                     try:
                         results[sink] = job.result(sink)
                     except Exception as exc:  # a stopped job: its committed output
                         log.debug("job %s: no result for %s: %r", self.name, sink, exc)
         self._note_rescales()
-        self._update(event or f"job {state.lower()}", state=state, error=error, results=tuple(results.items()),
+        error = None if failure is None else f"{type(failure).__name__}: {failure}"
+        self._update(JobEvent.of(EventKind.ENDED, state=state, error=error), state=state, error=error,
+                     failure=None if failure is None else portable(failure), results=tuple(results.items()),
                      statistics=stats, ended_at=time.time())
         self._ended.set()
 
@@ -249,8 +250,7 @@ class JobManagerCore:
         with self._lock:
             for rid, handle in list(self._rescales.items()):
                 progress = handle.progress()
-                bins = progress.get("bins") or 0
-                self._exporter.rescale(progress["operator"], progress["bins_moved"] / bins if bins else 0.0)
+                self._exporter.rescale(progress.operator, progress.bins_moved / progress.bins if progress.bins else 0.0)
                 if handle.done():
                     del self._rescales[rid]
                     self._finish_rescale(rid, handle)
@@ -265,25 +265,24 @@ class JobManagerCore:
         for event in new:
             d = event.decision
             ok = event.outcome.get("state") == RescaleState.DONE
-            entry = {"id": f"auto-{uuid.uuid4().hex[:6]}", "started_at": event.at, "operator": d.operator,
-                     "from": d.current, "to": d.target, "strategy": event.strategy,
-                     "state": (RescaleOutcome.DONE if ok else RescaleOutcome.FAILED).value,
-                     "error": event.outcome.get("error"), "duration_s": event.outcome.get("elapsed_s"),
-                     "bytes_moved": event.outcome.get("bytes_moved"), "by": "autoscale", "reason": d.reason,
-                     "target_rate": d.target_rate, "true_rate_per_instance": d.true_rate_per_instance,
-                     "predicted_duration_s": event.predicted_duration_s,
-                     "predicted_max_latency_ms": event.predicted_max_latency_ms}
+            entry = RescaleRecord(
+                f"auto-{uuid.uuid4().hex[:6]}", event.at, d.operator, d.current, d.target, event.strategy,
+                RescaleOutcome.DONE if ok else RescaleOutcome.FAILED, error=event.outcome.get("error"),
+                duration_s=event.outcome.get("elapsed_s"), bytes_moved=event.outcome.get("bytes_moved"),
+                by="autoscale", reason=d.reason, target_rate=d.target_rate,
+                true_rate_per_instance=d.true_rate_per_instance, predicted_duration_s=event.predicted_duration_s,
+                predicted_max_latency_ms=event.predicted_max_latency_ms)
             parallelism = dict(self.record.parallelism)
-            if entry["state"] == RescaleOutcome.DONE:
+            if ok:
                 parallelism[d.operator] = d.target
-            self._update(event.describe(), rescales=(*self.record.rescales, entry),
-                         parallelism=tuple(sorted(parallelism.items())))
+            self._update(JobEvent.of(EventKind.AUTOSCALE, text=event.describe()),
+                         rescales=(*self.record.rescales, entry), parallelism=tuple(sorted(parallelism.items())))
 
     def autoscale(self, enabled: bool, options: dict[str, Any]) -> dict[str, Any]:
         """Switch the job's autoscaler on (with ``options``) or off; kept across manager restarts."""
         job = self._running("autoscale")
         job.autoscale(enabled, **options)
-        self._update(f"autoscale {'on ' + str(options) if enabled else 'off'}",
+        self._update(JobEvent.of(EventKind.AUTOSCALE_SWITCHED, enabled=enabled, options=dict(options)),
                      autoscale=tuple(sorted(options.items())) if enabled else None)
         return {"name": self.name, "autoscale": "on" if enabled else "off", "options": dict(options)}
 
@@ -293,39 +292,42 @@ class JobManagerCore:
             outcome, error = RescaleOutcome.DONE, None
         except Exception as exc:
             done, outcome, error = handle.progress(), RescaleOutcome.FAILED, str(exc)
-        entry = {**self._history(rid), "state": outcome.value, "error": error, "duration_s": done["elapsed_s"],
-                 "bytes_moved": done["bytes_moved"], "bins_moved": done["bins_moved"], "progress": plain(done)}
+        entry = self._history(rid).replace(state=outcome, error=error, duration_s=done.elapsed_s,
+                                           bytes_moved=done.bytes_moved, bins_moved=done.bins_moved,
+                                           progress=plain(done))
         parallelism = dict(self.record.parallelism)
-        if outcome is RescaleOutcome.DONE:
-            parallelism[entry["operator"]] = entry["to"]
-            self._exporter.rescale(entry["operator"], 1.0, done["bytes_moved"])
-        rescales = tuple(entry if r["id"] == rid else r for r in self.record.rescales)
-        self._update(f"rescale {entry['operator']} {entry['from']} -> {entry['to']} {outcome}"
-                     f"{f': {error}' if error else ''}", rescales=rescales,
-                     parallelism=tuple(sorted(parallelism.items())))
+        if outcome is RescaleOutcome.DONE and entry.to is not None:
+            parallelism[entry.operator] = entry.to
+            self._exporter.rescale(entry.operator, 1.0, done.bytes_moved)
+        rescales = tuple(entry if r.id == rid else r for r in self.record.rescales)
+        self._update(JobEvent.of(EventKind.RESCALE_ENDED, operator=entry.operator, **{"from": entry.from_},
+                                 to=entry.to, outcome=outcome, error=error),
+                     rescales=rescales, parallelism=tuple(sorted(parallelism.items())))
 
-    def _history(self, rid: str) -> dict[str, Any]:
+    def _history(self, rid: str) -> RescaleRecord:
         for entry in self.record.rescales:
-            if entry["id"] == rid:
-                return dict(entry)
+            if entry.id == rid:
+                return entry
         raise ChirayError(f"job {self.name!r} has no rescale {rid!r}")
 
     # -- verbs -------------------------------------------------------------------------
 
     def _running(self, verb: str) -> Job:
         if self.record.terminal or self._job is None:
-            raise ChirayError(f"job {self.name!r} is {self.record.state.lower()}: cannot {verb} it")
+            raise ended_error(self.name, self.record.state, verb)
         return self._job
 
     def status(self) -> JobStatus:
         job = self._job
         live = job.status() if job is not None and not self.record.terminal else None
-        events = self.record.events + (tuple(f"run {self.record.restarts}: {e}" for e in live.events) if live else ())
-        state = JobState(live.state.value if live is not None else self.record.state)
-        return JobStatus(self.name, state, live.finished_instances if live else (), events,
-                         ChirayError(self.record.error) if self.record.error else None)
+        run = tuple(JobEvent.of(EventKind.RUN, run=self.record.restarts, text=e) for e in live.events) if live else ()
+        history = (*self.record.events, *run)
+        state = live.state if live is not None else self.record.state
+        return JobStatus(self.name, state, live.finished_instances if live else (), tuple(str(e) for e in history),
+                         self.record.failure or (ChirayError(self.record.error) if self.record.error else None),
+                         history)
 
-    def info(self) -> dict[str, Any]:
+    def info(self) -> JobInfo:
         """A summary for listings: state, uptime, operators and parallelism, last checkpoint."""
         record = self.record
         job = self._job
@@ -336,13 +338,10 @@ class JobManagerCore:
             operators = {n.name: n.parallelism for n in plan.graph.nodes.values()}
         operators.update(dict(record.parallelism))
         ids = self.storage.committed() if not record.terminal else self.storage.checkpoint_ids()
-        last = ids[-1] if ids else None
-        return {"name": self.name, "state": self.status().state.value, "submitted_at": record.submitted_at,
-                "ended_at": record.ended_at, "uptime_s": (record.ended_at or time.time()) - record.submitted_at,
-                "operators": operators, "restarts": record.restarts, "error": record.error,
-                "checkpoint_dir": record.checkpoint_dir,
-                "last_checkpoint": None if last is None else {"id": last, "path": self.storage.chk_dir(last)},
-                "records_per_second": self._rate()}
+        last = CheckpointInfo(ids[-1], self.storage.chk_dir(ids[-1])) if ids else None
+        return JobInfo(self.name, self.status().state, record.submitted_at, record.ended_at,
+                       (record.ended_at or time.time()) - record.submitted_at, tuple(operators.items()),
+                       record.restarts, record.error, record.checkpoint_dir, last, self._rate())
 
     def _rate(self) -> float | None:
         job = self._job
@@ -375,115 +374,125 @@ class JobManagerCore:
     def run_control(self, op: Any, controller: str | None = None) -> Any:
         return self._running("run a control op on").run_control(op, controller)
 
-    def rescale(self, operator: str, parallelism: int | None, strategy: str, planner: str,
-                assignment: list[int] | None, knobs: dict[str, Any]) -> str:
-        """Start a rescale (``assignment`` given: a migration); returns its id for progress and result."""
+    def rescale(self, operator: str, parallelism: int, strategy: str = "all_at_once", planner: str = "ssm",
+                knobs: dict[str, Any] | None = None) -> str:
+        """Start a rescale; returns its id for progress and result."""
+        return self._start_rescale(operator, parallelism, strategy, planner, None, knobs or {})
+
+    def migrate(self, operator: str, assignment: list[int], strategy: str = "all_at_once",
+                knobs: dict[str, Any] | None = None) -> str:
+        """Start a migration (a new bin -> instance table); returns its id for progress and result."""
+        return self._start_rescale(operator, None, strategy, "ssm", list(assignment), knobs or {})
+
+    def _start_rescale(self, operator: str, parallelism: int | None, strategy: str, planner: str,
+                       assignment: list[int] | None, knobs: dict[str, Any]) -> str:
         job = self._running("rescale")
         node = job.plan.graph.nodes.get(operator)
-        before = self.info()["operators"].get(operator, node.parallelism if node else None)
+        before = dict(self.info().operators).get(operator, node.parallelism if node else None)
         if assignment is not None:
             handle = job.migrate(operator, assignment, strategy, **knobs)
         else:
             handle = job.rescale(operator, parallelism, strategy, planner, **knobs)  # type: ignore[arg-type]
         rid = uuid.uuid4().hex[:10]
-        entry = {"id": rid, "started_at": time.time(), "operator": operator, "from": before,
-                 "to": parallelism if parallelism is not None else before, "strategy": strategy,
-                 "state": RescaleOutcome.RUNNING.value}
+        entry = RescaleRecord(rid, time.time(), operator, before, parallelism if parallelism is not None else before,
+                              strategy, RescaleOutcome.RUNNING)
         with self._lock:
             self._rescales[rid] = handle
-            self._update(f"rescale {operator} {before} -> {entry['to']} started ({strategy})",
-                         rescales=(*self.record.rescales, entry))
+            self._update(JobEvent.of(EventKind.RESCALE_STARTED, operator=operator, **{"from": before},
+                                     to=entry.to, strategy=strategy), rescales=(*self.record.rescales, entry))
         return rid
 
-    def rescale_progress(self, rid: str) -> dict[str, Any]:
+    def rescale_progress(self, rid: str) -> RescaleProgress:
         with self._lock:
             handle = self._rescales.get(rid)
         if handle is not None:
-            return {**plain(handle.progress()), "id": rid, "done": handle.done()}
+            return plain(handle.progress()).replace(id=rid, done=handle.done())
         entry = self._history(rid)
-        return {**entry.get("progress", {}), **entry, "done": True}
+        base = entry.progress or RescaleProgress(entry.operator, entry.strategy, entry.state)
+        return base.replace(id=rid, done=True, state=entry.state, from_=entry.from_, to=entry.to,
+                            duration_s=entry.duration_s, error=entry.error, bytes_moved=entry.bytes_moved or 0,
+                            bins_moved=entry.bins_moved or 0)
 
-    def rescale_result(self, rid: str, timeout: float | None) -> dict[str, Any]:
+    def rescale_result(self, rid: str, timeout: float | None) -> RescaleProgress:
         with self._lock:
             handle = self._rescales.get(rid)
         if handle is not None:
             handle.result(timeout)  # raises TimeoutError / RescaleError
             self._note_rescales()
         progress = self.rescale_progress(rid)
-        if progress["state"] != RescaleOutcome.DONE:
-            raise ChirayError(f"job {self.name!r}: rescale of {progress['operator']!r} "
-                              f"{progress['state']}: {progress.get('error')}")
+        if progress.state is not RescaleOutcome.DONE:
+            raise ChirayError(f"job {self.name!r}: rescale of {progress.operator!r} "
+                              f"{progress.state.value}: {progress.error}")
         return progress
 
-    def rescales(self) -> tuple[dict, ...]:
-        return tuple({k: v for k, v in r.items() if k != "progress"} for r in self.record.rescales)
+    def rescales(self) -> tuple[RescaleRecord, ...]:
+        return tuple(r.without_progress() for r in self.record.rescales)
 
-    def checkpoint(self, timeout: float | None = 120.0) -> dict[str, Any]:
+    def checkpoint(self, timeout: float | None = 120.0) -> int:
+        return self.checkpoint_info(timeout).id
+
+    def checkpoint_info(self, timeout: float | None = 120.0) -> CheckpointInfo:
         """An aligned checkpoint now; returns its id, path and duration once durable."""
-        job = self._running("checkpoint")
-        started = time.monotonic()
-        checkpoint_id = job.checkpoint(timeout)
-        duration = time.monotonic() - started
+        taken = self._running("checkpoint").checkpoint_info(timeout)
+        self._noted_checkpoint(taken)
+        return taken
+
+    def _noted_checkpoint(self, taken: CheckpointInfo) -> None:
         storage = self.storage
-        path = storage.chk_dir(checkpoint_id)
-        self._exporter.checkpoint(duration, dir_bytes(storage.fs, path), time.time())
-        self._seen_checkpoint = max(self._seen_checkpoint, checkpoint_id)
-        self._update(f"checkpoint {checkpoint_id} ({duration:.2f} s)")
-        return {"id": checkpoint_id, "path": path, "duration_s": duration}
+        path = storage.chk_dir(taken.id)
+        self._exporter.checkpoint(taken.duration_s, dir_bytes(storage.fs, path), time.time())
+        self._seen_checkpoint = max(self._seen_checkpoint, taken.id)
+        self._update(JobEvent.of(EventKind.CHECKPOINT, id=taken.id, duration_s=taken.duration_s))
 
-    def savepoint(self, directory: str | None = None, timeout: float | None = 120.0) -> dict[str, Any]:
-        """A checkpoint copied to ``directory`` (default ``<checkpoint_dir>/savepoints``), kept until deleted."""
-        taken = self.checkpoint(timeout)
-        target_root = directory or f"{self.record.checkpoint_dir.rstrip('/')}/savepoints"
-        target = CheckpointStorage(target_root)
-        src = self.storage
-        target.fs.create_dir(target.chk_dir(taken["id"]), recursive=True)
-        pafs.copy_files(src.chk_dir(taken["id"]), target.chk_dir(taken["id"]), source_filesystem=src.fs,
-                        destination_filesystem=target.fs)
-        target.load(taken["id"])  # raises if the copy is incomplete
-        path = target.chk_dir(taken["id"]) if "://" not in target_root else \
-            f"{target_root.rstrip('/')}/chk-{taken['id']:06d}"
-        self._update(f"savepoint {path}")
-        return {**taken, "path": path, "root": target_root}
+    def savepoint(self, dir: str | None = None, timeout: float | None = 120.0) -> str:
+        return self.savepoint_info(dir, timeout).path
 
-    def stop(self, savepoint: str | None = None, timeout: float | None = 120.0) -> dict[str, Any]:
-        """Graceful stop: a final checkpoint (a savepoint if asked), its sink output committed, later
-        output discarded, the hosts stopped; the job ends as finished."""
+    def savepoint_info(self, dir: str | None = None, timeout: float | None = 120.0) -> CheckpointInfo:
+        """A checkpoint copied to ``dir`` (default ``<checkpoint_dir>/savepoints``), kept until deleted."""
+        taken = self._running("savepoint").savepoint_info(dir, timeout)
+        self._noted_checkpoint(taken)
+        self._update(JobEvent.of(EventKind.SAVEPOINT, path=taken.path))
+        return taken
+
+    def stop(self, savepoint: str | None = None, timeout: float | None = 120.0) -> CheckpointInfo:
+        """Graceful stop (``Job.stop``); the record notes the checkpoint, the results and the end."""
         with self._lock:
             job = self._running("stop")
-            taken = self.savepoint(savepoint, timeout) if savepoint else self.checkpoint(timeout)
-            stats = job.statistics()
-            job.cancel()
-            storage = self.storage
-            recover_sinks(cloudpickle.loads(self.record.flow), storage,
-                          RestoreInfo(storage, storage.load(taken["id"])))
+            taken = job.stop(savepoint, timeout)
+            self._noted_checkpoint(taken)
             self._job = None
-            results = committed_results(self.record.flow, storage)
+            stats = job.statistics()
+            results = {sink: job.result(sink) for sink in sink_names(job.plan.graph)}
             self._exporter.export(stats)
             self._note_rescales()
-            self._update(f"stopped at checkpoint {taken['id']}" + (f" (savepoint {taken['path']})" if savepoint
-                                                                   else ""),
-                         state="FINISHED", statistics=stats, results=tuple(results.items()), ended_at=time.time())
+            self._update(JobEvent.of(EventKind.STOPPED, id=taken.id, savepoint=taken.path if savepoint else None),
+                         state=JobState.FINISHED, statistics=stats, results=tuple(results.items()),
+                         ended_at=time.time())
             self._ended.set()
             return taken
 
     def cancel(self) -> None:
         with self._lock:
-            job = self._running("cancel")
-            job.cancel()
+            if self.record.terminal or self._job is None:
+                return  # an ended job stays as it ended
+            self._job.cancel()
             self._job = None
-            self._update("cancelled", state="CANCELLED", ended_at=time.time())
+            self._update(JobEvent.of(EventKind.CANCELLED), state=JobState.CANCELLED, ended_at=time.time())
             self._ended.set()
 
-    def wait(self, timeout: float | None) -> str:
+    def wait(self, timeout: float | None = None) -> JobState:
         """Wait up to ``timeout`` s for the job to end; returns its state."""
         self._ended.wait(timeout)
         return self.record.state
 
+    def failure(self) -> BaseException | None:
+        """What made the job fail (its ``OperatorError`` where a user function raised)."""
+        return self.record.failure
+
     def result(self, sink: str | None = None) -> Any:
         record = self.record
-        if JobState(record.state) is not JobState.FINISHED:
-            raise ChirayError(f"job {self.name!r} is {record.state.lower()}: it has no result")
+        if record.state is not JobState.FINISHED:
+            raise ChirayError(f"job {self.name!r} is {record.state.value.lower()}: it has no result")
         results = dict(record.results)
         if sink is None:
             if len(results) != 1:
@@ -496,5 +505,5 @@ class JobManagerCore:
     def forget(self) -> None:
         """Drop a finished job's record; the caller then removes the manager actor."""
         if not self.record.terminal:
-            raise ChirayError(f"job {self.name!r} is {self.record.state.lower()}: stop or cancel it first")
+            raise ChirayError(f"job {self.name!r} is {self.record.state.value.lower()}: stop or cancel it first")
         jobstore.delete(self.name)

@@ -51,7 +51,6 @@ Lifecycle of a run: ``WAITING -> PLANNING -> MIGRATING -> DONE | FAILED``.
 
 from __future__ import annotations
 
-import enum
 import threading
 import time
 import uuid
@@ -71,6 +70,7 @@ from chiray.operators.errors import ChirayError
 from chiray.operators.graph import OperatorKind, PhysicalPlan, rescaled_plan
 
 from .controller import controller_host
+from .jobvalues import RescaleProgress, RescaleState
 from .ophandle import OpHandle
 
 __all__ = ["RescaleHandle", "RescaleError", "STRATEGIES", "start_rescale"]
@@ -98,14 +98,14 @@ class RescaleHandle:
         self.operator = run.operator
         self.strategy = run.strategy
 
-    def progress(self) -> dict[str, Any]:
-        """{"state", "steps_done", "steps", "bins_moved", "bins", "bytes_moved", "elapsed_s", ...}."""
+    def progress(self) -> RescaleProgress:
+        """Where the rescale is: state, steps, bins and bytes moved, elapsed time."""
         return self._run.progress()
 
     def done(self) -> bool:
         return not self._run.is_alive()
 
-    def result(self, timeout: float | None = None) -> dict[str, Any]:
+    def result(self, timeout: float | None = None) -> RescaleProgress:
         """Wait for the rescale; returns its final progress.
 
         Raises:
@@ -118,16 +118,6 @@ class RescaleHandle:
         if self._run.error is not None:
             raise self._run.error
         return self.progress()
-
-
-class RescaleState(str, enum.Enum):
-    """Where a rescale run is: ``WAITING -> PLANNING -> MIGRATING -> DONE | FAILED``."""
-
-    WAITING = "WAITING"
-    PLANNING = "PLANNING"
-    MIGRATING = "MIGRATING"
-    DONE = "DONE"
-    FAILED = "FAILED"
 
 
 class RescaleRun(threading.Thread):
@@ -159,15 +149,14 @@ class RescaleRun(threading.Thread):
         self.first_step_ns: int | None = None  # when the first migration op was injected (after setup)
         self._lock = threading.Lock()
 
-    def progress(self) -> dict[str, Any]:
+    def progress(self) -> RescaleProgress:
         with self._lock:
-            return {"operator": self.operator, "strategy": self.strategy, "state": self.state.value,
-                    "parallelism": self.parallelism, "steps_done": self.steps_done, "steps": self.steps_total,
-                    "bins_moved": self.bins_moved, "bins": self.bins_total, "bytes_moved": self.bytes_moved,
-                    "bins_reloaded": self.reloaded, "bytes_replicated": self.bytes_replicated,
-                    "predicted_bytes": self.predicted_bytes,
-                    "elapsed_s": (self.finished or time.monotonic()) - self.started,
-                    "first_step_ns": self.first_step_ns, "step_log": list(self.step_log)}
+            return RescaleProgress(
+                self.operator, self.strategy, self.state, parallelism=self.parallelism, steps_done=self.steps_done,
+                steps=self.steps_total, bins_moved=self.bins_moved, bins=self.bins_total,
+                bytes_moved=self.bytes_moved, bins_reloaded=self.reloaded, bytes_replicated=self.bytes_replicated,
+                predicted_bytes=self.predicted_bytes, elapsed_s=(self.finished or time.monotonic()) - self.started,
+                first_step_ns=self.first_step_ns, step_log=tuple(self.step_log))
 
     def run(self) -> None:
         try:

@@ -1,8 +1,10 @@
 """cli_jobs.py: the ``chiray`` verbs that operate detached jobs on a Ray cluster.
 
-Each verb is a small function ``(args) -> int`` that calls the job's manager
+Each verb is a small function ``do_<verb>(args) -> int``, one for each
+``JobHandle`` verb the CLI offers (the table of verbs is derived from the
+protocol, ``chiray.actors.handle.VERBS``), that calls the job's manager
 through ``chiray.attach`` / ``chiray.jobs`` and prints either a human table
-or, with ``--json``, one JSON document. Failures print one line
+or, with ``--json``, one JSON document (the values' ``to_json()``). Failures print one line
 (``chiray: error: ...``) on stderr and exit 1; usage errors exit 2.
 """
 
@@ -56,7 +58,10 @@ def _attach(args: argparse.Namespace) -> Any:
 
 
 def _plain(value: Any) -> Any:
-    """``value`` as JSON-able data (dataclasses, enums, tuples, NumPy arrays, exceptions)."""
+    """``value`` as JSON-able data (job values by their ``to_json()``, dataclasses, enums, tuples, NumPy arrays,
+    exceptions)."""
+    if hasattr(value, "to_json"):
+        return value.to_json()
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, dict):
@@ -98,9 +103,9 @@ def do_list(args: argparse.Namespace) -> int:
     def human() -> str:
         rows = [f"{'NAME':<20} {'STATE':<11} {'UPTIME':>8}  {'RECORDS/S':>10}  OPERATORS (PARALLELISM)"]
         for j in found:
-            rate = j.get("records_per_second")
-            ops = ", ".join(f"{k}={v}" for k, v in j.get("operators", {}).items())
-            rows.append(f"{j['name']:<20} {j['state']:<11} {_ago(j.get('uptime_s')):>8}  "
+            rate = j.records_per_second
+            ops = ", ".join(f"{k}={v}" for k, v in j.operators)
+            rows.append(f"{j.name:<20} {j.as_dict()['state']:<11} {_ago(j.uptime_s):>8}  "
                         f"{'-' if rate is None else f'{rate:,.0f}':>10}  {ops}")
         return "\n".join(rows) if found else "no jobs" if args.all else "no running jobs (--all lists ended ones)"
     return _emit(args, found, human)
@@ -109,17 +114,18 @@ def do_list(args: argparse.Namespace) -> int:
 def do_status(args: argparse.Namespace) -> int:
     job = _attach(args)
     status, info = job.status(), job.info()
-    data = {**info, "events": list(status.events), "finished_instances": list(status.finished_instances)}
+    events = [str(e) for e in status.history]  # rendered here, from the typed events
+    data = {**info.to_json(), "events": events, "finished_instances": list(status.finished_instances)}
 
     def human() -> str:
-        last = info.get("last_checkpoint")
-        lines = [f"job {info['name']}: {info['state']}, up {_ago(info['uptime_s'])}, "
-                 f"manager restarts {info['restarts']}",
-                 "operators: " + ", ".join(f"{k} x{v}" for k, v in info["operators"].items()),
-                 f"last checkpoint: {last['id']} at {last['path']}" if last else "last checkpoint: none"]
-        if info.get("error"):
-            lines.append(f"error: {info['error']}")
-        return "\n".join([*lines, "events:", *(f"  {e}" for e in status.events)])
+        last = info.last_checkpoint
+        lines = [f"job {info.name}: {info.as_dict()['state']}, up {_ago(info.uptime_s)}, "
+                 f"manager restarts {info.restarts}",
+                 "operators: " + ", ".join(f"{k} x{v}" for k, v in info.operators),
+                 f"last checkpoint: {last.id} at {last.path}" if last else "last checkpoint: none"]
+        if info.error:
+            lines.append(f"error: {info.error}")
+        return "\n".join([*lines, "events:", *(f"  {e}" for e in events)])
     return _emit(args, data, human)
 
 
@@ -174,7 +180,7 @@ def do_metrics(args: argparse.Namespace) -> int:
     while True:
         rows = _metrics_rows(job)
         _emit(args, rows, lambda: _metrics_table(rows))
-        if not args.watch or job.info()["state"] in ("FINISHED", "FAILED", "CANCELLED"):
+        if not args.watch or job.info().state.terminal:
             return 0
         sys.stdout.flush()
 
@@ -192,12 +198,12 @@ def _options(pairs: list[str]) -> dict[str, Any]:
     return out
 
 
-def _bar(p: dict[str, Any], width: int = 30) -> str:
-    bins = p.get("bins") or 0
-    done = p.get("bins_moved") or 0
-    filled = int(width * done / bins) if bins else (width if p.get("done") else 0)
-    return (f"\r  [{'#' * filled}{'.' * (width - filled)}] steps {p.get('steps_done', 0)}/{p.get('steps', '?')}"
-            f"  bins {done}/{bins}  {(p.get('bytes_moved') or 0) / 2**20:.1f} MiB  {p.get('state', '')}")
+def _bar(p: Any, width: int = 30) -> str:
+    """A progress bar for a ``RescaleProgress``."""
+    filled = int(width * p.bins_moved / p.bins) if p.bins else (width if p.done else 0)
+    state = getattr(p.state, "value", p.state)
+    return (f"\r  [{'#' * filled}{'.' * (width - filled)}] steps {p.steps_done}/{p.steps}"
+            f"  bins {p.bins_moved}/{p.bins}  {p.bytes_moved / 2**20:.1f} MiB  {state}")
 
 
 def do_rescale(args: argparse.Namespace) -> int:
@@ -206,16 +212,16 @@ def do_rescale(args: argparse.Namespace) -> int:
     if not args.wait:
         return _emit(args, {"id": handle.id, "operator": args.operator, "parallelism": args.parallelism},
                      lambda: f"rescale {handle.id} of {args.operator!r} to {args.parallelism} started")
-    while not (progress := handle.progress())["done"]:
+    while not (progress := handle.progress()).done:
         if not args.json:
             print(_bar(progress), end="", flush=True)
         time.sleep(0.2)
     final = handle.result(0)
     if not args.json:
-        print(_bar({**final, "done": True}))
-    return _emit(args, final, lambda: f"rescaled {args.operator!r} {final.get('from')} -> {final.get('to')} "
-                                      f"in {final.get('duration_s', 0):.2f} s, {final.get('bins_moved')} bins, "
-                                      f"{(final.get('bytes_moved') or 0) / 2**20:.2f} MiB moved")
+        print(_bar(final))
+    return _emit(args, final, lambda: f"rescaled {args.operator!r} {final.from_} -> {final.to} "
+                                      f"in {final.duration_s or 0:.2f} s, {final.bins_moved} bins, "
+                                      f"{final.bytes_moved / 2**20:.2f} MiB moved")
 
 
 def do_rescales(args: argparse.Namespace) -> int:
@@ -225,11 +231,11 @@ def do_rescales(args: argparse.Namespace) -> int:
         rows = [f"{'WHEN':<9} {'OPERATOR':<14} {'FROM':>4} -> {'TO':<4} {'STRATEGY':<15} {'SECONDS':>8} "
                 f"{'BYTES':>12}  OUTCOME"]
         for r in history:
-            when = time.strftime("%H:%M:%S", time.localtime(r["started_at"]))
-            secs = r.get("duration_s")
-            rows.append(f"{when:<9} {r['operator']:<14} {r['from']!s:>4} -> {r['to']!s:<4} {r['strategy']:<15} "
-                        f"{'-' if secs is None else f'{secs:.2f}':>8} {r.get('bytes_moved') or 0:>12,}  "
-                        f"{r['state']}{': ' + r['error'] if r.get('error') else ''}")
+            when = time.strftime("%H:%M:%S", time.localtime(r.started_at))
+            secs = r.duration_s
+            rows.append(f"{when:<9} {r.operator:<14} {r.from_!s:>4} -> {r.to!s:<4} {r.strategy:<15} "
+                        f"{'-' if secs is None else f'{secs:.2f}':>8} {r.bytes_moved or 0:>12,}  "
+                        f"{r.state.value}{': ' + r.error if r.error else ''}")
         return "\n".join(rows) if history else "no rescales"
     return _emit(args, history, human)
 
@@ -255,7 +261,7 @@ def do_autoscale(args: argparse.Namespace) -> int:
 
 def do_checkpoint(args: argparse.Namespace) -> int:
     taken = _attach(args).checkpoint_info()
-    return _emit(args, taken, lambda: f"checkpoint {taken['id']} {taken['path']}")
+    return _emit(args, taken, lambda: f"checkpoint {taken.id} {taken.path}")
 
 
 def do_savepoint(args: argparse.Namespace) -> int:
@@ -265,14 +271,16 @@ def do_savepoint(args: argparse.Namespace) -> int:
 
 def do_stop(args: argparse.Namespace) -> int:
     taken = _attach(args).stop(savepoint=args.savepoint)
-    return _emit(args, taken, lambda: f"stopped at checkpoint {taken['id']}"
-                                      + (f"; savepoint {taken['path']}" if args.savepoint else ""))
+    return _emit(args, taken, lambda: f"stopped at checkpoint {taken.id}"
+                                      + (f"; savepoint {taken.path}" if args.savepoint else ""))
 
 
 def do_cancel(args: argparse.Namespace) -> int:
     job = _attach(args)
-    job.cancel()
-    return _emit(args, {"name": job.name, "state": "CANCELLED"}, lambda: f"cancelled {job.name}")
+    job.cancel()  # an ended job stays as it ended: report its state
+    state = job.status().state.value
+    return _emit(args, {"name": job.name, "state": state},
+                 lambda: f"cancelled {job.name}" if state == "CANCELLED" else f"{job.name} had ended ({state})")
 
 
 def do_forget(args: argparse.Namespace) -> int:
@@ -281,11 +289,16 @@ def do_forget(args: argparse.Namespace) -> int:
     return _emit(args, {"name": job.name, "forgotten": True}, lambda: f"forgot {job.name}")
 
 
-VERBS: dict[str, Callable[[argparse.Namespace], int]] = {
-    "list": do_list, "status": do_status, "metrics": do_metrics, "rescale": do_rescale, "rescales": do_rescales,
-    "checkpoint": do_checkpoint, "savepoint": do_savepoint, "stop": do_stop, "cancel": do_cancel,
-    "forget": do_forget, "autoscale": do_autoscale,
-}
+def _verbs() -> dict[str, Callable[[argparse.Namespace], int]]:
+    """``list``, then each ``JobHandle`` verb that has a ``do_<verb>`` here, in the protocol's order."""
+    from chiray.actors.handle import VERBS as JOB_VERBS
+
+    here = globals()
+    return {"list": do_list, **{verb: here[f"do_{verb}"] for verb in JOB_VERBS if f"do_{verb}" in here}}
+
+
+VERBS = _verbs()
+"""Command -> its function: derived from the ``JobHandle`` protocol, never listed again."""
 
 
 def add_job_verbs(sub: Any) -> None:

@@ -11,8 +11,8 @@ import ray
 
 ray.init(logging_level="ERROR", log_to_driver=False)
 manager = ray.get_actor(sys.argv[1], namespace="chiray")
-stats = ray.get(manager.call.remote("statistics"))
+stats = ray.get(manager.statistics.remote())
 host = next(s.host for s in stats.instances if s.operator == sys.argv[2] and s.index == 0)
-pid = ray.get(manager.call.remote("host_pids"))[host]
+pid = ray.get(manager.host_pids.remote())[host]
 os.kill(pid, signal.SIGKILL)
 print(pid)

@@ -8,6 +8,8 @@ import pytest
 
 import chiray
 from chiray.actors.jobstore import JobRecord
+from chiray.actors.jobvalues import EventKind
+from chiray.control.coordination import JobState
 from chiray.actors.detached import refuse_driver_bound
 from chiray.actors.manager import VERBS, JobManagerCore
 from chiray.actors.metrics import COUNTERS, metric_name
@@ -75,16 +77,22 @@ def test_config_name_must_be_a_non_empty_string():
 
 def test_record_events_accumulate_and_terminal_states():
     record = JobRecord("wc", b"", chiray.JobConfig(), "/tmp/x", None)
-    later = record.with_event("submitted").with_event("checkpoint 1")
-    assert [e.split(" ", 1)[1] for e in later.events] == ["submitted", "checkpoint 1"]
+    later = record.with_event(EventKind.SUBMITTED).with_event(EventKind.CHECKPOINT, id=1, duration_s=0.5)
+    assert [str(e).split(" ", 1)[1] for e in later.events] == ["submitted", "checkpoint 1 (0.50 s)"]
     assert record.events == ()  # a value: the original is unchanged
     assert not later.terminal
-    assert all(dataclasses.replace(record, state=s).terminal for s in ("FINISHED", "FAILED", "CANCELLED"))
+    assert all(dataclasses.replace(record, state=s).terminal
+               for s in (JobState.FINISHED, JobState.FAILED, JobState.CANCELLED))
 
 
-def test_every_client_verb_is_a_manager_method():
+def test_every_client_verb_is_a_manager_method_and_an_actor_method():
+    from chiray.actors.detached import JobManager
+
+    shell = JobManager.__ray_metadata__.modified_class
     for verb in VERBS:
         assert callable(getattr(JobManagerCore, verb)), verb
+        assert callable(getattr(shell, verb)), verb
+    assert not hasattr(shell, "call")  # no verb dispatched by its name
 
 
 def test_metric_names():

@@ -1,0 +1,169 @@
+"""handle.py: ``JobHandle``, the one interface of a job, that the driver's ``Job`` and ``AttachedJob`` implement.
+
+Every verb a job has is a method of ``JobHandle``; the job manager's remote
+methods (``detached.JobManager``) and the CLI's job verbs
+(``chiray/cli_jobs.py``) are derived from it (``VERBS``), never listed
+again. Both handles give the same answers and raise the same errors:
+
+* a verb that needs a running job, on an ended one: ``JobEndedError``;
+* ``wait(timeout)``: ``TimeoutError`` while running, ``ValueError`` for a
+  negative timeout, the job's failure (``OperatorError``, ``JobFailedError``)
+  or ``JobCancelledError``;
+* ``cancel()`` of an ended job does nothing (it is idempotent);
+* ``forget()`` of a running job: ``ChirayError``; after it, ``status()``
+  and the other verbs raise ``JobNotFoundError``.
+
+Example:
+    >>> import chiray
+    >>> from chiray.actors.handle import JobHandle
+    >>> flow = chiray.Dataflow("tiny")
+    >>> _ = flow.source(chiray.from_items([{"x": 1}])).sink(chiray.collect())
+    >>> job = chiray.submit(flow)                                   # doctest: +SKIP
+    >>> isinstance(job, JobHandle)                                  # doctest: +SKIP
+    True
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+from chiray.control.oprun import OpFailedError
+
+from .errors import ChirayError
+from .jobvalues import CheckpointInfo, JobInfo, RescaleProgress, RescaleRecord
+from .rescale import RescaleError
+
+__all__ = ["JobHandle", "RescaleControl", "VERBS", "READING_VERBS", "JobEndedError", "JobNotFoundError",
+           "check_timeout", "ended_error"]
+
+
+class JobEndedError(OpFailedError, RescaleError):
+    """A verb that needs a running job was called on one that has ended.
+
+    It is an ``OpFailedError`` and a ``RescaleError`` too, what ``checkpoint()`` and ``rescale()`` raised
+    for an ended job before; catch it as ``ChirayError``.
+    """
+
+
+class JobNotFoundError(ChirayError, LookupError):
+    """No job of that name (on the cluster, or a driver's job that was forgotten)."""
+
+
+def ended_error(name: str, state: Any, verb: str) -> JobEndedError:
+    """The error for ``verb`` on job ``name`` that ended in ``state``: the same text from both handles."""
+    return JobEndedError(f"job {name!r} has ended ({str(getattr(state, 'value', state)).lower()}); there is "
+                         f"nothing left to {verb}")
+
+
+def check_timeout(timeout: float | None) -> None:
+    """The one timeout rule: ``None`` waits forever, ``0`` polls, a negative value is a ``ValueError``."""
+    if timeout is not None and timeout < 0:
+        raise ValueError(f"timeout must be None (wait forever), 0 (poll) or positive, got {timeout}")
+
+
+@runtime_checkable
+class RescaleControl(Protocol):
+    """A rescale or migration in progress (``JobHandle.rescale`` / ``migrate``)."""
+
+    def progress(self) -> RescaleProgress:
+        """Where it is: state, steps, bins and bytes moved, elapsed time."""
+        ...
+
+    def done(self) -> bool:
+        """Whether it ended."""
+        ...
+
+    def result(self, timeout: float | None = None) -> RescaleProgress:
+        """Wait for it; its final progress (``TimeoutError`` while running, its error if it failed)."""
+        ...
+
+
+@runtime_checkable
+class JobHandle(Protocol):
+    """A job, running or ended: what a user can ask of it and do to it.
+
+    Attributes:
+        name: the job's name.
+    """
+
+    name: str
+
+    def status(self) -> Any:
+        """The job's ``JobStatus``: state, finished instances, events (as text and as ``JobEvent``s), error."""
+        ...
+
+    def info(self) -> JobInfo:
+        """A summary: state, uptime, operators and parallelism, last checkpoint, records/s."""
+        ...
+
+    def statistics(self) -> Any:
+        """Per-instance ``JobStatistics`` (the last snapshot once the job ended)."""
+        ...
+
+    def metrics(self, timeout: float | None = 60.0) -> Any:
+        """A ``Monitor`` op's result, run in-band now (per instance: state bytes, keys, per-bin load)."""
+        ...
+
+    def rescale(self, operator: str, parallelism: int, strategy: str = "all_at_once", planner: str = "ssm",
+                **knobs: Any) -> RescaleControl:
+        """Change an operator's parallelism while the job runs (see ``Job.rescale`` for the knobs)."""
+        ...
+
+    def migrate(self, operator: str, assignment: list[int], strategy: str = "all_at_once",
+                **knobs: Any) -> RescaleControl:
+        """Move bins among the existing instances of a keyed operator (a new bin -> instance table)."""
+        ...
+
+    def rescales(self) -> tuple[RescaleRecord, ...]:
+        """The rescale history: when, operator, from -> to, strategy, duration, bytes, outcome."""
+        ...
+
+    def checkpoint(self, timeout: float | None = 120.0) -> int:
+        """An aligned, durable checkpoint now; its id."""
+        ...
+
+    def checkpoint_info(self, timeout: float | None = 120.0) -> CheckpointInfo:
+        """An aligned, durable checkpoint now: its id, path and how long it took."""
+        ...
+
+    def savepoint(self, dir: str | None = None, timeout: float | None = 120.0) -> str:
+        """A checkpoint copied to ``dir`` (default ``<checkpoint_dir>/savepoints``), kept until deleted; its path."""
+        ...
+
+    def stop(self, savepoint: str | None = None, timeout: float | None = 120.0) -> CheckpointInfo:
+        """Stop gracefully: a final checkpoint (a savepoint into ``savepoint`` if given), the sinks commit it,
+        later output is discarded, the hosts stop; the job ends ``FINISHED``. Returns that checkpoint."""
+        ...
+
+    def cancel(self) -> None:
+        """Stop now; output after the last checkpoint is discarded. An ended job is left as it is."""
+        ...
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Block until the job ends; raise its failure or ``JobCancelledError``, ``TimeoutError`` if running."""
+        ...
+
+    def result(self, sink: str | None = None) -> Any:
+        """A finished job's sink result (``collect()``: a table); waits for the end first."""
+        ...
+
+    def run_control(self, op: Any, controller: str | None = None) -> Any:
+        """Start a control op on the running job; returns its ``OpHandle`` (``result(timeout)``)."""
+        ...
+
+    def autoscale(self, enabled: bool = True, **options: Any) -> Any:
+        """Switch the DS2 autoscaler on (``latency_budget_ms=``, ``min_parallelism=``, ...) or off."""
+        ...
+
+    def forget(self) -> None:
+        """Drop an ended job's record, results and statistics (a running one: ``ChirayError``)."""
+        ...
+
+
+VERBS: tuple[str, ...] = tuple(name for name, value in vars(JobHandle).items()
+                               if callable(value) and not name.startswith("_"))
+"""Every verb of a job, in the protocol's order: what the job manager answers and the CLI offers."""
+
+READING_VERBS = frozenset({"status", "info", "statistics", "rescales", "wait", "result", "rescale_progress",
+                           "rescale_result"})
+"""The verbs that change nothing: a client retries them while a job manager restarts."""

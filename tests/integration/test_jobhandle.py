@@ -1,0 +1,166 @@
+"""``JobHandle`` conformance: every verb, on a driver-owned job and on an attached (detached) one, gives the same
+answers and raises the same errors."""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import pyarrow as pa
+import pytest
+
+import chiray
+from chiray.actors.handle import VERBS, JobHandle
+from tests.waiting import wait_for
+
+pytestmark = pytest.mark.ray
+
+KINDS = ["driver", "attached"]
+WORDS = [{"word": w} for w in "a b a c b a d a".split()]
+
+
+def _submit(flow: chiray.Dataflow, kind: str, tmp_path) -> JobHandle:
+    chk = str(tmp_path / f"chk-{flow.name}")
+    if kind == "driver":
+        return chiray.submit(flow, checkpoint_dir=chk)
+    return chiray.submit(flow, name=flow.name, detached=True, checkpoint_dir=chk)
+
+
+def _name(what: str) -> str:
+    return f"jh-{what}-{uuid.uuid4().hex[:6]}"
+
+
+def _counts(table: pa.Table) -> dict[str, int]:
+    return {w: c for w, c in zip(table.column("word").to_pylist(), table.column("count").to_pylist())}
+
+
+def _running_flow() -> chiray.Dataflow:
+    """A keyed count over a paced input that runs until the test stops it."""
+    flow = chiray.Dataflow(_name("running"))
+    (flow.source(chiray.generate(None, rate=2_000, batch_size=200, num_keys=50, seed=3), name="events")
+         .key_by("key").count(name="count").sink(chiray.collect(), name="out"))
+    return flow
+
+
+def _forget(job: JobHandle) -> None:
+    job.cancel()
+    job.forget()
+
+
+def _ended_verbs(job: JobHandle, state: str) -> None:
+    """Every verb that needs a running job raises the same ``JobEndedError`` on an ended one."""
+    calls = {"checkpoint": lambda: job.checkpoint(), "checkpoint_info": lambda: job.checkpoint_info(),
+             "savepoint": lambda: job.savepoint("/nonexistent"), "stop": lambda: job.stop(),
+             "rescale": lambda: job.rescale("count", 2), "migrate": lambda: job.migrate("count", [0]),
+             "metrics": lambda: job.metrics(), "autoscale": lambda: job.autoscale(),
+             "run_control": lambda: job.run_control(object())}
+    for call in calls.values():
+        with pytest.raises(chiray.JobEndedError, match=rf"job '{job.name}' has ended \({state}\); there is "
+                                                       rf"nothing left to"):
+            call()
+    job.cancel()  # an ended job stays as it ended
+    assert job.status().state.value == state.upper()
+
+
+def test_the_protocol_lists_every_verb_and_both_handles_have_them():
+    assert set(VERBS) >= {"status", "statistics", "metrics", "rescale", "rescales", "checkpoint", "savepoint", "stop",
+                          "cancel", "wait", "result", "run_control", "autoscale", "forget", "info", "migrate"}
+    for cls in (chiray.Job, chiray.AttachedJob):
+        assert all(callable(getattr(cls, verb, None)) for verb in VERBS), cls
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_finished_job(ray_session, tmp_path, kind):
+    flow = chiray.Dataflow(_name("finished"))
+    flow.source(chiray.from_items(WORDS), name="words").key_by("word").count(name="count").sink(
+        chiray.collect(), name="out")
+    job = _submit(flow, kind, tmp_path)
+    assert isinstance(job, JobHandle)
+    job.wait(timeout=60)
+    job.wait(timeout=0)
+    assert _counts(job.result()) == {"a": 4, "b": 2, "c": 1, "d": 1}  # the same result from both
+    assert _counts(job.result("out")) == _counts(job.result())
+    with pytest.raises(ValueError, match="has no sink 'nope'"):
+        job.result("nope")
+    info = job.info()
+    assert isinstance(info, chiray.JobInfo)
+    assert info.state.value == "FINISHED" and info.to_json()["state"] == "FINISHED"
+    assert dict(info.operators)["count"] == 1 and info.name == job.name
+    assert job.status().state.value == "FINISHED"
+    assert job.statistics().records_in("count") == len(WORDS)
+    assert job.rescales() == ()
+    _ended_verbs(job, "finished")
+    job.forget()
+    with pytest.raises(chiray.JobNotFoundError):
+        wait_for(lambda: job.status() and False, 30, "the forgotten job to be gone")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_running_job(ray_session, tmp_path, kind):
+    job = _submit(_running_flow(), kind, tmp_path)
+    try:
+        with pytest.raises(ValueError, match="timeout must be None"):
+            job.wait(timeout=-1)
+        with pytest.raises(TimeoutError, match=f"job '{job.name}' still running after 0 s"):
+            job.wait(timeout=0)
+        with pytest.raises(chiray.ChirayError, match="stop or cancel it first"):
+            job.forget()
+        assert job.status().state.value == "RUNNING" and job.info().state.value == "RUNNING"
+        wait_for(lambda: job.statistics().records_in("count") > 0, 30, "records to reach the count")
+        assert job.metrics(timeout=30).instances
+        assert job.checkpoint() >= 1
+        taken = job.checkpoint_info()
+        assert isinstance(taken, chiray.CheckpointInfo) and os.path.isdir(taken.path)
+        assert job.info().last_checkpoint is not None
+
+        done = job.rescale("count", 2).result(60)
+        assert done.state.value.lower() == "done" and done.bins_moved == done.bins > 0
+        (entry,) = job.rescales()
+        assert (entry.operator, entry.from_, entry.to, entry.state.value) == ("count", 1, 2, "done")
+        assert entry.to_json()["from"] == 1 and entry["state"] == "done"  # the dict form of before
+        assert dict(job.info().operators)["count"] == 2
+
+        sp = job.savepoint(str(tmp_path / "sp"))
+        assert sp.startswith(str(tmp_path / "sp")) and os.path.isdir(sp)
+        stopped = job.stop(savepoint=str(tmp_path / "final"))
+        assert isinstance(stopped, chiray.CheckpointInfo) and stopped.path.startswith(str(tmp_path / "final"))
+        job.wait(timeout=30)  # stopped: finished
+        assert job.status().state.value == "FINISHED"
+        assert set(job.result().column_names) >= {"key", "count"}  # what the final checkpoint committed
+        _ended_verbs(job, "finished")
+    finally:
+        _forget(job)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_cancelled_job(ray_session, tmp_path, kind):
+    job = _submit(_running_flow(), kind, tmp_path)
+    try:
+        job.cancel()
+        with pytest.raises(chiray.JobCancelledError, match=f"job '{job.name}' was cancelled"):
+            job.wait(timeout=30)
+        with pytest.raises(chiray.JobCancelledError):
+            job.result()
+        assert job.status().state.value == "CANCELLED"
+        _ended_verbs(job, "cancelled")
+    finally:
+        _forget(job)
+
+
+def _explode(record: dict) -> dict:
+    raise ZeroDivisionError("boom")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_failed_job(ray_session, tmp_path, kind):
+    flow = chiray.Dataflow(_name("failed"))
+    flow.source(chiray.from_items(WORDS), name="words").map(_explode, name="explode").sink(chiray.collect())
+    job = _submit(flow, kind, tmp_path)
+    try:
+        with pytest.raises(chiray.OperatorError, match="operator 'explode' instance 0 failed: ZeroDivisionError"):
+            job.wait(timeout=60)
+        assert job.status().state.value == "FAILED"
+        assert "ZeroDivisionError" in job.info().error
+        _ended_verbs(job, "failed")
+    finally:
+        _forget(job)
