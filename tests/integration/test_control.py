@@ -16,6 +16,7 @@ from chiray.control import ops
 from chiray.control.op import ControlOp, InstanceHandler
 from chiray.control.oprun import OpFailedError
 from chiray.operators import Dataflow, Sink, SinkWriter, Source, SourceSplit, SplitReader, generate
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
@@ -203,10 +204,7 @@ def test_monitor_through_trees_equals_the_sum_over_instances():
             stats = job.statistics()
             return stats.records_in("count") == expected and stats.buffered_batches == 0
 
-        deadline = time.monotonic() + 60
-        while not quiescent():
-            assert time.monotonic() < deadline, "the pipeline never went quiet"
-            time.sleep(0.1)
+        wait_for(quiescent, 60, "the pipeline to go quiet", interval=0.1, detail=job.statistics)
         result = job.metrics(timeout=60)
         stats = job.statistics()
         assert len(result.instances) == len(job.plan.instances)
@@ -318,8 +316,7 @@ def test_reconfigure_switches_both_branches_at_one_cut():
     b = src.map(tag_above, params={"threshold": 100}, name="b")
     a.union(b, name="join").collect(name="out")
     job = flow.submit()
-    while job.statistics().records_out("src") < 15_000:
-        time.sleep(0.05)
+    wait_for(lambda: job.statistics().records_out("src") >= 15_000, 60, "src to emit 15,000 records")
     job.run_control(ops.Reconfigure({"a": {"threshold": 900}, "b": {"threshold": 900}})).result(timeout=60)
     job.wait(timeout=120)
     rows = job.result().to_pylist()
@@ -355,15 +352,15 @@ def test_a_host_failure_during_an_op_fails_the_op_clearly():
     try:
         count_host = job.actors[0]  # keyed instance 0 lives on host 0; the sink on host 2
         handle = job.run_control(Slow())
-        deadline = time.monotonic() + 30
-        while True:  # run_control does not wait: make sure the op is in flight before the kill
+
+        def running() -> bool:
             try:
-                if handle.progress()["state"] == "RUNNING":
-                    break
+                return handle.progress()["state"] == "RUNNING"
             except Exception:  # not registered yet
-                pass
-            assert time.monotonic() < deadline, "the op never started"
-            time.sleep(0.01)
+                return False
+
+        # run_control does not wait: make sure the op is in flight before the kill
+        wait_for(running, 30, "the op to start", interval=0.01)
         ray.kill(count_host, no_restart=True)
         started = time.monotonic()
         with pytest.raises(OpFailedError, match="host 0"):
@@ -387,10 +384,8 @@ def test_a_side_controller_still_runs_ops_after_a_recovery(victim):
         assert set(job.run_control(Who(), controller="second").result(timeout=60)) == set(job.plan.instances)
         hosts = job.topology.hosts()
         ray.kill(hosts[0] if victim.startswith("host 0") else hosts[-1], no_restart=True)
-        deadline = time.monotonic() + 90
-        while not any(e.startswith("recovered") for e in job.status().events):
-            assert time.monotonic() < deadline, job.status().events
-            time.sleep(0.05)
+        wait_for(lambda: any(e.startswith("recovered") for e in job.status().events), 90,
+                 "the job to recover from the killed host", detail=lambda: job.status().events)
         assert set(job.run_control(Who(), controller="second").result(timeout=60)) == set(job.plan.instances)
     finally:
         job.cancel()

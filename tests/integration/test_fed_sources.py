@@ -16,6 +16,7 @@ import pytest
 import ray
 
 from chiray.operators import Dataflow, Source, SourceSplit, SplitAddress, SplitReader
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
@@ -90,10 +91,12 @@ def test_readers_opened_ahead_take_fed_rows_from_outside_in_order():
     flow.source(FedSource("fed-registry", 4), parallelism=2, name="src").collect(name="out")
     job = flow.submit()
     try:
-        deadline = time.monotonic() + 60
-        while len(readers := ray.get(registry.all.remote())) < 4:  # every reader, opened ahead, registered
-            assert time.monotonic() < deadline, f"only {sorted(readers)} registered"
-            time.sleep(0.05)
+        def registered():
+            readers = ray.get(registry.all.remote())
+            return readers if len(readers) >= 4 else None
+
+        readers = wait_for(registered, 60, "every reader, opened ahead, to register",
+                           detail=lambda: sorted(ray.get(registry.all.remote())))
         sent: list[int] = []
         for i, (split_id, (address, host)) in enumerate(sorted(readers.items())):
             assert address.split_id == split_id and address.operator == "src" and address.index == i % 2

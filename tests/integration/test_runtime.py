@@ -12,19 +12,9 @@ import ray
 
 from chiray.actors import JobCancelledError, OperatorError
 from chiray.operators import Dataflow, Sink, SinkWriter, collect, from_items, generate
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.usefixtures("ray_session")
-
-
-def wait_for(condition, timeout: float, what: str, interval: float = 0.05):
-    """Poll ``condition`` until it returns a truthy value or ``timeout`` passes."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def actors_dead(actors) -> bool:
