@@ -7,13 +7,13 @@ left half-changed, and its result equals the oracle exactly.
 from __future__ import annotations
 
 import threading
-import time
 
-import pyarrow as pa
 import pytest
 
 import chiray
 from chiray.actors.client import ManagerRestartedError
+from tests.oracles import assert_counts_equal, key_counts
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.ray
 
@@ -23,17 +23,6 @@ KEYS = 300
 
 def _source() -> chiray.Source:
     return chiray.generate(RECORDS, rate=12_000, batch_size=2_000, num_keys=KEYS, seed=11, num_splits=2)
-
-
-def _oracle() -> dict[str, int]:
-    src = _source()
-    counts: dict[str, int] = {}
-    for split in src.splits():
-        reader = src.open_split(split)
-        while (batch := reader.read()) is not None:
-            for key in pa.Table.from_batches([batch]).column("key").to_pylist():
-                counts[key] = counts.get(key, 0) + 1
-    return counts
 
 
 def _submit(name: str, tmp_path) -> chiray.AttachedJob:
@@ -50,19 +39,16 @@ def _kill_manager(name: str) -> None:
 
 
 def _wait_restarted(job: chiray.AttachedJob, restarts: int = 1) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
+    def back() -> bool:
         info = job.info()
-        if info["restarts"] >= restarts and info["state"] == "RUNNING":
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"job {job.name!r} did not come back: {job.info()}")
+        return info["restarts"] >= restarts and info["state"] == "RUNNING"
+
+    wait_for(back, 60, f"job {job.name!r} to come back running after {restarts} restart(s)", interval=0.2,
+             detail=job.info)
 
 
 def _check_exact(job: chiray.AttachedJob) -> None:
-    table = job.result()
-    got = dict(zip(table.column("key").to_pylist(), table.column("count").to_pylist()))
-    assert got == _oracle()  # nothing lost, nothing counted twice
+    assert_counts_equal(job.result(), key_counts(_source()))  # nothing lost, nothing counted twice
     job.forget()
 
 
@@ -70,9 +56,8 @@ def test_manager_dies_during_a_rescale(ray_session, tmp_path):
     job = _submit("rescale-kill", tmp_path)
     job.checkpoint()
     handle = job.rescale("count", 3, strategy="fluid", gap_s=0.05)  # 1024 one-bin steps: still running below
-    deadline = time.monotonic() + 30
-    while handle.progress().get("steps_done", 0) < 2 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_for(lambda: handle.progress().get("steps_done", 0) >= 2, 30, "the rescale's first two steps",
+             detail=handle.progress)
     _kill_manager(job.name)
     _wait_restarted(job)
     progress = handle.progress()

@@ -8,34 +8,29 @@ takes two hosts of about 200-280 MB, the job controller running inside the first
 
 from __future__ import annotations
 
-import collections
-
 import pytest
 import ray
 
 from benchmarks.common import RssSampler
 from chiray.operators import Dataflow, generate
+from tests.oracles import assert_counts_equal, key_counts
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
 JOB_RSS_BOUND_MB = 650
 
 
-def _keyed_count(name: str) -> tuple[Dataflow, list[dict]]:
+def _keyed_count(name: str) -> tuple[Dataflow, dict[str, int]]:
+    """The flow and its oracle: records per key of its source."""
     source = generate(200_000, num_keys=20_000, batch_size=20_000, num_splits=2, seed=11)
-    rows = []
-    for split in source.splits():
-        reader = source.open_split(split)
-        while (batch := reader.read()) is not None:
-            rows.extend(batch.select(["key"]).to_pylist())
     flow = Dataflow(name)
     (flow.source(source, parallelism=2, name="src").key_by("key").count(parallelism=2, name="count")
          .collect(name="out"))
-    return flow, rows
+    return flow, key_counts(source)
 
 
 def test_a_keyed_count_shares_two_hosts_and_stays_under_the_memory_bound():
-    flow, rows = _keyed_count("memory-shared")
+    flow, expected = _keyed_count("memory-shared")
     job = flow.submit()
     try:
         hosts = job.topology.hosts()
@@ -50,25 +45,23 @@ def test_a_keyed_count_shares_two_hosts_and_stays_under_the_memory_bound():
         peak = rss.peak_mb
     finally:
         job.cancel()
-    got = {r["key"]: r["count"] for r in job.result("out").to_pylist()}
-    assert got == collections.Counter(r["key"] for r in rows)
+    assert_counts_equal(job.result("out"), expected)
     assert peak < JOB_RSS_BOUND_MB, f"the job's processes peaked at {peak:.0f} MB"
 
 
 def test_keyed_instances_on_hosts_of_their_own_still_run_exactly():
-    flow, rows = _keyed_count("memory-apart")
+    flow, expected = _keyed_count("memory-apart")
     job = flow.submit(colocate=False)
     try:
         assert len(job.topology.hosts()) == 4  # two keyed, two others
         job.wait(timeout=120)
     finally:
         job.cancel()
-    got = {r["key"]: r["count"] for r in job.result("out").to_pylist()}
-    assert got == collections.Counter(r["key"] for r in rows)
+    assert_counts_equal(job.result("out"), expected)
 
 
 def test_a_controller_in_a_process_of_its_own_still_runs_exactly():
-    flow, rows = _keyed_count("memory-own-controller")
+    flow, expected = _keyed_count("memory-own-controller")
     job = flow.submit(controller_process=True)
     try:
         hosts = job.topology.hosts()
@@ -78,5 +71,4 @@ def test_a_controller_in_a_process_of_its_own_still_runs_exactly():
         job.wait(timeout=120)
     finally:
         job.cancel()
-    got = {r["key"]: r["count"] for r in job.result("out").to_pylist()}
-    assert got == collections.Counter(r["key"] for r in rows)
+    assert_counts_equal(job.result("out"), expected)

@@ -20,6 +20,8 @@ from chiray.actors import submit
 from chiray.actors.storage import CheckpointError, CheckpointStorage
 from chiray.control.ops.checkpoint import decode_offsets
 from chiray.operators import Dataflow, Source, generate, to_parquet
+from tests.oracles import assert_counts_equal, key_counts, output_counts, source_batches
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
@@ -29,15 +31,6 @@ SPLITS = 2
 
 def source(rate: float = 60_000):
     return generate(N, rate=rate, batch_size=1000, num_keys=300, num_splits=SPLITS, seed=11)
-
-
-def oracle_counts(src) -> dict[str, int]:
-    counts: collections.Counter = collections.Counter()
-    for split in src.splits():
-        reader = src.open_split(split)
-        while (batch := reader.read()) is not None:
-            counts.update(batch.column("key").to_pylist())
-    return dict(counts)
 
 
 def build(name: str, src, parquet_dir: str | None = None, count_p: int = 2) -> Dataflow:
@@ -50,16 +43,13 @@ def build(name: str, src, parquet_dir: str | None = None, count_p: int = 2) -> D
     return flow
 
 
-def wait_progress(job, fraction: float, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while job.statistics().records_out("src") < N * fraction:
-        assert time.monotonic() < deadline, "no progress"
-        time.sleep(0.05)
+def progressed(job, fraction: float):
+    """The condition that the source has emitted ``fraction`` of the input (for :func:`wait_for`)."""
+    return lambda: job.statistics().records_out("src") >= N * fraction
 
 
 def assert_exact(job, src, parquet_dir: str | None = None) -> None:
-    got = {r["key"]: r["count"] for r in job.result("out").to_pylist()}
-    assert got == oracle_counts(src)
+    assert_counts_equal(job.result("out"), key_counts(src))
     if parquet_dir is not None:
         files = job.result("files")
         assert files and all(os.path.basename(f).startswith("part-") for f in files)
@@ -68,11 +58,9 @@ def assert_exact(job, src, parquet_dir: str | None = None) -> None:
         # Records are (key, seq, value): the generator's value column is a pure function of the record,
         # so the multiset of rows must equal the source's exactly.
         expected = collections.Counter()
-        for split in src.splits():
-            reader = src.open_split(split)
-            while (batch := reader.read()) is not None:
-                expected.update(zip(batch.column("key").to_pylist(), batch.column("seq").to_pylist(),
-                                    batch.column("value").to_pylist()))
+        for batch in source_batches(src):
+            expected.update(zip(batch.column("key").to_pylist(), batch.column("seq").to_pylist(),
+                                batch.column("value").to_pylist()))
         got_rows = collections.Counter(zip(table.column("key").to_pylist(), table.column("seq").to_pylist(),
                                            table.column("value").to_pylist()))
         assert got_rows == expected
@@ -104,7 +92,7 @@ def test_killed_stateful_host_recovers_exactly(tmp_path):
     job = build("kill-once", src, out).submit(checkpoint_interval_s=0.3, poll_interval_s=0.2,
                                              checkpoint_dir=str(tmp_path / "chk"))
     try:
-        wait_progress(job, 0.4)
+        wait_for(progressed(job, 0.4), 60, "40 % of the input emitted")
         ray.kill(job.actors[0], no_restart=True)  # keyed instance count[0] lives on host 0
         job.wait(timeout=180)
     finally:
@@ -128,12 +116,10 @@ def test_killed_twice_in_a_row_still_exact(tmp_path):
     src = source(rate=40_000)
     job = build("kill-twice", src).submit(checkpoint_interval_s=0.3, poll_interval_s=0.2)
     try:
-        wait_progress(job, 0.25)
+        wait_for(progressed(job, 0.25), 60, "25 % of the input emitted")
         ray.kill(job.actors[1], no_restart=True)
-        deadline = time.monotonic() + 60
-        while not any(e.startswith("recovered") for e in job.status().events):
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        wait_for(lambda: any(e.startswith("recovered") for e in job.status().events), 60,
+                 "the job to recover from the first kill", detail=lambda: job.status().events)
         ray.kill(job.actors[0], no_restart=True)  # at once: possibly while the hosts still start
         job.wait(timeout=180)
     finally:
@@ -147,9 +133,9 @@ def test_kill_during_a_checkpoint(tmp_path):
     src = source(rate=40_000)
     job = build("kill-mid-checkpoint", src).submit(poll_interval_s=0.2, checkpoint_dir=str(tmp_path))
     try:
-        wait_progress(job, 0.2)
+        wait_for(progressed(job, 0.2), 60, "20 % of the input emitted")
         assert job.checkpoint(timeout=60) >= 1
-        wait_progress(job, 0.4)
+        wait_for(progressed(job, 0.4), 60, "40 % of the input emitted")
         op_id = job._call("checkpoint")  # start one, and kill a host before it can complete
         ray.kill(job.actors[1], no_restart=True)
         job.wait(timeout=180)
@@ -164,10 +150,7 @@ def test_max_restarts_exceeded_fails_clearly(tmp_path):
     flow = Dataflow("gives-up")
     flow.source(src, name="src").key_by("key").count(name="count").collect(name="out")
     job = flow.submit(max_restarts=0, poll_interval_s=0.2)
-    wait_for_records = time.monotonic() + 30
-    while job.statistics().records_out("src") == 0:
-        assert time.monotonic() < wait_for_records
-        time.sleep(0.05)
+    wait_for(lambda: job.statistics().records_out("src") > 0, 30, "the source's first records")
     ray.kill(job.actors[0], no_restart=True)
     with pytest.raises(Exception, match="host 0"):
         job.wait(timeout=60)
@@ -182,7 +165,7 @@ def test_a_recovery_moves_the_controller_out_of_the_hosts_it_replaces(tmp_path):
     try:
         hosts = job.topology.hosts()
         assert job.actors == list(hosts), "the controller runs in a host"
-        wait_progress(job, 0.25)
+        wait_for(progressed(job, 0.25), 60, "25 % of the input emitted")
         ray.kill(hosts[1], no_restart=True)
         job.wait(timeout=180)
         status = job.status()
@@ -200,15 +183,13 @@ def test_controller_death_is_survived(tmp_path):
     src = source(rate=15_000)  # slow: the job must outlive both checkpoints
     job = build("controller-dies", src).submit(poll_interval_s=0.2, checkpoint_dir=str(tmp_path),
                                                controller_process=True)
-    wait_progress(job, 0.1)
+    wait_for(progressed(job, 0.1), 60, "10 % of the input emitted")
     assert job.checkpoint(timeout=60) >= 1
     old = job.topology.controller
     ray.kill(old, no_restart=True)
     try:
-        deadline = time.monotonic() + 60
-        while not any(e.startswith("recovered") for e in job.status().events):
-            assert time.monotonic() < deadline, "the job did not recover from the controller's death"
-            time.sleep(0.05)
+        wait_for(lambda: any(e.startswith("recovered") for e in job.status().events), 60,
+                 "the job to recover from the controller's death", detail=lambda: job.status().events)
         assert job.topology.controller is not old
         later = job.checkpoint(timeout=60)  # the new controller found the checkpoints on storage
         assert later >= 2
@@ -225,14 +206,12 @@ def test_a_replaced_controller_keeps_the_job_history_and_its_restart_count(tmp_p
                                                      controller_process=True,
                                                       max_restarts=1)
     try:
-        wait_progress(job, 0.1)
+        wait_for(progressed(job, 0.1), 60, "10 % of the input emitted")
         ray.kill(job.topology.controller, no_restart=True)
-        deadline = time.monotonic() + 60
-        while not any(e.startswith("recovered") for e in job.status().events):
-            assert time.monotonic() < deadline, "the job did not recover from the controller's death"
-            time.sleep(0.05)
+        wait_for(lambda: any(e.startswith("recovered") for e in job.status().events), 60,
+                 "the job to recover from the controller's death", detail=lambda: job.status().events)
         assert any("restart 1 of 1" in e for e in job.status().events)
-        wait_progress(job, 0.2)  # running again
+        wait_for(progressed(job, 0.2), 60, "20 % of the input emitted")  # running again
         ray.kill(job.topology.controller, no_restart=True)  # the second death is one restart too many
         with pytest.raises(Exception, match="limit"):
             job.wait(timeout=60)
@@ -247,7 +226,7 @@ def checkpoint_mid_run(src, chk: str) -> str:
     """Run the keyed count on ``src`` until 40 % of it, checkpoint, cancel; the checkpoint's path."""
     first = build("before", src).submit(checkpoint_dir=chk)
     try:
-        wait_progress(first, 0.4)
+        wait_for(progressed(first, 0.4), 60, "40 % of the input emitted")
         checkpoint_id = first.checkpoint(timeout=60)
     finally:
         first.cancel()
@@ -306,7 +285,7 @@ def test_restore_matches_state_by_identity_and_refuses_state_with_nowhere_to_go(
         dropped.wait(timeout=180)
     finally:
         dropped.cancel()
-    got = {r["key"]: r["count"] for r in dropped.result("out").to_pylist()}
+    got = output_counts(dropped.result("out"))
     assert sum(got.values()) < N and sum(got.values()) > 0
 
 
@@ -327,9 +306,7 @@ class SlowToHear(Notified):
 
     def checkpoint_complete(self, checkpoint_id, offsets):
         super().checkpoint_complete(checkpoint_id, offsets)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:  # the test kills the controller meanwhile
-            time.sleep(0.05)
+        time.sleep(30)  # slow to hear, not synchronisation: the test kills the controller meanwhile
 
 
 def test_checkpoint_whose_controller_dies_after_it_was_durable_returns_it(tmp_path):
@@ -340,14 +317,12 @@ def test_checkpoint_whose_controller_dies_after_it_was_durable_returns_it(tmp_pa
     job = build("durable-then-dies", src).submit(poll_interval_s=0.2, checkpoint_dir=str(tmp_path / "chk"),
                                                  controller_process=True)
     try:
-        wait_progress(job, 0.1)
+        wait_for(progressed(job, 0.1), 60, "10 % of the input emitted")
         answer: list = []
         caller = threading.Thread(target=lambda: answer.append(job.checkpoint(timeout=60)))
         caller.start()
-        deadline = time.monotonic() + 60
-        while not os.path.exists(log):  # the manifest is written before the source hears of it
-            assert time.monotonic() < deadline, "the checkpoint never completed"
-            time.sleep(0.02)
+        # the manifest is written before the source hears of it
+        wait_for(lambda: os.path.exists(log), 60, "the checkpoint to complete", interval=0.02)
         ray.kill(job.topology.controller, no_restart=True)
         caller.join(timeout=90)
         durable = CheckpointStorage(str(tmp_path / "chk")).committed()
@@ -363,12 +338,10 @@ def test_rescale_called_while_the_job_recovers_waits_for_it(tmp_path):
     job = build("rescale-recovering", src).submit(poll_interval_s=0.2, checkpoint_interval_s=0.5,
                                                  checkpoint_dir=str(tmp_path))
     try:
-        wait_progress(job, 0.25)
+        wait_for(progressed(job, 0.25), 60, "25 % of the input emitted")
         ray.kill(job.actors[0], no_restart=True)  # count[0]'s host: the job rolls back
-        deadline = time.monotonic() + 30
-        while job.status().state.value == "RUNNING":  # the controller noticed
-            assert time.monotonic() < deadline, "the host's death went unnoticed"
-            time.sleep(0.02)
+        wait_for(lambda: job.status().state.value != "RUNNING", 30,
+                 "the controller to notice the host's death", interval=0.02)
         try:
             done = job.rescale("count", 3, strategy="all_at_once").result(timeout=120)
             assert done["parallelism"] == 3

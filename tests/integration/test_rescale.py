@@ -17,6 +17,8 @@ import ray
 
 from chiray.actors.rescale import RescaleError
 from chiray.operators import Dataflow, Source, SplitReader, generate
+from tests.oracles import assert_counts_equal, key_counts
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
@@ -101,20 +103,8 @@ def build(name: str, counted, ordered) -> Dataflow:
     return flow
 
 
-def sent_counts(src) -> dict[str, int]:
-    """The oracle: per key, the records ``src`` sent (counted by a plain loop over its batches)."""
-    expected: collections.Counter = collections.Counter()
-    for batch in read_all(src):
-        expected.update(batch.column("key").to_pylist())
-    return dict(expected)
-
-
-def job_counts(job) -> dict[str, int]:
-    return {r["key"]: r["count"] for r in job.result("counts").to_pylist()}
-
-
 def check_exact(job, counted_src, ordered) -> None:
-    assert job_counts(job) == sent_counts(counted_src)
+    assert_counts_equal(job.result("counts"), key_counts(read_all(counted_src)))
     arrival: dict[str, list[int]] = collections.defaultdict(list)  # one upstream: arrival order is seq order
     for batch in read_all(ordered):
         for k, s in zip(batch.column("key").to_pylist(), batch.column("seq").to_pylist()):
@@ -136,11 +126,19 @@ def sources_until_stopped(tmp_path):
     return UntilStopped(counted, stop, "counted"), UntilStopped(ordered, stop, "ordered"), stop
 
 
-def wait_records(job, operator: str, n: int, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while job.statistics().records_out(operator) < n:
-        assert time.monotonic() < deadline, f"{operator} emitted fewer than {n} records in {timeout} s"
-        time.sleep(0.05)
+def emitted(job, operator: str, n: int):
+    """The condition that ``operator`` has emitted at least ``n`` records (for :func:`wait_for`)."""
+    return lambda: job.statistics().records_out(operator) >= n
+
+
+def stepped(handle, condition):
+    """``condition(progress)`` of a running rescale, for :func:`wait_for`; fails at once if it ended first."""
+    def check():
+        if condition(handle.progress()):
+            return True
+        assert not handle.done(), handle.progress()
+        return False
+    return check
 
 
 STRATEGIES = [
@@ -158,7 +156,7 @@ def test_every_strategy_scales_2_3_1_2_exactly(tmp_path):
     counted, ordered, stop = sources_until_stopped(tmp_path)
     job = build("rescale-strategies", counted, ordered).submit(spare_hosts=1)  # scale-outs take the spare
     try:
-        wait_records(job, "src", 20_000)
+        wait_for(emitted(job, "src", 20_000), 60, "src to emit 20,000 records")
         for strategy, knobs in STRATEGIES:
             for p in (3, 1, 2):
                 for op in ("count", "seqs"):
@@ -198,7 +196,8 @@ def test_a_large_state_moves_exactly_with_every_strategy(tmp_path):
         parallelism=2, name="count").collect(name="counts")
     job = flow.submit(spare_hosts=1)
     try:
-        wait_records(job, "src", 3 * LARGE_KEYS)  # most keys are in the state before the first move
+        # most keys are in the state before the first move
+        wait_for(emitted(job, "src", 3 * LARGE_KEYS), 60, f"src to emit {3 * LARGE_KEYS} records")
         for strategy, knobs in STRATEGIES:
             for p in (3, 2):
                 progress = job.rescale("count", p, strategy=strategy, **knobs).result(180)
@@ -208,9 +207,9 @@ def test_a_large_state_moves_exactly_with_every_strategy(tmp_path):
         job.wait(timeout=180)
     finally:
         job.cancel()
-    expected = sent_counts(counted)
+    expected = key_counts(read_all(counted))
     assert len(expected) > LARGE_KEYS // 2
-    assert job_counts(job) == expected
+    assert_counts_equal(job.result("counts"), expected)
 
 
 def sleepy(batch):
@@ -233,19 +232,17 @@ def test_an_input_end_that_overtakes_the_bin_state_waits_for_it(tmp_path):
     flow.source(busy, parallelism=1, name="busy_src").map(sleepy, name="sleepy").collect(name="slow")
     job = flow.submit(spare_hosts=1, placement={"count": [0], "sleepy": [0]})
     try:
-        wait_records(job, "src", 5_000)
+        wait_for(emitted(job, "src", 5_000), 60, "src to emit 5,000 records")
         handle = job.rescale("count", 2, strategy="non_disruptive", chunk_bins=BINS)
-        deadline = time.monotonic() + 60
-        while handle.progress()["first_step_ns"] is None:  # injected: the input ends right behind the op
-            assert time.monotonic() < deadline and not handle.done(), handle.progress()
-            time.sleep(0.001)
+        # injected: the input ends right behind the op
+        wait_for(stepped(handle, lambda p: p["first_step_ns"] is not None), 60, "the rescale's first step",
+                 interval=0.001, detail=handle.progress)
         open(stop, "w").close()
         job.wait(timeout=120)
         assert handle.result(60)["state"] == "DONE"
     finally:
         job.cancel()
-    expected, got = sent_counts(counted), job_counts(job)
-    assert got == expected, f"{len(set(expected) - set(got))} keys lost"
+    assert_counts_equal(job.result("counts"), key_counts(read_all(counted)))
 
 
 def test_random_migrations_keep_the_invariant(tmp_path):
@@ -257,7 +254,8 @@ def test_random_migrations_keep_the_invariant(tmp_path):
     job = build("migrate-random", counted, ordered).submit()
     try:
         for _ in range(2):
-            wait_records(job, "src", job.statistics().records_out("src") + rng.randint(1_000, 20_000))
+            more = job.statistics().records_out("src") + rng.randint(1_000, 20_000)
+            wait_for(emitted(job, "src", more), 60, f"src to emit {more} records")
             for op in ("count", "seqs"):
                 table = [rng.randrange(2) for _ in range(BINS)]
                 strategy = rng.choice(["all_at_once", "batched", "non_disruptive"])
@@ -278,19 +276,15 @@ def test_killed_host_during_migration_recovers_exactly(tmp_path):
     job = build("rescale-kill", counted, ordered).submit(
         checkpoint_interval_s=0.5, poll_interval_s=0.2, checkpoint_dir=str(tmp_path / "chk"))
     try:
-        wait_records(job, "src", 20_000)
+        wait_for(emitted(job, "src", 20_000), 60, "src to emit 20,000 records")
         handle = job.rescale("count", 3, strategy="batched", chunk_bins=1, gap_s=0.05)
-        deadline = time.monotonic() + 60
-        while handle.progress()["steps_done"] < 2:
-            assert time.monotonic() < deadline and not handle.done(), handle.progress()
-            time.sleep(0.02)
+        wait_for(stepped(handle, lambda p: p["steps_done"] >= 2), 60, "the rescale's first two steps",
+                 interval=0.02, detail=handle.progress)
         ray.kill(job.actors[0], no_restart=True)  # count[0] (and seqs[0]) live on host 0
         with pytest.raises(RescaleError):
             handle.result(120)
-        deadline = time.monotonic() + 120
-        while not any(e.startswith("recovered from") for e in job.status().events):
-            assert time.monotonic() < deadline, job.status().events
-            time.sleep(0.05)
+        wait_for(lambda: any(e.startswith("recovered from") for e in job.status().events), 120,
+                 "the job to recover from the killed host", detail=lambda: job.status().events)
         # The job runs on, with the topology of the last completed step; a new rescale completes.
         assert job.rescale("count", 1, strategy="all_at_once").result(120)["state"] == "DONE"
         open(stop, "w").close()  # the input ends after the rescales

@@ -18,6 +18,8 @@ from pyspark.sql import functions as F
 
 from chiray.operators import Dataflow
 from chiray.spark_bridge import from_spark, from_spark_stream, from_staged
+from tests.oracles import output_counts
+from tests.waiting import wait_for
 
 pytestmark = [
     pytest.mark.usefixtures("ray_session"),
@@ -66,7 +68,7 @@ def run_to_end(flow: Dataflow, timeout: float = 180):
 
 
 def dataflow_counts(job) -> dict[str, int]:
-    return {r["key"]: r["count"] for r in job.result("out").to_pylist()}
+    return output_counts(job.result("out"))
 
 
 def test_keyed_count_equals_spark_sql_and_a_warm_coordinator_serves_the_next_source(spark):
@@ -99,9 +101,9 @@ def test_rows_go_from_the_executors_to_the_source_hosts_never_through_the_coordi
         job = run_to_end(keyed_count("spark-direct", src, parallelism=2))
         # A reader tells the coordinator it took a unit in a call of its own: the last notice may
         # land just after the job's end.
-        deadline = time.monotonic() + 30
-        while (stats := src.statistics()).delivered_rows < sum(expected.values()) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_for(lambda: src.statistics().delivered_rows >= sum(expected.values()), 30,
+                 "the coordinator to hear of every delivered row", detail=src.statistics)
+        stats = src.statistics()
     assert dataflow_counts(job) == expected
     src_rows = [i.records_out for i in job.statistics().instances if i.operator == "src"]
     assert len(src_rows) == 2 and sum(src_rows) == sum(expected.values())  # both instances read their units
@@ -193,10 +195,8 @@ def test_killed_stateful_host_replays_from_spark_exactly(spark, tmp_path):
         ).collect(name="out")
         job = flow.submit(checkpoint_interval_s=0.3, poll_interval_s=0.2, checkpoint_dir=str(tmp_path))
         try:
-            deadline = time.monotonic() + 120
-            while job.statistics().records_out("src") < 6_000:  # mid-ingest, after some checkpoints
-                assert time.monotonic() < deadline, "no progress"
-                time.sleep(0.05)
+            wait_for(lambda: job.statistics().records_out("src") >= 6_000, 120,
+                     "src to emit 6,000 records (mid-ingest, after some checkpoints)")
             ray.kill(job.actors[0], no_restart=True)  # the host of the keyed instance count[0]
             job.wait(timeout=180)
         finally:
@@ -228,10 +228,7 @@ def test_staged_reader_killed_mid_split_resumes_exactly(spark, tmp_path):
     ).key_by("key").count(parallelism=2, name="count").collect(name="out")
     job = flow.submit(checkpoint_interval_s=0.3, poll_interval_s=0.2, checkpoint_dir=str(tmp_path / "chk"))
     try:
-        deadline = time.monotonic() + 120
-        while job.statistics().records_out("src") < 5_000:
-            assert time.monotonic() < deadline, "no progress"
-            time.sleep(0.05)
+        wait_for(lambda: job.statistics().records_out("src") >= 5_000, 120, "src to emit 5,000 records")
         host = next(i.host for i in job.statistics().instances if i.operator == "src" and i.index == 0)
         ray.kill(job.actors[host], no_restart=True)
         job.wait(timeout=180)
@@ -302,10 +299,8 @@ def test_stream_replays_kept_epochs_after_a_killed_host(spark, tmp_path):
         # No checkpoint completes before the kill: the restored lanes start again from epoch 0.
         job = flow.submit(checkpoint_interval_s=60, poll_interval_s=0.2, checkpoint_dir=str(tmp_path / "chk"))
         try:
-            deadline = time.monotonic() + 120
-            while job.statistics().records_out("src") < 3_000:  # the lanes took some epochs
-                assert time.monotonic() < deadline, "no progress"
-                time.sleep(0.05)
+            wait_for(lambda: job.statistics().records_out("src") >= 3_000, 120,
+                     "src to emit 3,000 records (the lanes took some epochs)")
             ray.kill(job.actors[0], no_restart=True)  # the host of the keyed instance count[0]
             job.wait(timeout=180)
         finally:

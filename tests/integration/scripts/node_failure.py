@@ -6,15 +6,15 @@ nodes with an exact result. Starts and stops its own simulated cluster.
 
 from __future__ import annotations
 
-import collections
 import json
 import sys
-import time
 
 import ray
 from ray.cluster_utils import Cluster
 
 from chiray.operators import Dataflow, generate
+from tests.oracles import key_counts, output_counts
+from tests.waiting import wait_for
 
 N = 80_000
 
@@ -33,21 +33,15 @@ def main() -> int:
              .key_by("key").count(parallelism=2, name="count").collect(name="out"))
         job = flow.submit(checkpoint_interval_s=0.5, poll_interval_s=0.2, host_num_cpus=0.5,
                           host_options={"scheduling_strategy": "SPREAD"})
-        while job.statistics().records_out("src") < N * 0.3:
-            time.sleep(0.05)
+        wait_for(lambda: job.statistics().records_out("src") >= N * 0.3, 120, "30 % of the input emitted")
         victim = ray.get(job.actors[0].node_id.remote())  # the node of keyed instance count[0]
         node = next(w for w in workers if w.node_id == victim)
         cluster.remove_node(node, allow_graceful=False)
         job.wait(timeout=240)
-        got = {r["key"]: r["count"] for r in job.result().to_pylist()}
-        expected: collections.Counter = collections.Counter()
-        for split in src.splits():
-            reader = src.open_split(split)
-            while (batch := reader.read()) is not None:
-                expected.update(batch.column("key").to_pylist())
+        got, expected = output_counts(job.result()), key_counts(src)
         events = list(job.status().events)
-        print("RESULT " + json.dumps({"exact": got == dict(expected), "events": events}), flush=True)
-        return 0 if got == dict(expected) and any(e.startswith("recovered") for e in events) else 1
+        print("RESULT " + json.dumps({"exact": got == expected, "events": events}), flush=True)
+        return 0 if got == expected and any(e.startswith("recovered") for e in events) else 1
     finally:
         ray.shutdown()
         cluster.shutdown()
