@@ -173,7 +173,7 @@ def plot(path: str, t0: float, schedule: list[tuple[float, float]], sampler: Sam
     fig.savefig(path)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--cost-us", type=float, default=100.0, help="service cost per record, microseconds")
@@ -184,7 +184,7 @@ def main() -> None:
     parser.add_argument("--keys", type=int, default=64)
     parser.add_argument("--batch-size", type=int, default=500)
     parser.add_argument("--png", default="autoscale.png")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     phases = [float(x) for x in (args.phases or ("10,20,20" if args.quick else "20,40,40")).split(",")]
     capacity = 1e6 / args.cost_us
     low, high = args.low * capacity, 3 * args.low * capacity

@@ -47,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.common import emit, start_ray
+from benchmarks.common import stop_ray, emit, start_ray
 from benchmarks.control_overhead import Schedule, TakeLatency, weighted_percentiles
 from benchmarks.measure import PARALLELISM, build, loadavg, state_bytes, warm_up
 
@@ -141,25 +141,24 @@ def run(keys: int, args: argparse.Namespace, window_s: float, tmp: str) -> tuple
     return warm, rate, windows, samples
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="200,000 keys (unless --keys), 4 s windows")
     parser.add_argument("--keys", type=int, default=None, help="distinct keys (default 1,000,000)")
     parser.add_argument("--window", type=float, default=None, help="seconds per window (default 10, quick 4)")
     parser.add_argument("--load", type=float, default=0.65, help="offered rate as a fraction of capacity")
     parser.add_argument("--batch-size", type=int, default=5_000)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     keys = args.keys or (200_000 if args.quick else 1_000_000)
     window_s = args.window or (4.0 if args.quick else 10.0)
     started, load_at_start = time.perf_counter(), loadavg()
     tmp = tempfile.mkdtemp(prefix="chiray-bench-checkpoint-")
-    start_ray()
-    import ray
+    started_ray = start_ray()
 
     try:
         warm, rate, windows, samples = run(keys, args, window_s, tmp)
     finally:
-        ray.shutdown()
+        stop_ray(started_ray)
         shutil.rmtree(tmp, ignore_errors=True)
     figures = summarise(windows, samples)
     emit({

@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
 import time
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import psutil
 
-__all__ = ["start_ray", "RssSampler", "emit", "key_counts"]
+__all__ = ["start_ray", "stop_ray", "spark_for_benchmark", "RssSampler", "emit", "key_counts"]
 
 
-def start_ray(num_cpus: int | None = None, ray_metrics: bool = True) -> None:
-    """A private local Ray (never attaches to another cluster on the machine).
+def start_ray(num_cpus: int | None = None, ray_metrics: bool = True) -> bool:
+    """A private local Ray (never attaches to another cluster on the machine); True if this call started it.
+
+    A process that has Ray already (the test suite runs every benchmark at a tiny size, in its own
+    process, on its session's Ray) keeps it as it is: ``num_cpus`` and ``ray_metrics`` then do nothing,
+    and ``stop_ray`` leaves it running.
 
     ``ray_metrics=False``: Ray collects no metrics (``RAY_enable_metrics_collection=0``, for the
     processes this Ray starts). Every 10 s Ray's metrics agent aggregates the workers' metrics: on
@@ -23,11 +28,38 @@ def start_ray(num_cpus: int | None = None, ray_metrics: bool = True) -> None:
     (``JobConfig.metrics_interval_s``) go through Ray's and are off with it."""
     import ray
 
+    if ray.is_initialized():
+        return False
     os.environ.setdefault("RAY_ENABLE_AUTO_CONNECT", "0")
     if not ray_metrics:
         os.environ["RAY_enable_metrics_collection"] = "0"  # the processes ray.init starts inherit it
-    if not ray.is_initialized():
-        ray.init(num_cpus=num_cpus, include_dashboard=False, logging_level="ERROR")
+    ray.init(num_cpus=num_cpus, include_dashboard=False, logging_level="ERROR")
+    return True
+
+
+def stop_ray(started: bool) -> None:
+    """Stop the Ray that ``start_ray`` started (``started``), and no other."""
+    if started:
+        import ray
+
+        ray.shutdown()
+
+
+@contextlib.contextmanager
+def spark_for_benchmark(cores: int, app_name: str, conf: dict[str, str], master: str | None = None) -> Iterator[Any]:
+    """A SparkSession for one benchmark: this process's active one if it has one (left running), else a new
+    one, stopped at the end."""
+    from pyspark.sql import SparkSession
+
+    from chiray.spark_bridge import spark_session
+
+    active = SparkSession.getActiveSession()
+    spark = active or spark_session(cores, app_name=app_name, conf=conf, master=master)
+    try:
+        yield spark
+    finally:
+        if active is None:
+            spark.stop()
 
 
 class RssSampler:

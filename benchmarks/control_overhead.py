@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from benchmarks.common import emit, start_ray
+from benchmarks.common import stop_ray, emit, start_ray
 from chiray.control.op import ControlOp, InstanceHandler
 from chiray.operators.logic import InstanceInfo, Sink, SinkWriter
 
@@ -250,17 +250,16 @@ def summarise(windows: list[dict[str, Any]], samples: np.ndarray) -> dict[str, A
     return figures
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="2 s windows, short calibration")
     parser.add_argument("--window", type=float, default=None, help="seconds per window (default 10, quick 2)")
     parser.add_argument("--load", type=float, default=0.7, help="offered rate as a fraction of capacity")
     parser.add_argument("--batch-size", type=int, default=2_000)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     window_s = args.window or (2.0 if args.quick else 10.0)
     started, load = time.perf_counter(), os.getloadavg()[0]
-    start_ray()
-    import ray
+    started_ray = start_ray()
 
     try:
         print("measuring capacity (unthrottled) ...", flush=True)
@@ -276,7 +275,7 @@ def main() -> None:
         finally:
             job.cancel()
     finally:
-        ray.shutdown()
+        stop_ray(started_ray)
     figures = summarise(windows, samples)
     nb, bl = figures["throughput_ratio_nonblocking_100"], figures["throughput_ratio_blocking_100"]
     emit({

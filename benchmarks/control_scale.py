@@ -40,7 +40,7 @@ import statistics
 import time
 from typing import Any
 
-from benchmarks.common import emit, start_ray
+from benchmarks.common import stop_ray, emit, start_ray
 
 NUM_HOSTS = 4
 SIZES = (8, 64, 512, 2048)
@@ -84,14 +84,14 @@ def measure(num_sources: int, fanout: int | None, warmup: int, ops: int) -> dict
             "blocking_max_ms": max(times[True])}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer ops per configuration")
     parser.add_argument("--sizes", default=None, help="numbers of sources, comma-separated "
                         "(default 8,64,512,2048; quick 8,64,512)")
     parser.add_argument("--fanout", type=int, default=8, help="control tree fan-out")
     parser.add_argument("--ops", type=int, default=None, help="measured ops per kind (default 9, quick 3)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     default = SIZES[:-1] if args.quick else SIZES
     sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else list(default)
     skipped = [n for n in SIZES if n not in sizes]
@@ -99,8 +99,7 @@ def main() -> None:
     warmup = 1 if args.quick else 2
     started = time.perf_counter()
     load = os.getloadavg()[0]
-    start_ray()
-    import ray
+    started_ray = start_ray()
 
     figures: dict[str, Any] = {}
     print(f"{'sources':>7} {'tree':>6} {'blocking ms':>12} {'non-blocking ms':>16} {'max ms':>8} "
@@ -115,7 +114,7 @@ def main() -> None:
                 figures[f"{label}_nonblocking_completion_ms_{n}"] = round(r["nonblocking_ms"], 2)
                 figures[f"{label}_submit_s_{n}"] = round(r["submit_s"], 2)
     finally:
-        ray.shutdown()
+        stop_ray(started_ray)
     for n in skipped:
         for label in ("tree", "flat"):
             figures[f"{label}_completion_ms_{n}"] = None

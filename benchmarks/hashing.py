@@ -36,12 +36,12 @@ def measure(rows: int, distinct: int) -> dict[str, float]:
     return figures
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="100,000 rows")
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--distinct", type=int, default=100_000)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     rows = 100_000 if args.quick else args.rows
     print(f"hashing {rows:,} keys ({args.distinct:,} distinct) into {DEFAULT_NUM_BINS} bins ...", flush=True)
     emit({"benchmark": "hashing", "rows": rows, "distinct": args.distinct, **measure(rows, args.distinct)})

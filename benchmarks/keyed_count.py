@@ -100,7 +100,7 @@ def check(result: pa.Table, batches: list[pa.RecordBatch]) -> None:
         raise SystemExit("keyed_count: result differs from pandas")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=5_000_000)
     parser.add_argument("--keys", type=int, default=100_000)
@@ -111,7 +111,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="1,000,000 records")
     parser.add_argument("--num-hosts", type=int, default=None,
                         help="host processes (default: the runtime's; see JobConfig.num_hosts)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     records = 1_000_000 if args.quick else args.records
     print(f"generating {records:,} records, {args.keys:,} keys ({args.dist}) ...", flush=True)
     batches = make_batches(records, args.keys, args.dist, args.batch_size, seed=1)

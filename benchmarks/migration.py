@@ -72,7 +72,7 @@ from typing import Any
 import numpy as np
 import psutil
 
-from benchmarks.common import emit, start_ray
+from benchmarks.common import stop_ray, emit, start_ray
 from benchmarks.control_overhead import TakeLatency
 from benchmarks.measure import PARALLELISM, build, loadavg, warm_up
 
@@ -250,7 +250,7 @@ def plot(results: list[dict[str, Any]], path: str) -> None:
     plt.close(fig)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help="100,000 keys, 256 bins, four strategies")
@@ -270,7 +270,7 @@ def main() -> None:
                         help="keep Ray's metrics collection on (its agent takes a core for 150-250 ms every 10 s)")
     parser.add_argument("--theta", type=float, default=THETA,
                         help=f"the planner's load bound (default {THETA}; few bins need more)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     global VERBOSE
     VERBOSE = args.verbose
     keys = args.keys or (100_000 if args.quick else LARGE_KEYS if args.large else 1_000_000)
@@ -281,8 +281,7 @@ def main() -> None:
     chosen = [s for s in STRATEGIES if s[0] in labels]
     started, load_at_start = time.perf_counter(), loadavg()
     tmp = tempfile.mkdtemp(prefix="chiray-bench-migration-")
-    start_ray(num_cpus=4, ray_metrics=args.ray_metrics)  # room for the hosts a scale-out adds (0.5 CPU each)
-    import ray
+    started_ray = start_ray(num_cpus=4, ray_metrics=args.ray_metrics)  # room for the hosts a scale-out adds
 
     results = []
     try:
@@ -308,7 +307,7 @@ def main() -> None:
             rss.stop()
             job.cancel()
     finally:
-        ray.shutdown()
+        stop_ray(started_ray)
         shutil.rmtree(tmp, ignore_errors=True)
     plot(results, args.png)
     print(f"latency plot: {args.png}", flush=True)

@@ -63,7 +63,7 @@ from typing import Any
 import ray
 
 from chiray.actors.storage import MANIFEST, CheckpointStorage
-from benchmarks.common import emit, start_ray
+from benchmarks.common import stop_ray, emit, start_ray
 from benchmarks.measure import build, counted, loadavg, size_label, source_records
 
 SIZES = (100_000, 1_000_000)
@@ -214,24 +214,24 @@ def summarise(results: dict[int, dict[str, Any]], args: argparse.Namespace) -> d
     return figures
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="100,000 keys only")
     parser.add_argument("--sizes", default=None, help="comma-separated key counts (default 100000,1000000)")
     parser.add_argument("--rate", type=float, default=200_000, help="offered records/s (default 200,000)")
     parser.add_argument("--batch-size", type=int, default=5_000)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     default = SIZES[:1] if args.quick else SIZES
     sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else list(default)
     started, load_at_start = time.perf_counter(), loadavg()
     tmp = tempfile.mkdtemp(prefix="chiray-bench-recovery-")
-    start_ray()
+    started_ray = start_ray()
     results = {}
     try:
         for keys in sizes:
             results[keys] = run_size(keys, args.rate, args.batch_size, tmp, args.quick)
     finally:
-        ray.shutdown()
+        stop_ray(started_ray)
         shutil.rmtree(tmp, ignore_errors=True)
     emit({**summarise(results, args), "loadavg_1m_at_start": load_at_start, "loadavg_1m_at_end": loadavg(),
           "wall_s": round(time.perf_counter() - started, 1)})

@@ -83,7 +83,7 @@ from typing import Any
 
 import psutil
 
-from benchmarks.common import RssSampler, emit, start_ray
+from benchmarks.common import RssSampler, emit, spark_for_benchmark, start_ray
 
 MASTER = "local"
 """Spark's master (``--master``): ``local`` is ``local[2]``, the executors inside the driver's JVM;
@@ -231,28 +231,8 @@ def run_naive(spark: Any, rows: int, partitions: int) -> dict[str, Any]:
             "rss_growth_mb": round(py_rss.growth_mb + jvm_rss.growth_mb, 1)}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=5_000_000)
-    parser.add_argument("--small-rows", type=int, default=1_000_000)
-    parser.add_argument("--partitions", type=int, default=8)
-    parser.add_argument("--repeat", type=int, default=2,
-                        help="full-size runs of each path, alternating; the best of each is compared (default 2)")
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--master", default=MASTER,
-                        help=f"Spark's master (default {MASTER}: local[2]; or e.g. local-cluster[2,1,1024])")
-    args = parser.parse_args()
-    if args.quick:
-        args.rows, args.small_rows = 1_000_000, 200_000
-    if args.repeat < 1:
-        parser.error("--repeat must be at least 1")
-    os.environ.setdefault("RAY_ENABLE_AUTO_CONNECT", "0")
-    start_ray(num_cpus=4)
-    from chiray.actors import release_warm_actors
-    from chiray.spark_bridge import release_warm_coordinators, spark_session
-
-    spark = spark_session(2, app_name="spark_ingest", conf={"spark.sql.shuffle.partitions": "4"},
-                          master=None if args.master == "local" else args.master)
+def measure(spark: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """The runs of ``main`` on one SparkSession: the bridge, the naive path and ``toArrow()``."""
     spark.sparkContext.setLogLevel("ERROR")
     if args.small_rows >= 100_000:  # tiny runs (CI) skip the warm-up
         print("spark_ingest: warming up Spark and the bridge", flush=True)
@@ -293,42 +273,65 @@ def main() -> None:
     )
     del table
     print(f"  {to_arrow / 1e6:.2f} M rows/s", flush=True)
-    spark.stop()
+    return {
+        "bridge_rows_per_s": round(bridge),
+        "to_arrow_rows_per_s": round(to_arrow),
+        "ratio": round(bridge / to_arrow, 3),
+        "naive_rows_per_s": round(naive["rows_per_s"]),
+        "bridge_rows_per_s_runs": [round(run["rows_per_s"]) for run in bridge_runs],
+        "naive_rows_per_s_runs": [round(run["rows_per_s"]) for run in naive_runs],
+        "ratio_to_naive": round(bridge / naive["rows_per_s"], 3),
+        "driver_rss_mb_naive_5m": max(run["rss_mb"] for run in naive_runs),
+        "driver_rss_growth_mb_naive_5m": max(run["rss_growth_mb"] for run in naive_runs),
+        "driver_rss_mb_1m": small["rss_mb"],
+        "driver_rss_mb_5m": first["rss_mb"],
+        "driver_python_rss_mb_1m": small["python_rss_mb"],
+        "driver_python_rss_mb_5m": first["python_rss_mb"],
+        "driver_jvm_rss_mb_1m": small["jvm_rss_mb"],
+        "driver_jvm_rss_mb_5m": first["jvm_rss_mb"],
+        "driver_rss_growth_mb_1m": small["rss_growth_mb"],
+        "driver_rss_growth_mb_5m": max(run["rss_growth_mb"] for run in bridge_runs),
+        "to_arrow_driver_rss_growth_mb_5m": to_arrow_growth,
+        "bridge_cpu_us_per_row": round(bridge_cpu / delivered * 1e6, 3),
+        "run_cpu_s_5m": round(large["cpu_s"], 2),
+        "spark_plan_cpu_s_5m": round(plan_cpu, 2),
+        "operators_busy_s_5m": round(large["operators_busy_s"], 2),
+        "submit_s_5m": large["submit_s"],
+        "master": args.master,
+        "rows": args.rows,
+        "repeat": args.repeat,
+        "small_rows": args.small_rows,
+        "quick": args.quick,
+        "load_avg_1m": round(os.getloadavg()[0], 2),
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=5_000_000)
+    parser.add_argument("--small-rows", type=int, default=1_000_000)
+    parser.add_argument("--partitions", type=int, default=8)
+    parser.add_argument("--repeat", type=int, default=2,
+                        help="full-size runs of each path, alternating; the best of each is compared (default 2)")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--master", default=MASTER,
+                        help=f"Spark's master (default {MASTER}: local[2]; or e.g. local-cluster[2,1,1024])")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.rows, args.small_rows = 1_000_000, 200_000
+    if args.repeat < 1:
+        parser.error("--repeat must be at least 1")
+    os.environ.setdefault("RAY_ENABLE_AUTO_CONNECT", "0")
+    start_ray(num_cpus=4)
+    from chiray.actors import release_warm_actors
+    from chiray.spark_bridge import release_warm_coordinators
+
+    with spark_for_benchmark(2, "spark_ingest", {"spark.sql.shuffle.partitions": "4"},
+                             None if args.master == "local" else args.master) as spark:
+        figures = measure(spark, args)
     release_warm_actors()
     release_warm_coordinators()
-    emit(
-        {
-            "bridge_rows_per_s": round(bridge),
-            "to_arrow_rows_per_s": round(to_arrow),
-            "ratio": round(bridge / to_arrow, 3),
-            "naive_rows_per_s": round(naive["rows_per_s"]),
-            "bridge_rows_per_s_runs": [round(run["rows_per_s"]) for run in bridge_runs],
-            "naive_rows_per_s_runs": [round(run["rows_per_s"]) for run in naive_runs],
-            "ratio_to_naive": round(bridge / naive["rows_per_s"], 3),
-            "driver_rss_mb_naive_5m": max(run["rss_mb"] for run in naive_runs),
-            "driver_rss_growth_mb_naive_5m": max(run["rss_growth_mb"] for run in naive_runs),
-            "driver_rss_mb_1m": small["rss_mb"],
-            "driver_rss_mb_5m": first["rss_mb"],
-            "driver_python_rss_mb_1m": small["python_rss_mb"],
-            "driver_python_rss_mb_5m": first["python_rss_mb"],
-            "driver_jvm_rss_mb_1m": small["jvm_rss_mb"],
-            "driver_jvm_rss_mb_5m": first["jvm_rss_mb"],
-            "driver_rss_growth_mb_1m": small["rss_growth_mb"],
-            "driver_rss_growth_mb_5m": max(run["rss_growth_mb"] for run in bridge_runs),
-            "to_arrow_driver_rss_growth_mb_5m": to_arrow_growth,
-            "bridge_cpu_us_per_row": round(bridge_cpu / delivered * 1e6, 3),
-            "run_cpu_s_5m": round(large["cpu_s"], 2),
-            "spark_plan_cpu_s_5m": round(plan_cpu, 2),
-            "operators_busy_s_5m": round(large["operators_busy_s"], 2),
-            "submit_s_5m": large["submit_s"],
-            "master": args.master,
-            "rows": args.rows,
-            "repeat": args.repeat,
-            "small_rows": args.small_rows,
-            "quick": args.quick,
-            "load_avg_1m": round(os.getloadavg()[0], 2),
-        }
-    )
+    emit(figures)
 
 
 if __name__ == "__main__":

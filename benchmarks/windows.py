@@ -197,7 +197,7 @@ def latencies(first: dict[int, float], log_path: str) -> list[float]:
     return out
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=4_000_000)
     parser.add_argument("--keys", type=int, default=100_000)
@@ -208,7 +208,7 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=200_000, help="offered records/s of the latency run")
     parser.add_argument("--latency-records", type=int, default=600_000)
     parser.add_argument("--quick", action="store_true", help="1,000,000 records, a 300,000-record latency run")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     records = 1_000_000 if args.quick else args.records
     lat_records = 300_000 if args.quick else args.latency_records
     print(f"generating {records:,} records, {args.keys:,} keys, disorder {args.disorder_ms} ms ...", flush=True)

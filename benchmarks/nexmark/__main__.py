@@ -20,7 +20,7 @@ import tempfile
 import time
 from typing import Any
 
-from benchmarks.common import emit, start_ray
+from benchmarks.common import emit, spark_for_benchmark, start_ray
 
 from .generator import NexmarkConfig
 from .oracle import run_sql, same_rows
@@ -54,7 +54,7 @@ def run_query(name: str, events: Events, paths: dict[str, str], parallelism: int
             "exact": difference is None, "output_rows": len(got)}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="100,000 events (unless --events), no Spark runs")
     parser.add_argument("--queries", default=",".join(all_queries()), help="comma-separated, e.g. q0,q1")
@@ -67,7 +67,7 @@ def main() -> None:
     parser.add_argument("--load", type=float, default=0.6, help="the migration runs' pace, of capacity")
     parser.add_argument("--migration-seconds", type=float, default=20.0, help="event time per migration run")
     parser.add_argument("--png", default=None, help="write the migration runs' latency over time here")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     names = [q.strip() for q in args.queries.split(",") if q.strip()]
     unknown = [q for q in names if q not in all_queries()]
     if unknown:
@@ -108,26 +108,21 @@ def main() -> None:
 
 def _spark_rates(results: list[dict[str, Any]], paths: dict[str, str], num_events: int) -> None:
     """Spark Structured Streaming's rate on the same events, for the queries it runs (after chiray's runs)."""
-    from chiray import spark_session
-
     from .spark import SPARK_SQL, spark_rate, stream_folders
 
     wanted = [r for r in results if r["query"] in SPARK_SQL]
     if not wanted:
         return
     _say("starting Spark (local[2]) for Structured Streaming runs of the same events")
-    spark = spark_session(2, app_name="nexmark", conf={"spark.sql.shuffle.partitions": "4",
-                                                       "spark.ui.enabled": "false"})
     folders = stream_folders(paths)
-    try:
+    with spark_for_benchmark(2, "nexmark", {"spark.sql.shuffle.partitions": "4", "spark.ui.enabled": "false"}) \
+            as spark:
         for result in wanted:
             rate = spark_rate(spark, result["query"], folders, num_events)
             result["spark_events_per_s"] = None if rate is None else round(rate)
             result["over_spark"] = None if not rate else round(result["events_per_s"] / rate, 2)
             _say(f"{result['query']}: {result['spark_events_per_s']:,} events/s on Spark Structured Streaming "
                  f"(chiray {result['over_spark']}x)")
-    finally:
-        spark.stop()
 
 
 if __name__ == "__main__":

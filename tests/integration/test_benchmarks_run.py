@@ -1,21 +1,19 @@
 """Every benchmark runs at a tiny size and ends with its JSON line, so none can rot.
 
-Each runs in its own process (a benchmark starts and stops its own Ray); the
-figures are not checked here, only that the run completes, verifies its own
-result where it has one, and reports the keys its issue asks for.
+Each runs in this process, on the session's Ray (and, for those that use
+Spark, its SparkSession): a benchmark starts its own only where the process
+has none (``benchmarks.common.start_ray``). The figures are not checked here,
+only that the run completes, verifies its own result where it has one, and
+reports the keys its issue asks for.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
-import pathlib
-import subprocess
-import sys
 
 import pytest
-
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 RUNS = {
     "keyed_count": (["--records", "200000", "--keys", "2000", "--batch-size", "20000"],
@@ -29,7 +27,7 @@ RUNS = {
     "checkpoint": (["--quick", "--keys", "5000", "--window", "1"],
                    ["throughput_ratio_checkpoint_1s", "checkpoint_p50_ms", "checkpoint_p99_ms", "max_stall_ms"]),
     "recovery": (["--quick", "--sizes", "5000", "--rate", "50000"], ["records_replayed"]),
-    "autoscale": (["--phases", "3,6,6", "--png", "/dev/null", "--interval", "0.5"],
+    "autoscale": (["--phases", "2,4,4", "--png", "/dev/null", "--interval", "0.5"],
                   ["decisions_up", "decisions_down", "time_to_converge_up_s", "final_parallelism_up",
                    "oracle_parallelism_up", "overprovision_ratio", "exact"]),
     "migration": (["--keys", "2000", "--bins", "16", "--batch-size", "1000", "--strategies",
@@ -47,17 +45,22 @@ RUNS = {
 }
 
 
+SPARK = {"spark_ingest", "nexmark"}  # they run Spark too (nexmark: Structured Streaming, for its comparison)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(RUNS))
-def test_benchmark_runs_and_reports(name):
-    if name == "spark_ingest" and os.environ.get("CHIRAY_SPARK_TESTS") == "0":
-        pytest.skip("Spark runs skipped (CHIRAY_SPARK_TESTS=0), like tests/integration/test_spark_bridge.py")
+def test_benchmark_runs_and_reports(name, ray_session, request, capsys):
+    if name in SPARK:
+        if os.environ.get("CHIRAY_SPARK_TESTS") == "0":
+            pytest.skip("Spark runs skipped (CHIRAY_SPARK_TESTS=0), like tests/integration/test_spark_bridge.py")
+        request.getfixturevalue("spark")  # the session's, which the benchmark uses and leaves running
     args, keys = RUNS[name]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_ENABLE_AUTO_CONNECT": "0"}
-    done = subprocess.run([sys.executable, "-m", f"benchmarks.{name}", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0, f"{name} failed:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    assert lines, f"{name} printed no JSON line:\n{done.stdout[-2000:]}"
+    module = importlib.import_module("benchmarks.nexmark.__main__" if name == "nexmark" else f"benchmarks.{name}")
+    module.main(args)
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if line.startswith("{")]
+    assert lines, f"{name} printed no JSON line:\n{out[-2000:]}"
     figures = json.loads(lines[-1])
     missing = [k for k in keys if k not in figures]
     assert not missing, f"{name}'s JSON lacks {missing}: {figures}"
