@@ -7,8 +7,6 @@ very same records and times; the oracle is pandas over the same batches.
 
 from __future__ import annotations
 
-import time
-
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -16,6 +14,8 @@ import pytest
 import ray
 
 from chiray.operators import Dataflow, bounded_out_of_orderness, generate, tumbling
+from tests.gate import Gate, gated
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
@@ -41,20 +41,24 @@ def normal(df: pd.DataFrame) -> pd.DataFrame:
     return df[["key", "window_start", "count"]].sort_values(["key", "window_start"]).reset_index(drop=True)
 
 
+def wait_emitted(job, source: str, records: float) -> None:
+    wait_for(lambda: job.statistics().records_out(source) >= records, 60, f"{records:.0f} records from {source}")
+
+
 def test_windows_recover_exactly_after_a_killed_host(tmp_path):
-    src = generate(N, rate=50_000, batch_size=1000, num_keys=50, num_splits=SPLITS, seed=3)
+    src = generate(N, batch_size=1000, num_keys=50, num_splits=SPLITS, seed=3)
+    gate = Gate(tmp_path)
     flow = Dataflow("windows-recovery", num_bins=64)
-    (flow.source(src, parallelism=SPLITS, name="src", watermarks=bounded_out_of_orderness("seq", JITTER))
+    (flow.source(gated(src, gate, N / SPLITS, fast=0.4), parallelism=SPLITS, name="src",
+                 watermarks=bounded_out_of_orderness("seq", JITTER))
          .map(with_event_time, schema=SCHEMA, name="time")
          .key_by("key").window(tumbling(5000), on="t").count(name="win", parallelism=2)
          .collect(name="out"))
-    job = flow.submit(checkpoint_interval_s=0.3, poll_interval_s=0.2, checkpoint_dir=str(tmp_path))
+    job = flow.submit(checkpoint_interval_s=0.3, poll_interval_s=0.2, checkpoint_dir=str(tmp_path / "chk"))
     try:
-        deadline = time.monotonic() + 60
-        while job.statistics().records_out("src") < N * 0.4:
-            assert time.monotonic() < deadline, "no progress"
-            time.sleep(0.05)
+        wait_emitted(job, "src", N * 0.4)
         ray.kill(job.actors[0], no_restart=True)  # a window instance lives there
+        gate.open()
         job.wait(timeout=180)
     finally:
         job.cancel()
@@ -89,13 +93,15 @@ def pair_counts(batch: pa.RecordBatch) -> pa.Table:
 @pytest.mark.parametrize("disturbance", ["kill", "rescale"])
 def test_window_join_and_timers_are_exact_across_a_killed_host_or_a_rescale(tmp_path, disturbance):
     # A rescale needs the input to still flow: an op injected after the sources finished never reaches
-    # the instances that prepared its change. 12,500 records at 500/s last 25 s, room for both
-    # rescales on a loaded 2-core machine (at 1,000/s one ran out once).
-    rate = 10_000 if disturbance == "kill" else 500
-    left = generate(N // 8, rate=rate, batch_size=500, num_keys=1000, num_splits=1, seed=4)
-    right = generate(N // 8, rate=rate, batch_size=500, num_keys=1000, num_splits=1, seed=5)
+    # the instances that prepared its change. The gate keeps the sources open, trickling, until both
+    # rescales are done, however long they take.
+    fast = 0.4 if disturbance == "kill" else 0.1
+    left = generate(N // 8, batch_size=500, num_keys=1000, num_splits=1, seed=4)
+    right = generate(N // 8, batch_size=500, num_keys=1000, num_splits=1, seed=5)
+    gate = Gate(tmp_path)
     flow = Dataflow(f"join-{disturbance}", num_bins=64)
-    streams = [flow.source(src, name=name, watermarks=bounded_out_of_orderness("seq", JITTER))
+    streams = [flow.source(gated(src, gate, N // 8, fast=fast, trickle=500), name=name,
+                           watermarks=bounded_out_of_orderness("seq", JITTER))
                .map(with_event_time, schema=SCHEMA, name=f"time-{name}")
                for name, src in (("left", left), ("right", right))]
     joined = (streams[0].connect(streams[1]).key_by("key")
@@ -103,17 +109,16 @@ def test_window_join_and_timers_are_exact_across_a_killed_host_or_a_rescale(tmp_
     joined.map(pair_counts, name="pairs").collect(name="joined")
     streams[0].key_by("key").process(bucket_timer, on_timer=bucket_fire, name="timers", parallelism=2) \
         .collect(name="timed")
-    job = flow.submit(checkpoint_interval_s=0.3, poll_interval_s=0.2, checkpoint_dir=str(tmp_path))
+    job = flow.submit(checkpoint_interval_s=0.3, poll_interval_s=0.2, checkpoint_dir=str(tmp_path / "chk"))
     try:
-        deadline = time.monotonic() + 60
-        while job.statistics().records_out("left") < N // 8 * (0.4 if disturbance == "kill" else 0.1):
-            assert time.monotonic() < deadline, "no progress"
-            time.sleep(0.05)
+        wait_emitted(job, "left", N // 8 * fast)
         if disturbance == "kill":
             ray.kill(job.actors[0], no_restart=True)
         else:  # join state, window panes and pending timers move with their bins
             for op in ("wj", "timers"):
                 assert job.rescale(op, 3, strategy="non_disruptive", chunk_bins=8).result(120)["state"] == "DONE"
+        assert job.status().state.name == "RUNNING", "the input ended before the rescales"
+        gate.open()
         job.wait(timeout=180)
     finally:
         job.cancel()
@@ -144,22 +149,23 @@ def event_times(src) -> pd.DataFrame:
 
 
 @pytest.mark.parametrize("strategy", ["all_at_once"])  # non_disruptive: the join and timer test below
-def test_windows_are_exact_across_a_live_rescale(strategy):
+def test_windows_are_exact_across_a_live_rescale(strategy, tmp_path):
     """Window contents and the watermark move with their bins: 2 -> 3 -> 1 mid-stream, exact result."""
-    src = generate(N, rate=8_000, batch_size=500, num_keys=50, num_splits=SPLITS, seed=5)
+    src = generate(N, batch_size=500, num_keys=50, num_splits=SPLITS, seed=5)
+    gate = Gate(tmp_path)
     flow = Dataflow(f"windows-rescale-{strategy}", num_bins=16)
-    (flow.source(src, parallelism=SPLITS, name="src", watermarks=bounded_out_of_orderness("seq", JITTER))
+    (flow.source(gated(src, gate, N / SPLITS, fast=0.1, trickle=4_000), parallelism=SPLITS, name="src",
+                 watermarks=bounded_out_of_orderness("seq", JITTER))
          .map(with_event_time, schema=SCHEMA, name="time")
          .key_by("key").window(tumbling(5000), on="t").count(name="win", parallelism=2)
          .collect(name="out"))
     job = flow.submit()
     try:
-        deadline = time.monotonic() + 60
-        while job.statistics().records_out("src") < N * 0.1:
-            assert time.monotonic() < deadline, "no progress"
-            time.sleep(0.05)
+        wait_emitted(job, "src", N * 0.1)
         for p in (3, 1):
             assert job.rescale("win", p, strategy=strategy, chunk_bins=4).result(120)["state"] == "DONE"
+        assert job.status().state.name == "RUNNING", "the input ended before the rescales"
+        gate.open()
         job.wait(timeout=180)
     finally:
         job.cancel()
