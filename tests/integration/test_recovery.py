@@ -136,7 +136,7 @@ def test_kill_during_a_checkpoint(tmp_path):
         wait_for(progressed(job, 0.2), 60, "20 % of the input emitted")
         assert job.checkpoint(timeout=60) >= 1
         wait_for(progressed(job, 0.4), 60, "40 % of the input emitted")
-        op_id = job._call("checkpoint")  # start one, and kill a host before it can complete
+        op_id = job._call(lambda controller: controller.checkpoint.remote())  # start one; kill a host before it ends
         ray.kill(job.actors[1], no_restart=True)
         job.wait(timeout=180)
     finally:
