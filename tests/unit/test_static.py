@@ -14,19 +14,26 @@ def run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 
-def test_mypy_is_clean(tmp_path):
+def test_mypy_is_clean():
     # mypy cannot follow the editable install's import hook: it checks the package as installed, a
-    # ``chiray`` tree whose sub-packages link to the source folders.
-    root = tmp_path / "chiray"
-    root.mkdir()
-    for item in (ROOT / "chiray").iterdir():
-        if item.suffix in (".py", ".typed"):
-            (root / item.name).symlink_to(item)
-    for package in PACKAGES:
-        (root / package).symlink_to(ROOT / package, target_is_directory=True)
+    # ``chiray`` tree whose sub-packages link to the source folders. The tree and mypy's cache stay at
+    # one place in the checkout (ignored by git), so a second run checks only what changed.
+    work = ROOT / ".mypy_cache"
+    root = work / "src" / "chiray"
+    root.mkdir(parents=True, exist_ok=True)
+    links = {item.name: item for item in (ROOT / "chiray").iterdir() if item.suffix in (".py", ".typed")}
+    links.update({package: ROOT / package for package in PACKAGES})
+    for stale in root.iterdir():
+        if stale.name not in links:
+            stale.unlink()
+    for name, target in links.items():
+        link = root / name
+        if not (link.is_symlink() and link.resolve() == target.resolve()):
+            link.unlink(missing_ok=True)
+            link.symlink_to(target, target_is_directory=target.is_dir())
     done = subprocess.run([sys.executable, "-m", "mypy", "-p", "chiray", "--ignore-missing-imports",
-                           "--no-error-summary", "--cache-dir", str(tmp_path / "cache")],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+                           "--no-error-summary", "--cache-dir", str(work / "cache")],
+                          cwd=work / "src", capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
 
 
