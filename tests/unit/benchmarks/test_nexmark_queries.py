@@ -10,8 +10,8 @@ from benchmarks.nexmark.queries import Events, all_queries
 from benchmarks.nexmark.source import write_parquet
 from chiray.actors.harness import LocalRun
 
-# 1,000 events per second of event time: 200 s, so 20 tumbling windows and 100 hopping ones
-EVENTS = Events(200_000, NexmarkConfig(event_rate=1_000), batch_events=2_000)  # 2 s of events a batch
+# 1,000 events per second of event time: 100 s, so 10 tumbling windows and 50 hopping ones
+EVENTS = Events(100_000, NexmarkConfig(event_rate=1_000), batch_events=2_000)  # 2 s of events a batch
 
 
 @pytest.fixture(scope="module")
@@ -20,7 +20,7 @@ def parquet(tmp_path_factory):
 
 
 CORE = {"q0", "q1", "q2", "q3", "q4", "q5", "q7", "q8"}  # also at parallelism 1; the rest at 2 (suite time)
-ONE_ROW = {"q15"}  # statistics per day: 200 s of events are one day
+ONE_ROW = {"q15"}  # statistics per day: 100 s of events are one day
 
 
 @pytest.mark.parametrize("query,parallelism", [(q, p) for q in sorted(all_queries(), key=lambda q: int(q[1:]))
