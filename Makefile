@@ -4,7 +4,12 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.chiray-installed
 
-.PHONY: demo test bench clean
+# The unit tests (no Ray) run on two workers; the integration tests share one Ray and one SparkSession
+# in one process. `test-fast` skips the tests marked slow and runs only a few integration files.
+PYTEST := $(PY) -m pytest -q
+FAST_INTEGRATION := tests/integration/test_runtime.py tests/integration/test_nexmark.py
+
+.PHONY: demo test test-fast bench clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "chiray needs Python >= 3.10, found " + sys.version.split()[0]'
@@ -17,7 +22,12 @@ demo: $(STAMP)
 	$(VENV)/bin/chiray demo
 
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PYTEST) -n 2 tests/unit
+	$(PYTEST) tests/integration
+
+test-fast: $(STAMP)
+	$(PYTEST) -n 2 -m "not slow" tests/unit
+	$(PYTEST) -m "not slow" $(FAST_INTEGRATION)
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.keyed_count --quick

@@ -8,7 +8,11 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.slow  # a simulated three-node cluster of its own
 
 
 def test_removing_the_node_of_a_stateful_host_recovers_exactly():
