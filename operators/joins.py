@@ -214,7 +214,18 @@ class WindowJoinLogic(_TwoInputKeyed):
         return self._state
 
     def _finalise(self, start: int, end: int, batches: list[pa.RecordBatch]) -> list[pa.RecordBatch]:
-        return [with_window(b, start, end, self._time_type or pa.int64()) for b in batches if b.num_rows]
+        return [with_window(b, start, end, self._window_type(b)) for b in batches if b.num_rows]
+
+    def _window_type(self, joined: pa.RecordBatch) -> pa.DataType:
+        """The type of ``window_start`` / ``window_end``: the inputs' time type. An instance that a rescale
+        started fires the windows it was handed before it reads a batch of its own: the joined rows carry
+        the time columns, so it learns the type from them (else its windows would be int64 where the old
+        owners' are timestamps)."""
+        if self._time_type is None:
+            known = [joined.schema.field(t).type for t in self.times if t in joined.schema.names]
+            if known:
+                self._time_type = known[0]
+        return self._time_type or pa.int64()
 
     def process(self, batch: pa.RecordBatch, input_index: int = 0) -> list[pa.RecordBatch]:
         out = self._state.take_pending()

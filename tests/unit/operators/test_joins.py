@@ -127,3 +127,18 @@ def test_join_keys_of_different_types_are_refused_at_build_and_at_the_first_batc
         logic.process(pa.record_batch({"k": [1], "t": [1]}), 0)
         with pytest.raises(TypeError, match=r"'k' of the left input is int64, 'id' of the right input is string"):
             logic.process(pa.record_batch({"id": ["1"], "t": [2]}), 1)
+
+
+def test_a_new_window_join_instance_fires_handed_windows_with_the_inputs_time_type():
+    """A rescale's new instance may fire the windows it was handed before it reads a batch of its own:
+    their window_start is the inputs' timestamp type, as the old owner's are (not int64)."""
+    ms = pa.timestamp("ms")
+    left = pa.record_batch([pa.array(["u1", "u2"]), pa.array([5, 12], ms)], names=["user", "t"])
+    right = pa.record_batch([pa.array(["u1", "u2"]), pa.array([7, 15], ms)], names=["id", "t"])
+    old, new = (WindowJoinLogic(("user", "id"), ("t", "t"), tumbling(30), NUM_BINS) for _ in range(2))
+    old.process(left, 0)
+    old.process(right, 1)
+    new.state.install_bins(old.state.extract_bins(range(NUM_BINS)))
+    fired = new.on_watermark(100)
+    assert sum(b.num_rows for b in fired) == 2
+    assert {b.schema.field("window_start").type for b in fired} == {ms}
