@@ -1,4 +1,4 @@
-"""gate.py: a source that runs at full speed to a point, then holds until the test opens its gate.
+"""gate.py: test-driven inputs: a source held at a gate until the test opens it, and one paced by a dial.
 
 A test that must act while a job is mid-stream (rescale it, kill a host,
 take a checkpoint) used to pace its input so that the job would still be
@@ -18,6 +18,11 @@ the records it emitted since it was opened, so a reader reopened after a
 recovery emits another ``hold_after`` records before it holds again; give
 ``position`` (the split's record position at an offset) where a job recovers
 while the gate is still shut, and the hold stays at the same place in the data.
+
+``Dialed`` is for tests of rate changes (the autoscaler): each split is paced
+at the rate of the phase a ``Dial`` file names, and the test turns the dial
+when the job has reacted (a scale-up done), not at fixed times; a last turn
+ends the input.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ import pyarrow as pa
 
 from chiray.operators.logic import Source, SourceSplit, SplitReader
 
-__all__ = ["Gated", "Gate", "gated"]
+__all__ = ["Gated", "Gate", "gated", "Dial", "Dialed"]
 
 POLL_S = 0.01
 """How long a held reader tells its host to wait before asking again."""
@@ -139,3 +144,81 @@ def gated(inner: Source, gate: Gate, per_split: float, fast: float, trickle: flo
     """``inner`` gated by fractions of its ``per_split`` records: ``fast`` at once, ``hold`` at most before
     the gate opens, and ``trickle`` records a second per split in between."""
     return Gated(inner, gate.path, int(fast * per_split), trickle, int(hold * per_split), position)
+
+
+class Dial:
+    """A file that names the phase of a ``Dialed`` source; ``Dial(tmp_path)`` starts at phase 0."""
+
+    def __init__(self, directory: str | os.PathLike) -> None:
+        self.path = str(pathlib.Path(directory) / "dial")
+        self.turn(0)
+
+    def turn(self, phase: int) -> None:
+        """Move every reader to ``phase`` (written whole: a reader never sees half a number)."""
+        staged = f"{self.path}.{phase}"
+        pathlib.Path(staged).write_text(str(phase))
+        os.replace(staged, self.path)
+
+
+class _DialedReader(SplitReader):
+    def __init__(self, inner: SplitReader, source: "Dialed") -> None:
+        self._inner, self._source = inner, source
+        self._phase = -1
+        self._phase_start = 0.0
+        self._phase_rows = 0
+        self._looked_at = float("-inf")
+
+    def _current(self) -> int:
+        now = time.monotonic()
+        if now - self._looked_at >= POLL_S:
+            self._looked_at = now
+            phase = int(pathlib.Path(self._source.dial).read_text())
+            if phase != self._phase:
+                self._phase, self._phase_start, self._phase_rows = phase, now, 0
+        return self._phase
+
+    def ready_at(self) -> float | None:
+        phase = self._current()
+        if phase >= len(self._source.rates):
+            return None  # the end: read() says so at once
+        return self._phase_start + self._phase_rows / self._source.rates[phase]
+
+    def read(self) -> pa.RecordBatch | None:
+        if self._current() >= len(self._source.rates):
+            return None
+        batch = self._inner.read()
+        if batch is not None:
+            self._phase_rows += batch.num_rows
+        return batch
+
+    def offset(self) -> Any:
+        return self._inner.offset()
+
+
+@dataclasses.dataclass(frozen=True)
+class Dialed(Source):
+    """``inner`` paced at ``rates[phase]`` records a second per split, the phase set by the test's ``Dial``;
+    a phase past the last rate ends every split (at a whole batch: the records emitted are a prefix of
+    each split, which the job's statistics count).
+
+    Attributes:
+        inner: the wrapped, unpaced source (unbounded or long enough for every phase).
+        dial: the path of the ``Dial``.
+        rates: records a second per split, one per phase.
+    """
+
+    inner: Source
+    dial: str
+    rates: tuple[float, ...]
+
+    def schema(self) -> pa.Schema | None:
+        return self.inner.schema()
+
+    def splits(self) -> list[SourceSplit]:
+        return self.inner.splits()
+
+    def open_split(self, split: SourceSplit, offset: Any = None) -> SplitReader:
+        return _DialedReader(self.inner.open_split(split, offset), self)
+
+    def describe(self) -> str:
+        return f"dialed({self.inner.describe()})"
