@@ -5,7 +5,8 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.chiray-installed
 
 # The unit tests (no Ray) run on two workers; the integration tests share one Ray and one SparkSession
-# in one process. `test-fast` skips the tests marked slow and runs only a few integration files.
+# in one process (two workers, each with its own Ray, Spark and clusters, were no faster on two cores).
+# `test-fast` skips the tests marked slow and runs only a few integration files.
 PYTEST := $(PY) -m pytest -q
 FAST_INTEGRATION := tests/integration/test_runtime.py tests/integration/test_nexmark.py
 
