@@ -34,9 +34,12 @@ _RENAMED = {"from_": "from"}
 
 
 def plain_json(value: Any) -> Any:
-    """``value`` as JSON-able data: values by their ``to_json()``, enums by value, tuples as lists."""
-    if isinstance(value, _Value):
+    """``value`` as JSON-able data: values by their ``to_json()``, other dataclasses field by field, enums by
+    value, tuples as lists, NumPy arrays as lists, exceptions as their text."""
+    if isinstance(value, _Value) or hasattr(value, "to_json"):
         return value.to_json()
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: plain_json(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, enum.Enum):
         return value.value
     if isinstance(value, Mapping):

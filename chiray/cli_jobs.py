@@ -11,7 +11,6 @@ or, with ``--json``, one JSON document (the values' ``to_json()``). Failures pri
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import socket
@@ -57,30 +56,10 @@ def _attach(args: argparse.Namespace) -> Any:
     return attach(args.job)
 
 
-def _plain(value: Any) -> Any:
-    """``value`` as JSON-able data (job values by their ``to_json()``, dataclasses, enums, tuples, NumPy arrays,
-    exceptions)."""
-    if hasattr(value, "to_json"):
-        return value.to_json()
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, dict):
-        return {str(k if not isinstance(k, tuple) else "/".join(map(str, k))): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if hasattr(value, "value") and type(value).__module__ != "builtins" and hasattr(type(value), "__members__"):
-        return value.value
-    if isinstance(value, BaseException):
-        return str(value)
-    if hasattr(value, "tolist"):
-        return value.tolist()
-    if isinstance(value, (str, int, float, bool)) or value is None:
-        return value
-    return str(value)
-
-
 def _emit(args: argparse.Namespace, data: Any, human: Callable[[], str]) -> int:
-    print(json.dumps(_plain(data), sort_keys=True) if args.json else human())
+    from chiray.actors.jobvalues import plain_json
+
+    print(json.dumps(plain_json(data), sort_keys=True) if args.json else human())
     return 0
 
 

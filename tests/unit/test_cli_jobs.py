@@ -9,7 +9,8 @@ import socket
 import pytest
 
 from chiray.cli import main
-from chiray.cli_jobs import CliError, _options, _plain
+from chiray.actors.jobvalues import plain_json
+from chiray.cli_jobs import CliError, _options
 
 
 @pytest.mark.parametrize("argv", [["rescale", "wc"], ["status"], ["rescale", "wc", "count", "three"],
@@ -42,7 +43,7 @@ def test_plain_makes_json():
         RUNNING = "RUNNING"
 
     data = {("count", 1): {"state": State.RUNNING, "events": ("a", "b"), "error": ValueError("bad")}}
-    assert json.loads(json.dumps(_plain(data))) == {"count/1": {"state": "RUNNING", "events": ["a", "b"],
+    assert json.loads(json.dumps(plain_json(data))) == {"count/1": {"state": "RUNNING", "events": ["a", "b"],
                                                                 "error": "bad"}}
 
 
