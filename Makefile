@@ -8,7 +8,7 @@ STAMP := $(VENV)/.chiray-installed
 # in one process (two workers, each with its own Ray, Spark and clusters, were no faster on two cores).
 # `test-fast` skips the tests marked slow and runs only a few integration files.
 PYTEST := $(PY) -m pytest -q
-FAST_INTEGRATION := tests/integration/test_runtime.py tests/integration/test_nexmark.py
+FAST_INTEGRATION := tests/integration/test_runtime.py
 
 .PHONY: demo test test-fast bench clean
 
