@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from chiray.operators.validation import check_name
+
 __all__ = ["JobConfig"]
 
 
@@ -143,7 +145,7 @@ class JobConfig:
                              f"got {self.memory_pool!r}")
         if self.metrics_interval_s is not None and self.metrics_interval_s <= 0:
             raise ValueError(f"JobConfig: metrics_interval_s must be positive or None, got {self.metrics_interval_s}")
-        if self.name is not None and (not isinstance(self.name, str) or not self.name.strip()):
-            raise ValueError(f"JobConfig: name must be a non-empty string or None, got {self.name!r}")
+        if self.name is not None:
+            check_name("JobConfig: job", self.name)
         if self.host_num_cpus < 0:
             raise ValueError(f"JobConfig: host_num_cpus must be >= 0, got {self.host_num_cpus}")

@@ -35,6 +35,7 @@ from .logic import Sink, Source
 from .connected import ConnectedStreams
 from .timers import TimerProcessLogic
 from .watermarks import WatermarkedSource, WatermarkStrategy
+from .validation import check_name
 from .topn import TopLogic, top_output_schema
 from .windowed import ALL_ROWS, WindowedStream, with_all_rows_key
 from .windows import WINDOW_COLUMNS
@@ -72,18 +73,14 @@ class Dataflow:
     """
 
     def __init__(self, name: str, *, num_bins: int = DEFAULT_NUM_BINS):
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"Dataflow: name must be a non-empty string, got {name!r}")
-        self.name = name
+        self.name = check_name("Dataflow: job", name)
         self.num_bins = check_num_bins(num_bins)
         self.graph = LogicalGraph(name)
         self._counter = itertools.count(1)
 
     def _name(self, verb: str, name: str | None) -> str:
         if name is not None:
-            if not isinstance(name, str) or not name:
-                raise ValueError(f"{verb}(): name must be a non-empty string, got {name!r}")
-            return name
+            return check_name(f"{verb}(): operator", name)
         while True:
             candidate = f"{verb}-{next(self._counter)}"
             if candidate not in self.graph.nodes:
@@ -243,8 +240,7 @@ class Stream:
         Raises:
             ValueError: ``uid`` is empty or another operator of the dataflow has it.
         """
-        if not isinstance(uid, str) or not uid:
-            raise ValueError(f"operator {self.name!r}: uid must be a non-empty string, got {uid!r}")
+        check_name(f"operator {self.name!r}: uid", uid)
         taken = [n.name for n in self.flow.graph.nodes.values() if n is not self.node and n.state_id == uid]
         if taken:
             raise ValueError(f"operator {self.name!r}: uid {uid!r} is already the identity of operator "
@@ -408,7 +404,8 @@ class Stream:
         """Sugar for ``sink(collect())``: the job's ``result()`` returns the records."""
         from .sinks import collect
 
-        return self.sink(collect(), name=name, parallelism=1)
+        return self.sink(collect(), name=None if name is None else check_name("collect(): operator", name),
+                         parallelism=1)
 
 
 def _require_column(stream: Stream, column: str, what: str, operator: str | None = None) -> None:

@@ -70,8 +70,10 @@ def test_replayable_sources_are_not_driver_bound():
 
 
 def test_config_name_must_be_a_non_empty_string():
-    with pytest.raises(ValueError, match="JobConfig: name must be a non-empty string"):
+    with pytest.raises(ValueError, match="JobConfig: job name must be a non-empty string"):
         chiray.JobConfig(name=" ")
+    with pytest.raises(ValueError, match="JobConfig: job name 'team/wc' holds '/'"):
+        chiray.JobConfig(name="team/wc")
     assert chiray.JobConfig(detached=True, name="wc").detached
 
 

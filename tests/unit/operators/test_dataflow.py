@@ -12,7 +12,7 @@ import re
 import pyarrow as pa
 import pytest
 
-from chiray.operators import Dataflow, KeyedStream, Stream, collect, from_items
+from chiray.operators import Dataflow, KeyedStream, Stream, collect, from_items, to_parquet
 from chiray.operators.graph import OperatorKind
 from chiray.operators.keyed import AggSpec, aggregate_output_schema
 
@@ -212,7 +212,7 @@ def test_duplicate_name_against_a_default_name():
 @pytest.mark.parametrize("bad", ["", 5])
 def test_explicit_name_must_be_a_non_empty_string(bad):
     _, src = _flow()
-    expected = rf"map\(\): name must be a non-empty string, got {re.escape(repr(bad))}"
+    expected = rf"map\(\): operator name must be a non-empty string, got {re.escape(repr(bad))}"
     with pytest.raises(ValueError, match=expected):
         src.map(_identity, name=bad)
 
@@ -220,6 +220,40 @@ def test_explicit_name_must_be_a_non_empty_string(bad):
 def test_dataflow_name_must_be_a_non_empty_string():
     with pytest.raises(ValueError, match="got ''"):
         Dataflow("")
+
+
+UNSAFE = [("kafka/clicks", "holds '/' (a path separator)"), ("out\\x", "holds '\\\\' (a path separator)"),
+          ("tab\tname", "holds '\\t' (a control character)"), (".hidden", "starts with '.'")]
+
+
+@pytest.mark.parametrize("bad, why", UNSAFE)
+def test_names_that_would_split_a_path_are_refused_where_they_are_given(bad, why):
+    """A name is part of file and checkpoint paths (the manifest joins names with '/'): a source named
+    ``kafka/clicks`` would be read back as operator ``kafka`` and re-read its input after a recovery."""
+    def refused(what: str):
+        return pytest.raises(ValueError, match=re.escape(f"{what} name {bad!r} {why}"))
+
+    with refused("Dataflow: job"):
+        Dataflow(bad)
+    flow = Dataflow("names")
+    with refused("source(): operator"):
+        flow.source(from_items([{"key": "a"}]), name=bad)
+    src = flow.source(from_items([{"key": "a"}]), name="src")
+    with refused("map(): operator"):
+        src.map(_identity, name=bad)
+    counted = src.key_by("key").count(name="count")
+    with refused("operator 'count': uid"):
+        counted.uid(bad)
+    with refused("sink(): operator"):
+        counted.sink(to_parquet("/nonexistent-never-written"), name=bad)
+    with refused("collect(): operator"):
+        counted.collect(name=bad)
+
+
+def test_safe_names_pass_unchanged():
+    flow = Dataflow("clicks per user: v2")  # spaces, colons and non-ASCII letters are fine in file names
+    stream = flow.source(from_items([{"key": "a"}]), name="kafka.clicks-été")
+    assert stream.name == "kafka.clicks-été" and flow.name == "clicks per user: v2"
 
 
 def test_default_names_are_unique_and_skip_taken_names():
