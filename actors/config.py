@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from chiray.operators.staging import check_run_id
 from chiray.operators.validation import check_name
 
 __all__ = ["JobConfig"]
@@ -57,6 +58,9 @@ class JobConfig:
             directory, removed when the job finishes or is cancelled (kept when it
             fails, for a restore).
         checkpoint_interval_s: take a checkpoint this often (None: only on ``job.checkpoint()``).
+        restore_checkpoint_s: a job restored from a checkpoint takes its own first checkpoint this many
+            seconds after it starts (None: not before a periodic or manual one). Until then, a
+            recovery rolls it back to the checkpoint it was restored from.
         checkpoints_to_keep: complete checkpoints retained.
         max_restarts: recoveries allowed after hosts die before the job fails.
         restart_on_operator_error: also recover when a user function raises
@@ -89,6 +93,10 @@ class JobConfig:
             keys (``benchmarks.migration --large``) to a third of the system pool's.
         name: the job's name (default: the dataflow's); a detached job's
             manager actor is named by it, in the ``"chiray"`` namespace.
+        run_id: this life of the job (``r`` and 8 hex digits), part of every output file's name so
+            that a restored job never replaces the files of the job it came from. Default: a new
+            one per ``submit`` (a restore is a new run; a recovery, or a detached job's manager
+            restart, keeps it).
     """
 
     channel_capacity: int = 8
@@ -105,6 +113,7 @@ class JobConfig:
     control_batch_s: float = 0.05
     checkpoint_dir: str | None = None
     checkpoint_interval_s: float | None = None
+    restore_checkpoint_s: float | None = 1.0
     checkpoints_to_keep: int = 3
     max_restarts: int = 3
     restart_on_operator_error: bool = False
@@ -113,6 +122,7 @@ class JobConfig:
     warm_hosts: int = 0
     detached: bool = False
     name: str | None = None
+    run_id: str | None = None
     metrics_interval_s: float | None = 1.0
     memory_pool: str | None = "system"
 
@@ -132,6 +142,9 @@ class JobConfig:
         if self.checkpoint_interval_s is not None and self.checkpoint_interval_s <= 0:
             raise ValueError(
                 f"JobConfig: checkpoint_interval_s must be positive or None, got {self.checkpoint_interval_s}")
+        if self.restore_checkpoint_s is not None and self.restore_checkpoint_s < 0:
+            raise ValueError(
+                f"JobConfig: restore_checkpoint_s must be >= 0 or None, got {self.restore_checkpoint_s}")
         if self.checkpoints_to_keep < 1:
             raise ValueError(f"JobConfig: checkpoints_to_keep must be >= 1, got {self.checkpoints_to_keep}")
         if self.max_restarts < 0:
@@ -147,5 +160,7 @@ class JobConfig:
             raise ValueError(f"JobConfig: metrics_interval_s must be positive or None, got {self.metrics_interval_s}")
         if self.name is not None:
             check_name("JobConfig: job", self.name)
+        if self.run_id is not None:
+            check_run_id(self.run_id)
         if self.host_num_cpus < 0:
             raise ValueError(f"JobConfig: host_num_cpus must be >= 0, got {self.host_num_cpus}")

@@ -89,6 +89,7 @@ class Controller(ControllerOps):
         self._changed = asyncio.Event()
         self._monitor: asyncio.Task | None = None
         self._periodic: asyncio.Task | None = None
+        self._first: asyncio.Task | None = None  # a restored job's first checkpoint
         self._checkpoint_op: str | None = None
         self._seq = 0
         self._injections: _Injections = CallWindow(_fold_injections)
@@ -97,13 +98,17 @@ class Controller(ControllerOps):
         self._injected_waiters: list[asyncio.Future] = []  # callers of _until_injected
         self._init_ops("controller", view)
 
-    async def start(self, hosts: list[Any] | dict[int, Any], incarnation: int = 0) -> None:
+    async def start(self, hosts: list[Any] | dict[int, Any], incarnation: int = 0, restored: bool = False) -> None:
+        """Run the job on ``hosts``; ``restored``: it started from another job's checkpoint."""
         self.hosts = dict(hosts) if isinstance(hosts, dict) else dict(enumerate(hosts))
         self.incarnation = incarnation
-        self._monitor = asyncio.get_running_loop().create_task(self._watch_hosts(incarnation))
+        loop = asyncio.get_running_loop()
+        self._monitor = loop.create_task(self._watch_hosts(incarnation))
         self._start_timer()
         if self.config.checkpoint_interval_s and self._periodic is None:
-            self._periodic = asyncio.get_running_loop().create_task(self._checkpoint_periodically())
+            self._periodic = loop.create_task(self._checkpoint_periodically())
+        if restored and self.config.restore_checkpoint_s is not None and self._first is None:
+            self._first = loop.create_task(self._checkpoint_after_restore(self.config.restore_checkpoint_s))
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -182,7 +187,7 @@ class Controller(ControllerOps):
         return dict(self.lifecycle.results)
 
     async def stop(self) -> None:
-        for task in (self._monitor, self._timer, self._periodic):
+        for task in (self._monitor, self._timer, self._periodic, self._first):
             if task is not None:
                 task.cancel()
 
@@ -205,14 +210,15 @@ class Controller(ControllerOps):
     # -- recovery ----------------------------------------------------------------
 
     async def resume(self, hosts: list[Any] | dict[int, Any], incarnation: int, checkpoint_id: int | None,
-                     seconds: float) -> None:
-        """The supervisor re-created the hosts from ``checkpoint_id``: run again."""
+                     seconds: float, where: str | None = None) -> None:
+        """The supervisor re-created the hosts from ``checkpoint_id`` (``where``: that checkpoint in
+        words, when it is not one of the job's own): run again."""
         self.incarnation = incarnation
         self._injections = CallWindow(_fold_injections)  # the old hosts' ops failed; their calls are ignored
         self._wake_if_injected()
         self._seq = 0  # new hosts: control inboxes start again at 0
         self._checkpoint_op = None
-        self.lifecycle.restarted(checkpoint_id, seconds)
+        self.lifecycle.restarted(checkpoint_id, seconds, where)
         self.ops.finished_sinks.clear()
         if self._monitor is not None:
             self._monitor.cancel()
@@ -267,6 +273,20 @@ class Controller(ControllerOps):
         op_id = await self.run_op(op)
         self._checkpoint_op = op_id
         return op_id
+
+    async def _checkpoint_after_restore(self, delay: float) -> None:
+        """A restored job's own first checkpoint, ``delay`` seconds in: until one completes, a recovery
+        falls back to the checkpoint the job was restored from. Tried again after a failure (or a
+        recovery) until one completes or the job ends."""
+        while not self.lifecycle.state.terminal and not self.storage.committed():
+            await asyncio.sleep(delay)
+            if self.lifecycle.state is not JobState.RUNNING or self.storage.committed():
+                continue
+            try:
+                await self.op_result(await self.checkpoint(), None)
+            except Exception:  # the job ended meanwhile; the loop decides
+                pass
+            delay = max(delay, 0.5)  # a failed one is tried again, not at once
 
     async def _checkpoint_periodically(self) -> None:
         interval = self.config.checkpoint_interval_s

@@ -40,7 +40,7 @@ from .ophandle import OpHandle, OpSender
 from .pool import kill, warm_pool
 from .rescale import RescaleHandle, start_rescale
 from .restore import RestoreInfo
-from .supervisor import CONTROLLER_POOL_KEY, Deployment, Supervisor
+from .supervisor import CONTROLLER_POOL_KEY, Deployment, Supervisor, release_outputs
 
 __all__ = ["Job", "JobStatus", "JobStatistics"]
 
@@ -156,7 +156,7 @@ class Job:
             else:
                 hosts = deployment.start_hosts(controller, restore, 0)
             self.topology.install(hosts, deployment.host_ids, deployment.placement)
-            ray.get(controller.start.remote(hosts, 0))
+            ray.get(controller.start.remote(hosts, 0, restore is not None))
             ray.get([h.start.remote() for h in hosts])
         except BaseException:
             self._shutdown()
@@ -352,7 +352,8 @@ class Job:
             self._finalize(snap)
             return taken
         assert self._deployment is not None
-        self._results = commit_stopped(self.plan.graph, self._deployment.storage, taken.id)
+        self._results = commit_stopped(self.plan.graph, self._deployment.storage, taken.id,
+                                       self._deployment.config.run_id or "")
         self._stopped = taken
         events = (*snap.events, f"stopped at checkpoint {taken.id}" + (f" (savepoint {taken.path})" if savepoint
                                                                         else ""))
@@ -401,6 +402,7 @@ class Job:
                 pass
         deployment = self._deployment
         if deployment is not None:  # unused spares are still bare: they may serve the next job
+            release_outputs(deployment.sinks)
             spares, deployment.spares = deployment.spares, []
             deployment.refill_pool(spares)
             if deployment.config.warm_hosts and deployment.config.controller_process:

@@ -29,11 +29,12 @@ def sink_names(graph: Any) -> list[str]:
     return [n.name for n in graph.nodes.values() if n.kind is OperatorKind.SINK]
 
 
-def recover_sinks(graph: Any, storage: CheckpointStorage, restore: RestoreInfo | None) -> None:
-    """Commit what ``restore``'s checkpoint staged for each sink of ``graph`` and discard their later output."""
+def recover_sinks(graph: Any, storage: CheckpointStorage, restore: RestoreInfo | None, run: str) -> None:
+    """Commit what ``restore``'s checkpoint staged for each sink of ``graph`` and discard their later output
+    (``run``'s: the job's own, never another run's)."""
     for node in graph.nodes.values():
         if node.kind is OperatorKind.SINK:
-            bound = node.sink.bind_output(storage.output_dir(node.name), node.name)
+            bound = node.sink.bind_output(storage.output_dir(node.name), node.name, run)
             bound.recover(restore.sink_staged(node.name) if restore is not None else [])
 
 
@@ -50,13 +51,13 @@ def dir_bytes(fs: pafs.FileSystem, path: str) -> int:
     return sum(i.size or 0 for i in infos if i.type == pafs.FileType.File)
 
 
-def committed_results(graph: Any, storage: CheckpointStorage) -> dict[str, Any]:
-    """Sink -> what it committed to ``storage`` (``graph``: a logical or physical plan's graph)."""
+def committed_results(graph: Any, storage: CheckpointStorage, run: str) -> dict[str, Any]:
+    """Sink -> what it committed to ``storage`` in ``run`` (``graph``: a logical or physical plan's graph)."""
     out = {}
     for node in graph.nodes.values():
         if node.kind is OperatorKind.SINK:
             try:
-                out[node.name] = node.sink.bind_output(storage.output_dir(node.name), node.name).combine([])
+                out[node.name] = node.sink.bind_output(storage.output_dir(node.name), node.name, run).combine([])
             except Exception as exc:
                 log.debug("no committed result for %s: %r", node.name, exc)
     return out
@@ -93,12 +94,12 @@ def copy_savepoint(storage: CheckpointStorage, taken: CheckpointInfo, directory:
     return dataclasses.replace(taken, path=path, root=directory)
 
 
-def commit_stopped(graph: Any, storage: CheckpointStorage, checkpoint_id: int) -> dict[str, Any]:
+def commit_stopped(graph: Any, storage: CheckpointStorage, checkpoint_id: int, run: str) -> dict[str, Any]:
     """A stopped job's sinks commit what checkpoint ``checkpoint_id`` staged and discard later output.
 
     Returns:
         sink -> its committed result.
     """
-    recover_sinks(graph, storage, RestoreInfo(storage, storage.load(checkpoint_id)))
-    return committed_results(graph, storage)
+    recover_sinks(graph, storage, RestoreInfo(storage, storage.load(checkpoint_id)), run)
+    return committed_results(graph, storage, run)
 

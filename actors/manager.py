@@ -137,10 +137,11 @@ class JobManagerCore:
             storage = self.storage
             latest = storage.latest()
             restore = RestoreInfo(storage, latest) if latest is not None else None
-            recover_sinks(flow.graph, storage, restore)
+            recover_sinks(flow.graph, storage, restore, record.config.run_id or "")
             if restore is not None:
                 restore_from = record.checkpoint_dir
-            where = f"checkpoint {restore.checkpoint_id}" if restore is not None else "the start"
+            where = (f"checkpoint {restore.checkpoint_id}" if restore is not None else
+                     f"the restore point {restore_from}" if restore_from is not None else "the start")
             self._exporter.recovery()
             self._update(JobEvent.of(EventKind.RECOVERY, restart=record.restarts, where=where), state=JobState.RUNNING,
                          rescales=tuple(interrupted(r) for r in record.rescales))

@@ -43,6 +43,11 @@ class RestoreInfo:
     def checkpoint_id(self) -> int:
         return int(self.manifest["checkpoint_id"])
 
+    @property
+    def path(self) -> str:
+        """The checkpoint's directory."""
+        return self.storage.chk_dir(self.checkpoint_id)
+
     def source_offsets(self, operator: str) -> dict[str, Any]:
         """Split id -> offset, over every instance of the source (splits may be re-assigned)."""
         offsets: dict[str, Any] = {}

@@ -23,6 +23,7 @@ from chiray.control.oprun import job_view
 from chiray.operators.dataflow import Dataflow
 from chiray.operators.graph import OperatorKind, PhysicalPlan, physical_plan
 from chiray.operators.pickling import check_picklable
+from chiray.operators.staging import new_run_id
 
 from .config import JobConfig
 from .controller import HostedController, JobController
@@ -32,7 +33,7 @@ from .placement import place
 from .pool import warm_pool
 from .restore import RestoreInfo, match_operators
 from .storage import CheckpointError, CheckpointStorage
-from .supervisor import CONTROLLER_POOL_KEY, Deployment
+from .supervisor import CONTROLLER_POOL_KEY, Deployment, release_outputs
 
 __all__ = ["submit", "restore_point", "register_detached"]
 
@@ -128,6 +129,8 @@ def submit(flow: Dataflow, *, config: JobConfig | None = None, restore_from: str
     if config.name is not None and config.name != flow.name:
         flow = copy.copy(flow)
         flow.name = config.name
+    run = config.run_id or new_run_id()
+    config = dataclasses.replace(config, run_id=run)
     if config.detached:
         if _DETACHED is None:
             raise RuntimeError("bug: no job manager registered (import chiray.actors)")
@@ -145,9 +148,16 @@ def submit(flow: Dataflow, *, config: JobConfig | None = None, restore_from: str
     for node in plan.graph.nodes.values():
         if node.kind is OperatorKind.SINK:
             assert node.sink is not None
-            node.sink = node.sink.bind_output(storage.output_dir(node.name), node.name)
+            node.sink = node.sink.bind_output(storage.output_dir(node.name), node.name, run)
             sinks[node.name] = node.sink
-    deployment = Deployment(flow.name, ray.put(plan), placement, num_hosts, config, storage, sinks)
+    try:
+        claim_outputs(flow.name, sinks)
+    except BaseException:
+        if own_dir:
+            shutil.rmtree(root, ignore_errors=True)
+        raise
+    deployment = Deployment(flow.name, ray.put(plan), placement, num_hosts, config, storage, sinks,
+                            fallback=restore)
     view = job_view(flow.name, plan)
     broadcast, _ = control_trees(plan, placement, config.control_fanout)
     sources = {n.name: n.source for n in plan.graph.nodes.values() if n.kind is OperatorKind.SOURCE}
@@ -172,6 +182,7 @@ def submit(flow: Dataflow, *, config: JobConfig | None = None, restore_from: str
     try:  # without controller_process, the job's launch starts it in its first host
         controller = make_controller() if config.controller_process else None
     except BaseException:
+        release_outputs(sinks)
         if own_dir:
             shutil.rmtree(root, ignore_errors=True)
         raise
@@ -179,7 +190,21 @@ def submit(flow: Dataflow, *, config: JobConfig | None = None, restore_from: str
     try:
         job.launch(deployment, restore, make_controller)
     except BaseException:
+        release_outputs(sinks)
         if own_dir:  # a job that never ran leaves no temporary checkpoint directory behind
             shutil.rmtree(root, ignore_errors=True)
         raise
     return job
+
+
+def claim_outputs(job: str, sinks: dict[str, Any]) -> None:
+    """Each sink claims its output for this run; a sink whose output another running job writes
+    (``OutputInUseError``) refuses the submit, and the claims already taken are dropped."""
+    claimed = []
+    try:
+        for sink in sinks.values():
+            sink.claim(job)
+            claimed.append(sink)
+    except BaseException:
+        release_outputs(claimed)
+        raise

@@ -33,7 +33,7 @@ from .host import OperatorHost
 from .pool import kill, warm_pool
 from .restore import RestoreInfo
 
-__all__ = ["Deployment", "Supervisor"]
+__all__ = ["Deployment", "Supervisor", "release_outputs"]
 
 log = logging.getLogger(__name__)
 
@@ -57,11 +57,14 @@ class Deployment:
         config: the runtime options.
         storage: the checkpoint storage (or None).
         sinks: sink operator name -> its (bound) ``Sink``.
+        fallback: the checkpoint the job was restored from (``submit(restore_from=...)``): a recovery
+            before the job's own first checkpoint rolls back to it, never to the start.
     """
 
     def __init__(self, name: str, plan_ref: Any, placement: dict, num_hosts: int, config: JobConfig,
-                 storage: Any, sinks: dict[str, Any]):
+                 storage: Any, sinks: dict[str, Any], fallback: RestoreInfo | None = None):
         self.name = name
+        self.fallback = fallback
         self.plan_ref = plan_ref
         self.placement = placement
         self.num_hosts = num_hosts
@@ -147,6 +150,15 @@ class Deployment:
         return hosts
 
 
+def release_outputs(sinks: Any) -> None:
+    """The job ended (or never started): its sinks drop their claims on their output (``Sink.claim``)."""
+    for sink in (sinks.values() if isinstance(sinks, dict) else sinks):
+        try:
+            sink.release()
+        except Exception as exc:  # storage unreachable: the claim stays, and names this job
+            log.warning("could not release the output claim of %s: %r", sink.describe(), exc)
+
+
 def host_pool_key(config: JobConfig) -> tuple[str, Any] | None:
     """The warm pool's key for this config's hosts; ``None``: not pooled (custom ``host_options``)."""
     if config.host_options:
@@ -230,9 +242,10 @@ class Supervisor(threading.Thread):
         with topology.lock:
             kill(topology.hosts())
         manifest = dep.storage.latest() if dep.storage is not None else None
-        restore = RestoreInfo(dep.storage, manifest) if manifest is not None else None
-        for name, sink in dep.sinks.items():
-            sink.recover(restore.sink_staged(name) if restore is not None else [])
+        own = manifest is not None  # else the checkpoint the job was restored from, if any
+        restore = RestoreInfo(dep.storage, manifest) if manifest is not None else dep.fallback
+        for name, sink in dep.sinks.items():  # the restored-from job committed its own output
+            sink.recover(restore.sink_staged(name) if own and restore is not None else [])
         self.incarnation += 1
         controller = topology.controller
         hosts = dep.start_hosts(controller, restore, self.incarnation)
@@ -241,12 +254,15 @@ class Supervisor(threading.Thread):
         with topology.lock:  # the deployment is read under it: a rescale step updates both under it
             topology.swap(hosts, dep.host_ids, dep.placement, self.incarnation)
         checkpoint_id = restore.checkpoint_id if restore is not None else None
-        ray.get(controller.resume.remote(dict(zip(dep.host_ids, hosts)), self.incarnation, checkpoint_id, time.monotonic() - started))
+        where = None if own or restore is None else f"the restore point {restore.path}"
+        ray.get(controller.resume.remote(dict(zip(dep.host_ids, hosts)), self.incarnation, checkpoint_id,
+                                         time.monotonic() - started, where))
         ray.get([h.start.remote() for h in hosts])
         snap = ray.get(controller.snapshot.remote())
         self._history = (snap.events, snap.restarts)  # a controller that dies next keeps this recovery too
         log.warning("job %s recovered from %s in %.2f s", dep.name,
-                    f"checkpoint {checkpoint_id}" if checkpoint_id else "the start", time.monotonic() - started)
+                    where or (f"checkpoint {checkpoint_id}" if checkpoint_id else "the start"),
+                    time.monotonic() - started)
 
     def _move_controller(self) -> None:
         """A recovery replaces the hosts, among them the one the controller runs in: a controller in

@@ -102,15 +102,17 @@ class JobLifecycle:
                 pass
         self.fail(error, reason)
 
-    def restarted(self, checkpoint_id: int | None, seconds: float) -> None:
-        """Recovery done: every instance runs again from ``checkpoint_id`` (None: from the start)."""
+    def restarted(self, checkpoint_id: int | None, seconds: float, where: str | None = None) -> None:
+        """Recovery done: every instance runs again from ``checkpoint_id`` (None: from the start);
+        ``where`` names it when it is not one of the job's own checkpoints (a restore point)."""
         if self.state is not JobState.RECOVERING:
             return
         self.state = JobState.RUNNING
         self._pending = set(self._sinks)
         self._finished = []
         self.results = {}
-        where = f"checkpoint {checkpoint_id}" if checkpoint_id is not None else "the start"
+        if where is None:
+            where = f"checkpoint {checkpoint_id}" if checkpoint_id is not None else "the start"
         self.events.append(f"recovered from {where} in {seconds:.2f} s")
 
     def instance_finished(self, instance: tuple[str, int], result: Any = None) -> None:

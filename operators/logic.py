@@ -278,9 +278,16 @@ class Sink(abc.ABC):
         """This sink, told the schema of the stream it ends (known at build time, or None)."""
         return self
 
-    def bind_output(self, directory: str, name: str) -> "Sink":
-        """This sink, told its operator name and a durable directory for staged output (checkpoints on)."""
+    def bind_output(self, directory: str, name: str, run: str = "") -> "Sink":
+        """This sink, told its operator name, a durable directory for staged output (checkpoints on) and the
+        job's run id (one per submit or restore: name files by it so that runs never overwrite each other)."""
         return self
+
+    def claim(self, job: str) -> None:
+        """At submit: refuse (``OutputInUseError``) output that another running job writes; else hold it."""
+
+    def release(self) -> None:
+        """The job ended: drop what :meth:`claim` holds (idempotent)."""
 
     def commit(self, staged: Iterable[Any]) -> Any:
         """Make staged output visible (``prepare_commit``/``finish`` results); idempotent."""

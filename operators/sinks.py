@@ -32,7 +32,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from chiray.operators.logic import InstanceInfo, Sink, SinkWriter
-from chiray.operators.staging import StagingArea
+from chiray.operators.staging import RUN_PATTERN, StagingArea, check_run_id
 
 __all__ = ["collect", "to_parquet", "CollectSink", "CollectWriter", "ParquetSink", "ParquetWriter"]
 
@@ -60,9 +60,9 @@ class CollectWriter(SinkWriter):
     Lifecycle: ``write()* [prepare_commit()]* -> finish() | abort()``.
     """
 
-    def __init__(self, info: InstanceInfo, area: StagingArea | None) -> None:
+    def __init__(self, info: InstanceInfo, area: StagingArea | None, run: str = "") -> None:
         self._where = f"collect sink {info}"
-        self._prefix = f"{_safe_name(info.operator)}-{info.index}"
+        self._prefix = f"{_prefix(info.operator, run)}-{info.index}"
         self._area = area
         self._schema: pa.Schema | None = None
         self._batches: list[pa.RecordBatch] = []
@@ -93,7 +93,18 @@ class CollectWriter(SinkWriter):
         self._batches.clear()
 
 
-_PART = re.compile(r"^part-(?P<op>.+)-(?P<index>\d+)-e(?P<epoch>\d+|final)-(?P<n>\d+)\.\w+$")
+_PART = re.compile(rf"^part-(?P<op>.+?)(?:-(?P<run>{RUN_PATTERN}))?-(?P<index>\d+)-e(?P<epoch>\d+|final)-(?P<n>\d+)\.\w+$")
+
+
+def _prefix(operator: str, run: str) -> str:
+    """The name prefix of one run of a sink's files: ``{operator}-{run}`` (``{operator}`` unbound)."""
+    return f"{_safe_name(operator)}-{run}" if run else _safe_name(operator)
+
+
+def _ours(match: re.Match | None, operator: str, run: str) -> bool:
+    """A committed file's name (``_PART.match``) is of ``operator``'s sink and, if ``run`` is set, that run."""
+    return (match is not None and match.group("op") == _safe_name(operator)
+            and (not run or match.group("run") == run))
 
 
 class CollectSink(Sink):
@@ -105,10 +116,11 @@ class CollectSink(Sink):
     """
 
     def __init__(self, schema: pa.Schema | None = None, output_dir: str | None = None,
-                 name: str | None = None) -> None:
+                 name: str | None = None, run: str = "") -> None:
         self._schema = schema
         self.output_dir = output_dir
         self.name = name
+        self.run = run
 
     def _area(self) -> StagingArea | None:
         if self.output_dir is None:
@@ -121,17 +133,17 @@ class CollectSink(Sink):
         area = self._area()
         if area is not None:
             area.makedirs()
-        return CollectWriter(info, area)
+        return CollectWriter(info, area, self.run)
 
     def bind_schema(self, schema: pa.Schema | None) -> "CollectSink":
         """A copy that knows the stream's schema, so an empty result keeps its columns."""
         if self._schema is not None or schema is None:
             return self
-        return CollectSink(schema, self.output_dir, self.name)
+        return CollectSink(schema, self.output_dir, self.name, self.run)
 
-    def bind_output(self, directory: str, name: str) -> "CollectSink":
-        """A copy that stages checkpoint epochs in ``directory`` (a path or ``pyarrow.fs`` URI)."""
-        return CollectSink(self._schema, directory, name)
+    def bind_output(self, directory: str, name: str, run: str = "") -> "CollectSink":
+        """A copy that stages checkpoint epochs of ``run`` in ``directory`` (a path or ``pyarrow.fs`` URI)."""
+        return CollectSink(self._schema, directory, name, check_run_id(run) if run else "")
 
     def commit(self, staged: Iterable[Any]) -> list[str]:
         area = self._area()
@@ -146,7 +158,7 @@ class CollectSink(Sink):
         if area is not None and self.name is not None:
             keep = [p for paths in committed for p in (paths or [])]
             area.commit(keep)
-            area.discard(_safe_name(self.name))
+            area.discard(_prefix(self.name, self.run))
 
     def _committed_batches(self) -> list[pa.RecordBatch]:
         area = self._area()
@@ -155,7 +167,7 @@ class CollectSink(Sink):
         files = []
         for name in area.names():
             m = _PART.match(name)
-            if m and m.group("op") == _safe_name(self.name):
+            if m is not None and _ours(m, self.name, self.run):
                 files.append((m.group("epoch"), int(m.group("index")), int(m.group("n")), area.path(name)))
         batches: list[pa.RecordBatch] = []
         for *_, path in sorted(files):
@@ -224,7 +236,7 @@ class ParquetWriter(SinkWriter):
         self._sink = sink
         self._area = sink.area()
         self._where = f"parquet sink {info}"
-        self._prefix = f"{_safe_name(info.operator)}-{info.index}"
+        self._prefix = f"{_prefix(info.operator, sink.run)}-{info.index}"
         self._schema: pa.Schema | None = None
         self._writer: pq.ParquetWriter | None = None
         self._rows_in_file = 0
@@ -306,6 +318,7 @@ class ParquetSink(Sink):
         self.filesystem = filesystem
         self.max_rows_per_file = max_rows_per_file
         self.name: str | None = None
+        self.run = ""
 
     def area(self) -> StagingArea:
         return StagingArea(self.directory, self.filesystem)
@@ -313,11 +326,20 @@ class ParquetSink(Sink):
     def create_writer(self, info: InstanceInfo) -> SinkWriter:
         return ParquetWriter(self, info)
 
-    def bind_output(self, directory: str, name: str) -> "ParquetSink":
-        """Parquet output stays in its own directory; only the sink's name is recorded."""
+    def bind_output(self, directory: str, name: str, run: str = "") -> "ParquetSink":
+        """Parquet output stays in its own directory; the sink's name and the job's run are recorded."""
         bound = ParquetSink(self.directory, self.filesystem, self.max_rows_per_file)
-        bound.name = name
+        bound.name, bound.run = name, check_run_id(run) if run else ""
         return bound
+
+    def claim(self, job: str) -> None:
+        """Refuse a directory that holds another running job's output; else hold it for this run."""
+        if self.run and self.name is not None:
+            self.area().claim(self.run, job, self.name)
+
+    def release(self) -> None:
+        if self.run:
+            self.area().release(self.run)
 
     def commit(self, staged: Iterable[Any]) -> list[str]:
         return self.area().commit(p for paths in staged for p in (paths or []))
@@ -326,14 +348,13 @@ class ParquetSink(Sink):
         area = self.area()
         area.commit(p for paths in committed for p in (paths or []))
         if self.name is not None:
-            area.discard(_safe_name(self.name))
+            area.discard(_prefix(self.name, self.run))
 
     def combine(self, results: Iterable[Any]) -> list[str]:
-        """Every committed file of this sink, sorted."""
-        prefix = _safe_name(self.name) if self.name else None
+        """Every file this sink committed in this run (all runs' when unbound), sorted."""
         names = self.area().names()
         return sorted(self.area().path(n) for n in names
-                      if (m := _PART.match(n)) and (prefix is None or m.group("op") == prefix))
+                      if (m := _PART.match(n)) and (self.name is None or _ours(m, self.name, self.run)))
 
     def describe(self) -> str:
         return f"to_parquet({self.directory!r})"
@@ -348,10 +369,19 @@ def to_parquet(
     """A sink that writes Parquet files, visible only once committed.
 
     Each sink instance writes hidden files in ``directory``; they become
-    ``part-{op}-{index}-e{epoch}-{n}.parquet`` by atomic rename when the
+    ``part-{op}-{run}-{index}-e{epoch}-{n}.parquet`` by atomic rename when the
     checkpoint of their epoch commits (or, for the output after the last
     checkpoint, when every sink instance has finished). The job's result is the
-    sorted list of committed paths.
+    sorted list of the paths its run committed.
+
+    The guarantee: every record reaches exactly one committed file, across
+    recoveries, rescales, stops and restores. ``{run}`` names the job's life
+    (a submit or a restore; a recovery keeps it), so a job restored into the
+    directory of the job it came from adds files beside that job's and never
+    replaces one. A directory in which another job is running is refused at
+    submit. Readers see a record only once its checkpoint (or the job's end)
+    committed it; a stopped or failed job leaves only committed files and its
+    own hidden ones, which its recovery or the next run ignores.
 
     Args:
         directory: the output directory (created if needed).

@@ -7,17 +7,51 @@ commits, the controller renames staged files to their visible names
 ``part-{prefix}-e{epoch}-{n}{ext}`` (idempotently, so a re-created controller
 can finish an interrupted commit). On recovery, every hidden file of the sink
 that no committed checkpoint names is deleted: replay writes it again.
+
+A writer's prefix is ``{operator}-{run}-{index}``: the *run* (``new_run_id``)
+names one life of a job (a submit; a restore is a new run, a recovery is
+not), so a job restored into the directory of the job it came from, or two
+jobs that share a directory, never write, replace or discard each other's
+files: a recovery discards only its own run's hidden files.
+
+While a job runs, its sinks hold a *claim* on their directory (a hidden
+``.live-{run}.json`` naming the job); a job whose sink directory holds
+another run's claim is refused at submit.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import posixpath
+import re
+import secrets
+import time
 from typing import Iterable
 
 import pyarrow.fs as pafs
 
-__all__ = ["StagingArea", "epoch_label"]
+from chiray.operators.errors import ChirayError
+
+__all__ = ["StagingArea", "epoch_label", "new_run_id", "RUN_PATTERN", "OutputInUseError"]
+
+
+class OutputInUseError(ChirayError, ValueError):
+    """A sink's directory holds the output of another job that is running (raised at submit)."""
+
+RUN_PATTERN = r"r[0-9a-f]{8}"
+"""What a run id looks like (``new_run_id``)."""
+
+
+def new_run_id() -> str:
+    """A fresh run id: ``r`` and 8 hex digits (one per job life; part of every output file's name)."""
+    return "r" + secrets.token_hex(4)
+
+
+def check_run_id(run: str) -> str:
+    if not isinstance(run, str) or not re.fullmatch(RUN_PATTERN, run):
+        raise ValueError(f"run id must be 'r' and 8 hex digits (new_run_id()), got {run!r}")
+    return run
 
 
 def epoch_label(epoch: int | str) -> str:
@@ -105,3 +139,53 @@ class StagingArea:
     def visible(self, prefix: str) -> list[str]:
         """Committed files of ``prefix``, sorted (epoch order, then instance and number)."""
         return [self.path(n) for n in self.names() if n.startswith(f"part-{prefix}-")]
+
+    # -- claims of running jobs ----------------------------------------------------
+
+    @staticmethod
+    def claim_name(run: str) -> str:
+        return f".live-{run}.json"
+
+    def claims(self) -> dict[str, dict]:
+        """Run -> the claim it holds on this directory (job, sink, since); unreadable claims count too."""
+        out = {}
+        for name in self.names():
+            m = re.fullmatch(rf"\.live-({RUN_PATTERN})\.json", name)
+            if m is None:
+                continue
+            try:
+                with self._open_read(self.path(name)) as f:
+                    out[m.group(1)] = json.loads(f.read())
+            except (OSError, ValueError):
+                out[m.group(1)] = {}
+        return out
+
+    def claim(self, run: str, job: str, sink: str) -> None:
+        """Mark this directory as written by ``run`` of ``job`` (its ``sink``) until :meth:`release`.
+
+        Raises:
+            OutputInUseError: another run holds a claim here (a job that is running, or one that
+                ended without releasing it: its driver died).
+        """
+        others = {r: c for r, c in self.claims().items() if r != run}
+        if others:
+            other_run, other = sorted(others.items())[0]
+            raise OutputInUseError(
+                f"sink {sink!r} of job {job!r}: directory {self.directory} holds the output of job "
+                f"{other.get('job', '?')!r} (run {other_run}, sink {other.get('sink', '?')!r}), which is "
+                f"running; give one of them another directory or stop the other first (if that job is gone, "
+                f"delete {self.path(self.claim_name(other_run))})")
+        self.makedirs()
+        body = json.dumps({"job": job, "sink": sink, "run": run, "since": time.time()})
+        with self._open_write(self.path(self.claim_name(run))) as f:
+            f.write(body.encode())
+
+    def release(self, run: str) -> None:
+        """Drop ``run``'s claim (idempotent)."""
+        self.delete(self.path(self.claim_name(run)))
+
+    def _open_read(self, path: str):
+        return self.filesystem.open_input_stream(path) if self.filesystem is not None else open(path, "rb")
+
+    def _open_write(self, path: str):
+        return self.filesystem.open_output_stream(path) if self.filesystem is not None else open(path, "wb")

@@ -1,7 +1,11 @@
 """Checkpoints and recovery on real Ray actors, against the oracle of the same input without failures.
 
 Each test kills real actors (hosts, the controller) with ``ray.kill`` and
-checks that the result is exact: no record lost, none counted twice.
+checks that the result is exact: no record lost, none counted twice. The
+input of a job that a test acts on is held at a gate (``tests/gate.py``):
+each split emits a share at once, then trickles (records in flight while the
+test kills), and reads the rest unpaced once the test opens the gate, so no
+test waits for a schedule and no job ends before the test has acted.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from chiray.actors import submit
 from chiray.actors.storage import CheckpointError, CheckpointStorage
 from chiray.control.ops.checkpoint import decode_offsets
 from chiray.operators import Dataflow, Source, generate, to_parquet
+from chiray.operators.staging import OutputInUseError
+from tests.gate import Gate, Gated, gated
 from tests.oracles import assert_counts_equal, key_counts, output_counts, source_batches
 from tests.waiting import wait_for
 
@@ -27,10 +33,24 @@ pytestmark = pytest.mark.usefixtures("ray_session")
 
 N = 120_000
 SPLITS = 2
+BATCH = 1000
 
 
-def source(rate: float = 60_000):
-    return generate(N, rate=rate, batch_size=1000, num_keys=300, num_splits=SPLITS, seed=11)
+def source(rate: float | None = None):
+    return generate(N, rate=rate, batch_size=BATCH, num_keys=300, num_splits=SPLITS, seed=11)
+
+
+def held(tmp_path, fast: float, trickle: float = 5_000) -> tuple[Gated, Gate]:
+    """The input, each split emitting ``fast`` of its records at once and ``trickle`` records a second after
+    that, until the test opens the returned gate. The hold is a place in the data (a generator's offset
+    counts batches), so a reader reopened by a recovery holds at the same records again."""
+    os.makedirs(tmp_path / "gate")
+    gate = Gate(tmp_path / "gate")
+    return gated(source(), gate, N / SPLITS, fast=fast, trickle=trickle, position=_records_at), gate
+
+
+def _records_at(offset: int) -> int:
+    return offset * BATCH
 
 
 def build(name: str, src, parquet_dir: str | None = None, count_p: int = 2) -> Dataflow:
@@ -48,22 +68,26 @@ def progressed(job, fraction: float):
     return lambda: job.statistics().records_out("src") >= N * fraction
 
 
+def rows(batches) -> collections.Counter:
+    """The multiset of (key, seq, value) records of ``batches`` (the generator's value column is a pure
+    function of the record, so two runs' rows are equal exactly when no record was lost or doubled)."""
+    out: collections.Counter = collections.Counter()
+    for batch in batches:
+        out.update(zip(*(batch.column(c).to_pylist() for c in ("key", "seq", "value"))))
+    return out
+
+
+def parquet_rows(paths) -> collections.Counter:
+    return rows(pq.read_table(p) for p in paths)
+
+
 def assert_exact(job, src, parquet_dir: str | None = None) -> None:
     assert_counts_equal(job.result("out"), key_counts(src))
     if parquet_dir is not None:
         files = job.result("files")
         assert files and all(os.path.basename(f).startswith("part-") for f in files)
         assert not [f for f in os.listdir(parquet_dir) if f.startswith(".")], "staged files left behind"
-        table = pa.concat_tables([pq.read_table(f) for f in files])
-        # Records are (key, seq, value): the generator's value column is a pure function of the record,
-        # so the multiset of rows must equal the source's exactly.
-        expected = collections.Counter()
-        for batch in source_batches(src):
-            expected.update(zip(batch.column("key").to_pylist(), batch.column("seq").to_pylist(),
-                                batch.column("value").to_pylist()))
-        got_rows = collections.Counter(zip(table.column("key").to_pylist(), table.column("seq").to_pylist(),
-                                           table.column("value").to_pylist()))
-        assert got_rows == expected
+        assert parquet_rows(files) == rows(source_batches(src))
 
 
 class Notified(Source):
@@ -87,13 +111,16 @@ class Notified(Source):
 
 
 def test_killed_stateful_host_recovers_exactly(tmp_path):
-    src = Notified(source(), str(tmp_path / "notified.jsonl"))
+    inner, gate = held(tmp_path, fast=0.4)
+    src = Notified(inner, str(tmp_path / "notified.jsonl"))
     out = str(tmp_path / "parquet")
     job = build("kill-once", src, out).submit(checkpoint_interval_s=0.3, poll_interval_s=0.2,
                                              checkpoint_dir=str(tmp_path / "chk"))
     try:
         wait_for(progressed(job, 0.4), 60, "40 % of the input emitted")
+        wait_for(lambda: CheckpointStorage(str(tmp_path / "chk")).committed(), 60, "a first checkpoint")
         ray.kill(job.actors[0], no_restart=True)  # keyed instance count[0] lives on host 0
+        gate.open()
         job.wait(timeout=180)
     finally:
         job.cancel()
@@ -113,7 +140,7 @@ def test_killed_stateful_host_recovers_exactly(tmp_path):
 
 
 def test_killed_twice_in_a_row_still_exact(tmp_path):
-    src = source(rate=40_000)
+    src, gate = held(tmp_path, fast=0.25)
     job = build("kill-twice", src).submit(checkpoint_interval_s=0.3, poll_interval_s=0.2)
     try:
         wait_for(progressed(job, 0.25), 60, "25 % of the input emitted")
@@ -121,6 +148,7 @@ def test_killed_twice_in_a_row_still_exact(tmp_path):
         wait_for(lambda: any(e.startswith("recovered") for e in job.status().events), 60,
                  "the job to recover from the first kill", detail=lambda: job.status().events)
         ray.kill(job.actors[0], no_restart=True)  # at once: possibly while the hosts still start
+        gate.open()
         job.wait(timeout=180)
     finally:
         job.cancel()
@@ -130,14 +158,15 @@ def test_killed_twice_in_a_row_still_exact(tmp_path):
 
 
 def test_kill_during_a_checkpoint(tmp_path):
-    src = source(rate=40_000)
-    job = build("kill-mid-checkpoint", src).submit(poll_interval_s=0.2, checkpoint_dir=str(tmp_path))
+    src, gate = held(tmp_path, fast=0.2)
+    job = build("kill-mid-checkpoint", src).submit(poll_interval_s=0.2, checkpoint_dir=str(tmp_path / "chk"))
     try:
         wait_for(progressed(job, 0.2), 60, "20 % of the input emitted")
         assert job.checkpoint(timeout=60) >= 1
-        wait_for(progressed(job, 0.4), 60, "40 % of the input emitted")
+        wait_for(progressed(job, 0.25), 60, "25 % of the input emitted")  # records trickled in since
         op_id = job._call(lambda controller: controller.checkpoint.remote())  # start one; kill a host before it ends
         ray.kill(job.actors[1], no_restart=True)
+        gate.open()
         job.wait(timeout=180)
     finally:
         job.cancel()
@@ -160,13 +189,14 @@ def test_max_restarts_exceeded_fails_clearly(tmp_path):
 def test_a_recovery_moves_the_controller_out_of_the_hosts_it_replaces(tmp_path):
     """By default the controller runs in host 0's process; when another host dies, the recovery replaces
     every host, so the controller first moves to a process of its own and carries the recovery on."""
-    src = source(rate=40_000)
+    src, gate = held(tmp_path, fast=0.25)
     job = build("controller-moves", src).submit(poll_interval_s=0.2, checkpoint_interval_s=0.3)
     try:
         hosts = job.topology.hosts()
         assert job.actors == list(hosts), "the controller runs in a host"
         wait_for(progressed(job, 0.25), 60, "25 % of the input emitted")
         ray.kill(hosts[1], no_restart=True)
+        gate.open()
         job.wait(timeout=180)
         status = job.status()
         assert job.final_snapshot is not None and job.final_snapshot.restarts == 1, status.events
@@ -180,8 +210,8 @@ def test_a_recovery_moves_the_controller_out_of_the_hosts_it_replaces(tmp_path):
 
 
 def test_controller_death_is_survived(tmp_path):
-    src = source(rate=15_000)  # slow: the job must outlive both checkpoints
-    job = build("controller-dies", src).submit(poll_interval_s=0.2, checkpoint_dir=str(tmp_path),
+    src, gate = held(tmp_path, fast=0.1)  # the job outlives both checkpoints: it holds until the gate opens
+    job = build("controller-dies", src).submit(poll_interval_s=0.2, checkpoint_dir=str(tmp_path / "chk"),
                                                controller_process=True)
     wait_for(progressed(job, 0.1), 60, "10 % of the input emitted")
     assert job.checkpoint(timeout=60) >= 1
@@ -193,6 +223,7 @@ def test_controller_death_is_survived(tmp_path):
         assert job.topology.controller is not old
         later = job.checkpoint(timeout=60)  # the new controller found the checkpoints on storage
         assert later >= 2
+        gate.open()
         job.wait(timeout=180)
     finally:
         job.cancel()
@@ -201,10 +232,9 @@ def test_controller_death_is_survived(tmp_path):
 
 def test_a_replaced_controller_keeps_the_job_history_and_its_restart_count(tmp_path):
     """max_restarts bounds a job whose controller keeps dying; status() keeps every earlier recovery."""
-    src = source(rate=15_000)
-    job = build("controller-dies-twice", src).submit(poll_interval_s=0.2, checkpoint_dir=str(tmp_path),
-                                                     controller_process=True,
-                                                      max_restarts=1)
+    src, _ = held(tmp_path, fast=0.1)  # never opened: the job fails before its input could end
+    job = build("controller-dies-twice", src).submit(poll_interval_s=0.2, checkpoint_dir=str(tmp_path / "chk"),
+                                                     controller_process=True, max_restarts=1)
     try:
         wait_for(progressed(job, 0.1), 60, "10 % of the input emitted")
         ray.kill(job.topology.controller, no_restart=True)
@@ -222,8 +252,13 @@ def test_a_replaced_controller_keeps_the_job_history_and_its_restart_count(tmp_p
         job.cancel()
 
 
-def checkpoint_mid_run(src, chk: str) -> str:
-    """Run the keyed count on ``src`` until 40 % of it, checkpoint, cancel; the checkpoint's path."""
+@pytest.fixture(scope="module")
+def checkpoint_mid_run(tmp_path_factory) -> str:
+    """The keyed count run on the input until 40 % of it (held there), checkpointed and cancelled: the
+    checkpoint's path (read-only: the tests that restore from it share it)."""
+    tmp_path = tmp_path_factory.mktemp("mid-run")
+    src, _ = held(tmp_path, fast=0.4, trickle=0)
+    chk = str(tmp_path / "chk")
     first = build("before", src).submit(checkpoint_dir=chk)
     try:
         wait_for(progressed(first, 0.4), 60, "40 % of the input emitted")
@@ -234,15 +269,83 @@ def checkpoint_mid_run(src, chk: str) -> str:
 
 
 @pytest.mark.parametrize("new_p", [1, 3])
-def test_restore_into_a_new_job_with_another_parallelism(tmp_path, new_p):
-    src = source(rate=50_000)
-    path = checkpoint_mid_run(src, str(tmp_path / "chk"))
+def test_restore_into_a_new_job_with_another_parallelism(checkpoint_mid_run, new_p):
+    src = source()
+    path = checkpoint_mid_run
     restored = build("after", src, count_p=new_p).submit(restore_from=path)
     try:
         restored.wait(timeout=180)
     finally:
         restored.cancel()
     assert_exact(restored, src)  # the state saved at the checkpoint + the rest of the input
+
+
+@pytest.mark.parametrize("first_checkpoint_s", [None, 0.2])
+def test_a_restored_job_that_loses_a_host_falls_back_to_its_restore_point_until_its_own_checkpoint(
+        checkpoint_mid_run, tmp_path, first_checkpoint_s):
+    """Restored, then a host dies: before the job's own first checkpoint (none taken:
+    ``restore_checkpoint_s=None``), the recovery rolls back to the checkpoint it was restored from, never
+    to the start (which re-read the input from offset 0 and wrote the first job's output again); once
+    its own first checkpoint (taken ``restore_checkpoint_s`` after the start, with no periodic ones) is
+    complete, to that one. The Parquet output holds exactly the records after the restore point."""
+    src, gate = held(tmp_path, fast=0.6)  # from the restore point (40 %) to 60 % at once, then a trickle
+    out, chk = str(tmp_path / "parquet"), str(tmp_path / "chk")
+    restored = build("restored-then-killed", src, out).submit(
+        restore_from=checkpoint_mid_run, checkpoint_dir=chk, restore_checkpoint_s=first_checkpoint_s,
+        poll_interval_s=0.2)
+    try:
+        wait_for(lambda: restored.statistics().records_out("src") >= 0.2 * N, 60, "the input past 60 %")
+        if first_checkpoint_s is not None:
+            wait_for(lambda: CheckpointStorage(chk).committed(), 60, "the restored job's own first checkpoint")
+        assert CheckpointStorage(chk).committed() == ([] if first_checkpoint_s is None else [1])
+        ray.kill(restored.actors[1], no_restart=True)
+        wait_for(lambda: any(e.startswith("recovered") for e in restored.status().events), 60,
+                 "the recovery", detail=lambda: restored.status().events)
+        gate.open()
+        restored.wait(timeout=180)
+    finally:
+        restored.cancel()
+    recovered = [e for e in restored.status().events if e.startswith("recovered")]
+    where = f"the restore point {checkpoint_mid_run}" if first_checkpoint_s is None else "checkpoint 1"
+    assert len(recovered) == 1 and recovered[0].startswith(f"recovered from {where} in"), restored.status().events
+    assert_counts_equal(restored.result("out"), key_counts(src))  # the restored counts + the rest of the input
+    manifest = CheckpointStorage(os.path.dirname(checkpoint_mid_run), create=False).latest()
+    offsets = {k: v for text in manifest["sources"].values() for k, v in decode_offsets(text).items()}
+    after = []  # the records the restored job read: each split from its offset on
+    for split in src.splits():
+        reader = src.inner.open_split(split, offsets[split.split_id])
+        while (batch := reader.read()) is not None:
+            after.append(batch)
+    assert 0 < sum(b.num_rows for b in after) < N
+    assert parquet_rows(restored.result("files")) == rows(after)
+
+
+def test_a_job_restored_into_the_directory_it_came_from_adds_files_and_a_second_live_job_is_refused(tmp_path):
+    """Stop with a savepoint and restore into the same ``to_parquet`` directory (as the README's walkthrough
+    does): the restored job's files had the first job's names, so they replaced them. Meanwhile, a second
+    job that names the directory while the first runs is refused at submit, naming both jobs."""
+    src, _ = held(tmp_path, fast=0.4, trickle=0)
+    out = str(tmp_path / "parquet")
+    first = build("first-life", src, out).submit(checkpoint_dir=str(tmp_path / "chk"))
+    try:
+        wait_for(progressed(first, 0.4), 60, "40 % of the input emitted")
+        with pytest.raises(OutputInUseError, match=r"sink 'files' of job 'intruder': directory .* holds the "
+                                                   r"output of job 'first-life'"):
+            build("intruder", source(), out).submit()
+        taken = first.stop(savepoint=str(tmp_path / "sp"))
+    finally:
+        first.cancel()
+    second = build("second-life", source(), out).submit(restore_from=taken.path)
+    try:
+        second.wait(timeout=180)
+    finally:
+        second.cancel()
+    mine, theirs = set(first.result("files")), set(second.result("files"))
+    assert mine and theirs and not mine & theirs
+    assert mine | theirs == {os.path.join(out, n) for n in os.listdir(out) if n.startswith("part-")}
+    assert parquet_rows(mine | theirs) == rows(source_batches(src))  # every record in one committed file
+    assert_counts_equal(second.result("out"), key_counts(src))
+    assert not [n for n in os.listdir(out) if n.startswith(".")], "claims or staged files left behind"
 
 
 def test_restore_errors_are_clear(tmp_path):
@@ -262,10 +365,10 @@ def _renamed(name: str, src, count_name: str, uid: str | None = None) -> Dataflo
     return flow
 
 
-def test_restore_matches_state_by_identity_and_refuses_state_with_nowhere_to_go(tmp_path):
+def test_restore_matches_state_by_identity_and_refuses_state_with_nowhere_to_go(checkpoint_mid_run):
     """A renamed keyed operator must not silently start empty while the sources resume from their offsets."""
-    src = source(rate=50_000)
-    path = checkpoint_mid_run(src, str(tmp_path / "chk"))
+    src = source()
+    path = checkpoint_mid_run
     with pytest.raises(CheckpointError, match=r"'count' \(keyed state.*count_v2.*uid"):
         submit(_renamed("renamed", src, "count_v2"), restore_from=path)
     other = Dataflow("other")
@@ -334,9 +437,9 @@ def test_checkpoint_whose_controller_dies_after_it_was_durable_returns_it(tmp_pa
 def test_rescale_called_while_the_job_recovers_waits_for_it(tmp_path):
     from chiray.actors.rescale import RescaleError
 
-    src = source(rate=30_000)
+    src, gate = held(tmp_path, fast=0.25)
     job = build("rescale-recovering", src).submit(poll_interval_s=0.2, checkpoint_interval_s=0.5,
-                                                 checkpoint_dir=str(tmp_path))
+                                                 checkpoint_dir=str(tmp_path / "chk"))
     try:
         wait_for(progressed(job, 0.25), 60, "25 % of the input emitted")
         ray.kill(job.actors[0], no_restart=True)  # count[0]'s host: the job rolls back
@@ -347,6 +450,7 @@ def test_rescale_called_while_the_job_recovers_waits_for_it(tmp_path):
             assert done["parallelism"] == 3
         except RescaleError as exc:  # a clear word, never a bare ActorDiedError
             assert "recovering" in str(exc) or "ended" in str(exc), exc
+        gate.open()
         job.wait(timeout=180)
     finally:
         job.cancel()

@@ -12,7 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from chiray.operators.logic import InstanceInfo
-from chiray.operators.sinks import collect, to_parquet
+from chiray.operators.sinks import _PART, ParquetSink, collect, to_parquet
+from chiray.operators.staging import OutputInUseError, new_run_id
 
 
 def batch(start: int, n: int) -> pa.RecordBatch:
@@ -184,3 +185,71 @@ def test_parquet_with_pyarrow_filesystem(tmp_path):
 def test_parquet_rejects_bad_max_rows(tmp_path):
     with pytest.raises(ValueError, match="max_rows_per_file"):
         to_parquet(str(tmp_path), max_rows_per_file=0)
+
+
+# -- runs: one life of a job each; they share directories without touching each other's files ----------------
+
+
+def rows_of(paths) -> list[int]:
+    return sorted(v for p in paths for v in pq.read_table(p).column("i").to_pylist())
+
+
+@pytest.mark.parametrize("make", [lambda d: to_parquet(d), lambda d: collect()], ids=["parquet", "collect"])
+def test_two_runs_in_one_directory_never_replace_or_discard_each_others_files(tmp_path, make):
+    """A job stopped at epoch 1 and the job restored from it into the same directory both stage epoch 1
+    of sink ``out`` instance 0: the same name without the run (the restored job replaced the first
+    one's file). The restored run's recovery discards its own hidden files only."""
+    first_run, second_run = new_run_id(), new_run_id()
+    first = make(str(tmp_path)).bind_output(str(tmp_path), "out", first_run)
+    second = make(str(tmp_path)).bind_output(str(tmp_path), "out", second_run)
+    a = writer(first)
+    a.write(batch(0, 3))
+    first.commit([a.prepare_commit(1)])
+    a.write(batch(3, 2))
+    a_pending = a.prepare_commit(2)  # staged by the first run, not committed (yet)
+    b = writer(second)
+    b.write(batch(10, 4))
+    second.commit([b.prepare_commit(1)])  # the same operator, instance and epoch as the first run's
+    b.write(batch(20, 1))
+    b.prepare_commit(2)  # never committed: the second run recovers from epoch 1
+    second.recover([])
+    assert all(os.path.exists(p) for p in a_pending), "a recovery discarded another run's staged file"
+    first.commit([a_pending])
+    if isinstance(first, ParquetSink):
+        assert rows_of(first.combine([])) == [0, 1, 2, 3, 4]  # each run's result is its own files
+        assert rows_of(second.combine([])) == [10, 11, 12, 13]
+        names = sorted(os.listdir(tmp_path))
+        assert f"part-out-{first_run}-0-e000001-0.parquet" in names
+        assert f"part-out-{second_run}-0-e000001-0.parquet" in names
+    else:
+        assert sorted(first.combine([]).column("i").to_pylist()) == [0, 1, 2, 3, 4]
+        assert sorted(second.combine([]).column("i").to_pylist()) == [10, 11, 12, 13]
+
+
+def test_committed_names_parse_with_and_without_a_run():
+    run = new_run_id()
+    for op in ("out", "my-op", "r-1"):
+        m = _PART.match(f"part-{op}-{run}-3-e000007-0.parquet")
+        assert m and (m["op"], m["run"], m["index"], m["epoch"]) == (op, run, "3", "000007")
+        m = _PART.match(f"part-{op}-3-efinal-2.arrow")  # written before runs had names
+        assert m and (m["op"], m["run"], m["index"], m["epoch"], m["n"]) == (op, None, "3", "final", "2")
+
+
+def test_a_directory_claimed_by_another_run_is_refused_naming_both_jobs(tmp_path):
+    first = to_parquet(str(tmp_path)).bind_output("", "clicks", new_run_id())
+    other = to_parquet(str(tmp_path)).bind_output("", "views", new_run_id())
+    first.claim("job-a")
+    first.claim("job-a")  # a run's own claim (a recovery, a manager restart) is no conflict
+    with pytest.raises(OutputInUseError, match=rf"sink 'views' of job 'job-b': directory {tmp_path} holds "
+                                               rf"the output of job 'job-a' \(run {first.run}, sink 'clicks'\)"):
+        other.claim("job-b")
+    first.release()
+    other.claim("job-b")  # the first job ended: its directory is free
+    other.release()
+    other.release()  # idempotent
+    assert not [n for n in os.listdir(tmp_path) if n.startswith(".live-")]
+
+
+def test_run_ids_are_checked():
+    with pytest.raises(ValueError, match="run id must be 'r' and 8 hex digits"):
+        to_parquet("/x").bind_output("", "out", "run-1")
