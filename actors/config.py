@@ -38,6 +38,10 @@ class JobConfig:
         host_resources: extra custom resources each host requests.
         host_options: extra ``ray.remote`` options for hosts (e.g. a scheduling strategy).
         poll_interval_s: how often the controller checks that hosts are alive.
+        liveness_timeout_s: a host that has not answered the controller's liveness check within this
+            many seconds counts as dead, and the job recovers (a host answers while its operators
+            run, but an operator step that holds its process, such as a function that hangs in C
+            code, delays the answer: keep this above the longest step you expect).
         controller_process: run the job controller in an actor (a process) of its own.
             Default: in host 0's process, on a thread of its own, so a job costs no
             process beyond its hosts (about 140 MB less); it moves to a process of its
@@ -107,6 +111,7 @@ class JobConfig:
     host_resources: dict[str, float] = dataclasses.field(default_factory=dict)
     host_options: dict[str, Any] = dataclasses.field(default_factory=dict)
     poll_interval_s: float = 1.0
+    liveness_timeout_s: float = 120.0
     controller_process: bool = False
     placement: dict[str, list[int]] = dataclasses.field(default_factory=dict)
     control_fanout: int | None = 8
@@ -142,6 +147,8 @@ class JobConfig:
         if self.checkpoint_interval_s is not None and self.checkpoint_interval_s <= 0:
             raise ValueError(
                 f"JobConfig: checkpoint_interval_s must be positive or None, got {self.checkpoint_interval_s}")
+        if not self.liveness_timeout_s > 0:
+            raise ValueError(f"JobConfig: liveness_timeout_s must be positive, got {self.liveness_timeout_s}")
         if self.restore_checkpoint_s is not None and self.restore_checkpoint_s < 0:
             raise ValueError(
                 f"JobConfig: restore_checkpoint_s must be >= 0 or None, got {self.restore_checkpoint_s}")

@@ -200,7 +200,7 @@ class Controller(ControllerOps):
                 if self.incarnation != incarnation:
                     return
                 try:
-                    await asyncio.wait_for(host.ping.remote(), timeout=120.0)
+                    await asyncio.wait_for(host.ping.remote(), timeout=self.config.liveness_timeout_s)
                 except Exception as exc:
                     if self.hosts.get(host_id) is not host:  # retired by a rescale: gone on purpose
                         continue

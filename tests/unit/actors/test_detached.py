@@ -115,3 +115,13 @@ def test_the_grafana_dashboard_queries_only_exported_metrics():
     exported = {f"ray_{metric_name(f)}_total" for f in (*COUNTERS, *JOB_COUNTERS)}
     exported |= {f"ray_{metric_name(f)}" for f in GAUGES}
     assert queried and queried <= exported, queried - exported
+
+
+@pytest.mark.parametrize("field, bad, why", [("liveness_timeout_s", 0, "must be positive"),
+                                             ("restore_checkpoint_s", -1, "must be >= 0 or None"),
+                                             ("run_id", "run-1", "run id must be 'r' and 8 hex digits")])
+def test_config_checks_the_recovery_options(field, bad, why):
+    with pytest.raises(ValueError, match=why):
+        chiray.JobConfig(**{field: bad})
+    config = chiray.JobConfig(liveness_timeout_s=2.5, restore_checkpoint_s=None, run_id="r0123abcd")
+    assert (config.liveness_timeout_s, config.restore_checkpoint_s, config.run_id) == (2.5, None, "r0123abcd")
