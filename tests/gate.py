@@ -19,6 +19,12 @@ recovery emits another ``hold_after`` records before it holds again; give
 ``position`` (the split's record position at an offset) where a job recovers
 while the gate is still shut, and the hold stays at the same place in the data.
 
+A test whose input must last exactly as long as it acts gives ``end_at_open``
+over an unbounded source: each split then ends at its next read once the gate
+opens, instead of reading on. With ``report`` each split writes the offset it
+ended at, and ``Gated.emitted()`` reads back, after the job, the batches the
+splits emitted: the oracle's input.
+
 ``Dialed`` is for tests of rate changes (the autoscaler): each split is paced
 at the rate of the phase a ``Dial`` file names, and the test turns the dial
 when the job has reacted (a scale-up done), not at fixed times; a last turn
@@ -30,6 +36,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import pathlib
+import pickle
 import time
 from typing import Any, Callable
 
@@ -60,8 +67,8 @@ class Gate:
 
 
 class _GatedReader(SplitReader):
-    def __init__(self, inner: SplitReader, source: "Gated") -> None:
-        self._inner, self._source = inner, source
+    def __init__(self, inner: SplitReader, source: "Gated", split_id: str = "") -> None:
+        self._inner, self._source, self._split_id = inner, source, split_id
         self._emitted = 0
         self._trickled = 0  # records emitted past hold_after by this reader
         self._held_since: float | None = None  # when this reader reached hold_after
@@ -77,6 +84,9 @@ class _GatedReader(SplitReader):
             return None  # unpaced once open
         position = self._position()
         if position < src.hold_after:
+            if src.end_at_open and os.path.exists(src.gate):
+                self._open = True
+                return None  # read() ends the split at once
             return self._inner.ready_at()
         self._open = os.path.exists(src.gate)
         if self._open:
@@ -89,6 +99,14 @@ class _GatedReader(SplitReader):
         return max(self._held_since + self._trickled / src.trickle, now - 1.0)
 
     def read(self) -> pa.RecordBatch | None:
+        src = self._source
+        if src.end_at_open and (self._open or os.path.exists(src.gate)):
+            self._open = True
+            if src.report is not None:  # written whole: the test never reads half an offset
+                staged = f"{src.report}.{self._split_id}.staged"
+                pathlib.Path(staged).write_bytes(pickle.dumps(self._inner.offset()))
+                os.replace(staged, f"{src.report}.{self._split_id}")
+            return None
         past_hold = self._held_since is not None
         batch = self._inner.read()
         if batch is not None:
@@ -114,6 +132,11 @@ class Gated(Source):
         trickle: records a second a split emits after ``hold_after`` while the gate is shut (0: none).
         hold_at: records after which a split emits nothing until the gate opens (``None``: no limit).
         position: a split's record position at a reader's offset (``None``: records since it opened).
+        end_at_open: once the gate is open, each split ends at its next read (a batch boundary)
+            instead of reading on to its end (``False``: it reads on, unpaced).
+        report: with ``end_at_open``, a path prefix: a split that ends at the gate writes its
+            reader's offset to ``<report>.<split id>``, which ``emitted()`` reads back (a split
+            reopened by a recovery writes it again: the last offset written is the one the job kept).
     """
 
     inner: Source
@@ -122,6 +145,8 @@ class Gated(Source):
     trickle: float = 0.0
     hold_at: int | None = None
     position: Callable[[Any], int] | None = None
+    end_at_open: bool = False
+    report: str | None = None
 
     def schema(self) -> pa.Schema | None:
         return self.inner.schema()
@@ -130,7 +155,31 @@ class Gated(Source):
         return self.inner.splits()
 
     def open_split(self, split: SourceSplit, offset: Any = None) -> SplitReader:
-        return _GatedReader(self.inner.open_split(split, offset), self)
+        return _GatedReader(self.inner.open_split(split, offset), self, split.split_id)
+
+    def emitted(self) -> list[pa.RecordBatch]:
+        """After the job: the batches its splits emitted before they ended at the gate, each split read
+        from its start up to the offset it reported (``end_at_open`` with ``report``).
+
+        Raises:
+            ValueError: no report (not ``end_at_open`` with ``report``, or a split that never ended at
+                the gate), or a split that ends before the offset it reported.
+        """
+        if not self.end_at_open or self.report is None:
+            raise ValueError("Gated.emitted() needs end_at_open=True and a report path")
+        batches = []
+        for split in self.inner.splits():
+            path = pathlib.Path(f"{self.report}.{split.split_id}")
+            if not path.exists():
+                raise ValueError(f"split {split.split_id!r} did not end at the gate: no {path}")
+            end = pickle.loads(path.read_bytes())
+            reader = self.inner.open_split(split)
+            while reader.offset() != end:
+                batch = reader.read()
+                if batch is None:
+                    raise ValueError(f"split {split.split_id!r} ended before the offset it reported, {end!r}")
+                batches.append(batch)
+        return batches
 
     def for_parallelism(self, parallelism: int) -> "Gated":
         return dataclasses.replace(self, inner=self.inner.for_parallelism(parallelism))

@@ -1,14 +1,25 @@
-"""Live rescale on real Ray actors: every strategy, scale 2 -> 3 -> 1 -> 2 under a continuous stream.
+"""Live rescale on real Ray actors: every strategy scales out and in under a continuous stream, exactly.
 
-Oracles: the generator's own batches read directly (counts per key, and each
-key's sequence of records in arrival order), so any record lost, counted
-twice or applied out of order shows.
+Oracles: the batches each gated source emitted until the test opened its gate
+(``Gated.emitted()``, read straight from the generator): counts per key, and
+each key's sequence of records in arrival order, so any record lost, counted
+twice or applied out of order shows. The input is unbounded and ends when the
+test opens the gate, so it lasts exactly as long as the rescales.
+
+Proven in-process by the unit tests and not repeated here: which bins each
+strategy moves in which step, pairs of owners and the replicate steps
+(tests/unit/control/test_rescaleplan.py); blocking ops as consistent cuts and
+non-blocking ones never blocking (test_theorem1.py); a new owner's room made up
+front and a retiring owner that empties without compacting
+(test_migrate_reserve.py); bins moving back and forth between states
+(tests/unit/operators/test_binslots.py); a prepared change holding a source
+until its op passed (tests/unit/actors/test_change_hold.py).
 """
 
 from __future__ import annotations
 
 import collections
-import os
+import random
 import time
 
 import pyarrow as pa
@@ -16,7 +27,8 @@ import pytest
 import ray
 
 from chiray.actors.rescale import RescaleError
-from chiray.operators import Dataflow, Source, SplitReader, generate
+from chiray.operators import Dataflow, generate
+from tests.gate import Gate, Gated
 from tests.oracles import assert_counts_equal, key_counts
 from tests.waiting import wait_for
 
@@ -25,63 +37,22 @@ pytestmark = pytest.mark.usefixtures("ray_session")
 BINS = 16
 
 
-class UntilStopped(Source):
-    """Unbounded paced generator splits that end, each at a batch boundary, once the file ``stop`` exists.
-
-    So a test's input lasts exactly as long as its rescales. A split that ends
-    writes how many batches it emitted to ``<stop>.<name>.<split id>``.
-    """
-
-    def __init__(self, inner: Source, stop: str, name: str) -> None:
-        self.inner, self.stop, self.name = inner, stop, name
-
-    def schema(self):
-        return self.inner.schema()
-
-    def splits(self):
-        return self.inner.splits()
-
-    def open_split(self, split, offset=None):
-        report = f"{self.stop}.{self.name}.{split.split_id}"
-        return _UntilStoppedReader(self.inner.open_split(split, offset), report, self.stop)
-
-    def emitted(self) -> dict[str, int]:
-        """Batches each split emitted (after the job ended)."""
-        out = {}
-        for split in self.splits():
-            with open(f"{self.stop}.{self.name}.{split.split_id}") as f:
-                out[split.split_id] = int(f.read())
-        return out
+def until_open(inner, gate: Gate, report, hold_after: int, rate: float) -> Gated:
+    """``inner`` (unbounded, unpaced): ``hold_after`` records a split at once, then ``rate`` records a second
+    a split until the gate opens, when every split ends; ``emitted()`` is then what it sent."""
+    return Gated(inner, gate.path, hold_after=hold_after, trickle=rate, end_at_open=True, report=str(report))
 
 
-class _UntilStoppedReader(SplitReader):
-    def __init__(self, inner: SplitReader, report: str, stop: str) -> None:
-        self.inner, self.report, self.stop = inner, report, stop
-
-    def read(self):
-        if os.path.exists(self.stop):
-            with open(self.report, "w") as f:
-                f.write(str(self.inner.offset()))
-            return None
-        return self.inner.read()
-
-    def offset(self):
-        return self.inner.offset()
-
-    def ready_at(self):
-        return self.inner.ready_at()
-
-
-def read_all(src) -> list[pa.RecordBatch]:
-    out = []
-    counts = src.emitted() if isinstance(src, UntilStopped) else {}
-    inner = src.inner if isinstance(src, UntilStopped) else src
-    for split in inner.splits():
-        reader = inner.open_split(split)
-        while (split.split_id not in counts or reader.offset() < counts[split.split_id]) \
-                and (batch := reader.read()) is not None:
-            out.append(batch)
-    return out
+def gated_sources(tmp_path):
+    """``counted`` (2 splits, 10,000 records each at once, then 5,000 a second each) and ``ordered``
+    (1 split, 1,000 at once, then 1,000 a second), in batches of 500 and 100 (10 a second a split,
+    so that batches are in flight during each step), until the returned gate opens."""
+    gate = Gate(tmp_path)
+    counted = until_open(generate(None, batch_size=500, num_keys=200, num_splits=2, seed=3), gate,
+                         tmp_path / "counted", 10_000, 5_000)
+    ordered = until_open(generate(None, batch_size=100, num_keys=50, num_splits=1, seed=4), gate,
+                         tmp_path / "ordered", 1_000, 1_000)
+    return counted, ordered, gate
 
 
 def track(key, rows, state):
@@ -103,10 +74,10 @@ def build(name: str, counted, ordered) -> Dataflow:
     return flow
 
 
-def check_exact(job, counted_src, ordered) -> None:
-    assert_counts_equal(job.result("counts"), key_counts(read_all(counted_src)))
+def check_exact(job, counted: Gated, ordered: Gated) -> None:
+    assert_counts_equal(job.result("counts"), key_counts(counted.emitted()))
     arrival: dict[str, list[int]] = collections.defaultdict(list)  # one upstream: arrival order is seq order
-    for batch in read_all(ordered):
+    for batch in ordered.emitted():
         for k, s in zip(batch.column("key").to_pylist(), batch.column("seq").to_pylist()):
             arrival[k].append(s)
     seen: dict[str, dict[int, int]] = collections.defaultdict(dict)
@@ -116,14 +87,6 @@ def check_exact(job, counted_src, ordered) -> None:
     assert set(seen) == set(arrival)
     for key, by_pos in seen.items():
         assert [by_pos[i] for i in range(len(by_pos))] == arrival[key], f"key {key}: state lost or reordered"
-
-
-def sources_until_stopped(tmp_path):
-    """Paced generators (40,000 and 2,000 records/s) until the test creates the returned stop file."""
-    stop = str(tmp_path / "stop")
-    counted = generate(None, rate=40_000, batch_size=1000, num_keys=200, num_splits=2, seed=3)
-    ordered = generate(None, rate=2_000, batch_size=250, num_keys=50, num_splits=1, seed=4)
-    return UntilStopped(counted, stop, "counted"), UntilStopped(ordered, stop, "ordered"), stop
 
 
 def emitted(job, operator: str, n: int):
@@ -151,46 +114,60 @@ STRATEGIES = [
 ]
 
 
-def test_every_strategy_scales_2_3_1_2_exactly(tmp_path):
-    """One running job, both keyed operators, every strategy in turn: 2 -> 3 -> 1 -> 2 each."""
-    counted, ordered, stop = sources_until_stopped(tmp_path)
-    job = build("rescale-strategies", counted, ordered).submit(spare_hosts=1)  # scale-outs take the spare
+def paths(strategy: int) -> dict[str, tuple[int, int]]:
+    """Each operator's (scale-out, scale-in) targets with the ``strategy``-th strategy: ``count`` goes
+    2 -> 3 -> 2 (two old owners give the new one bins; one of three retires), the last time 3 -> 1 (two
+    retire at once); ``seqs`` 2 -> 3 -> 1 the first time, then 1 -> 2 -> 1 (one old owner)."""
+    last = strategy == len(STRATEGIES) - 1
+    return {"count": (3, 1 if last else 2), "seqs": (3, 1) if strategy == 0 else (2, 1)}
+
+
+def test_every_strategy_scales_out_and_in_exactly(tmp_path):
+    """One running job, both keyed operators (a built-in count and a process over a pickled per-key
+    list), every strategy in turn: one scale-out and one scale-in of each (see :func:`paths`)."""
+    counted, ordered, gate = gated_sources(tmp_path)
+    job = build("rescale-strategies", counted, ordered).submit(spare_hosts=2)  # the two scale-outs take them
     try:
         wait_for(emitted(job, "src", 20_000), 60, "src to emit 20,000 records")
-        for strategy, knobs in STRATEGIES:
-            for p in (3, 1, 2):
-                for op in ("count", "seqs"):
+        paced = 0  # drains waited for by the paced strategy
+        for i, (strategy, knobs) in enumerate(STRATEGIES):
+            for phase in (0, 1):
+                for op, targets in paths(i).items():
+                    p = targets[phase]
                     progress = job.rescale(op, p, strategy=strategy, **knobs).result(120)
                     assert progress["state"] == "DONE" and progress["parallelism"] == p, (strategy, progress)
                     assert progress["bins_moved"] == progress["bins"] > 0, (strategy, progress)
                     if knobs.get("pace"):  # each step waited for the backlog it left before the next
                         drains = [e for e in progress["step_log"] if e["step"] == "drain"]
                         assert len(drains) == progress["steps"] - 1, progress["step_log"]
+                        paced += len(drains)
                     if knobs.get("replicate"):  # every bin was copied ahead
                         assert progress["bytes_replicated"] > 0, progress
                         if op == "count":  # and rebuilt from its copy and the keys written since
                             assert progress["bins_reloaded"] == progress["bins"], progress
                     assert [s.index for s in job.statistics().of(op) if not s.finished] == list(range(p))
-            job.refill_spare_hosts(0)  # the next strategy's first scale-out takes a spare again
-        open(stop, "w").close()  # the input ends after the rescales
+                if phase == 0 and i < len(STRATEGIES) - 1:
+                    job.refill_spare_hosts(0)  # for the next strategy's scale-outs; they start meanwhile
+        assert paced > 0, "no paced rescale took more than one step"
+        gate.open()  # the input ends after the rescales
         job.wait(timeout=180)
     finally:
         job.cancel()
     check_exact(job, counted, ordered)
 
 
-LARGE_KEYS, LARGE_BINS = 60_000, 256
+LARGE_KEYS, LARGE_BINS = 60_000, 64
 
 
-def test_a_large_state_moves_exactly_with_every_strategy(tmp_path):
+def test_a_large_state_moves_exactly_as_column_slices(tmp_path):
     """The ``--large`` migration benchmark scaled down: many keys per bin, so bins move as slices of
-    big columns. A scale-out's new owner reserves room for what the rescale brings it, old owners
-    find their bins' slots without a pass over the state, and one bin a step (fluid) drains a
-    retiring owner to empty (told it retires, it never compacts). The counts equal a plain count of
-    the records sent."""
-    stop = str(tmp_path / "stop")
-    counted = UntilStopped(generate(None, rate=60_000, batch_size=2000, num_keys=LARGE_KEYS, num_splits=2,
-                                    seed=11), stop, "counted")
+    big columns. A scale-out (non_disruptive, replicating: each bin is rebuilt from its copy and the
+    keys written since) whose new owner reserves room for what it brings, and a scale-in (fluid: one
+    bin a step drains the retiring owner to empty; told it retires, it never compacts). The counts
+    equal a plain count of the records sent."""
+    gate = Gate(tmp_path)
+    counted = until_open(generate(None, batch_size=2000, num_keys=LARGE_KEYS, num_splits=2, seed=11), gate,
+                         tmp_path / "counted", 3 * LARGE_KEYS // 2, 10_000)
     flow = Dataflow("rescale-large-state")
     flow.source(counted, parallelism=2, name="src").key_by("key", num_bins=LARGE_BINS).count(
         parallelism=2, name="count").collect(name="counts")
@@ -198,16 +175,16 @@ def test_a_large_state_moves_exactly_with_every_strategy(tmp_path):
     try:
         # most keys are in the state before the first move
         wait_for(emitted(job, "src", 3 * LARGE_KEYS), 60, f"src to emit {3 * LARGE_KEYS} records")
-        for strategy, knobs in STRATEGIES:
-            for p in (3, 2):
-                progress = job.rescale("count", p, strategy=strategy, **knobs).result(180)
-                assert progress["state"] == "DONE" and progress["bins_moved"] == progress["bins"] > 0, progress
-            job.refill_spare_hosts(0)
-        open(stop, "w").close()
+        out = job.rescale("count", 3, strategy="non_disruptive", chunk_bins=4, replicate=True).result(180)
+        assert out["state"] == "DONE" and out["bins_moved"] == out["bins"] > 0, out
+        assert out["bins_reloaded"] == out["bins"] and out["bytes_replicated"] > 0, out
+        back = job.rescale("count", 2, strategy="fluid").result(180)
+        assert back["state"] == "DONE" and back["bins_moved"] == back["bins"] == back["steps"] > 1, back
+        gate.open()
         job.wait(timeout=180)
     finally:
         job.cancel()
-    expected = key_counts(read_all(counted))
+    expected = key_counts(counted.emitted())
     assert len(expected) > LARGE_KEYS // 2
     assert_counts_equal(job.result("counts"), expected)
 
@@ -222,10 +199,10 @@ def test_an_input_end_that_overtakes_the_bin_state_waits_for_it(tmp_path):
     """Non-disruptive scale-out whose input ends right after the op passed the source: the new owner
     (on a fresh host) gets the op and every ``End`` long before the old owner (on a host kept busy)
     ships the bins' state. Finishing without that state would drop those keys' counts."""
-    stop = str(tmp_path / "stop")
-    counted = UntilStopped(generate(None, rate=20_000, batch_size=500, num_keys=400, num_splits=1, seed=6),
-                           stop, "counted")
-    busy = UntilStopped(generate(None, rate=100, batch_size=5, num_splits=1, seed=7), stop, "busy")
+    gate = Gate(tmp_path)
+    counted = until_open(generate(None, batch_size=500, num_keys=400, seed=6), gate, tmp_path / "counted",
+                         5_000, 20_000)
+    busy = until_open(generate(None, batch_size=5, seed=7), gate, tmp_path / "busy", 0, 100)
     flow = Dataflow("rescale-end-overtakes")
     flow.source(counted, parallelism=1, name="src").key_by("key", num_bins=BINS).count(
         parallelism=1, name="count").collect(name="counts")
@@ -237,24 +214,22 @@ def test_an_input_end_that_overtakes_the_bin_state_waits_for_it(tmp_path):
         # injected: the input ends right behind the op
         wait_for(stepped(handle, lambda p: p["first_step_ns"] is not None), 60, "the rescale's first step",
                  interval=0.001, detail=handle.progress)
-        open(stop, "w").close()
+        gate.open()
         job.wait(timeout=120)
         assert handle.result(60)["state"] == "DONE"
     finally:
         job.cancel()
-    assert_counts_equal(job.result("counts"), key_counts(read_all(counted)))
+    assert_counts_equal(job.result("counts"), key_counts(counted.emitted()))
 
 
 def test_random_migrations_keep_the_invariant(tmp_path):
     """Seeded random bin tables, strategies and moments: every key's state stays whole and in order."""
-    import random
-
     rng = random.Random(5)
-    counted, ordered, stop = sources_until_stopped(tmp_path)
+    counted, ordered, gate = gated_sources(tmp_path)
     job = build("migrate-random", counted, ordered).submit()
     try:
         for _ in range(2):
-            more = job.statistics().records_out("src") + rng.randint(1_000, 20_000)
+            more = job.statistics().records_out("src") + rng.randint(1_000, 10_000)
             wait_for(emitted(job, "src", more), 60, f"src to emit {more} records")
             for op in ("count", "seqs"):
                 table = [rng.randrange(2) for _ in range(BINS)]
@@ -264,7 +239,7 @@ def test_random_migrations_keep_the_invariant(tmp_path):
                 progress = job.migrate(op, table, strategy=strategy, **knobs).result(120)
                 assert progress["state"] == "DONE"
                 assert job.plan.bin_tables[op] == table
-        open(stop, "w").close()
+        gate.open()
         job.wait(timeout=180)
     finally:
         job.cancel()
@@ -272,9 +247,9 @@ def test_random_migrations_keep_the_invariant(tmp_path):
 
 
 def test_killed_host_during_migration_recovers_exactly(tmp_path):
-    counted, ordered, stop = sources_until_stopped(tmp_path)
+    counted, ordered, gate = gated_sources(tmp_path)
     job = build("rescale-kill", counted, ordered).submit(
-        checkpoint_interval_s=0.5, poll_interval_s=0.2, checkpoint_dir=str(tmp_path / "chk"))
+        spare_hosts=1, checkpoint_interval_s=0.5, poll_interval_s=0.2, checkpoint_dir=str(tmp_path / "chk"))
     try:
         wait_for(emitted(job, "src", 20_000), 60, "src to emit 20,000 records")
         handle = job.rescale("count", 3, strategy="batched", chunk_bins=1, gap_s=0.05)
@@ -287,7 +262,7 @@ def test_killed_host_during_migration_recovers_exactly(tmp_path):
                  "the job to recover from the killed host", detail=lambda: job.status().events)
         # The job runs on, with the topology of the last completed step; a new rescale completes.
         assert job.rescale("count", 1, strategy="all_at_once").result(120)["state"] == "DONE"
-        open(stop, "w").close()  # the input ends after the rescales
+        gate.open()  # the input ends after the rescales
         job.wait(timeout=180)
     finally:
         job.cancel()
@@ -299,7 +274,7 @@ def test_bad_calls_get_clear_errors():
     flow = Dataflow("rescale-errors")
     stream = flow.source(counted, name="src")
     stream.map(lambda b: b, name="pass").key_by("key", num_bins=BINS).count(name="count").collect(name="out")
-    job = flow.submit()
+    job = flow.submit(spare_hosts=1)  # for the scale-out below, started beside the job's host
     try:
         with pytest.raises(ValueError, match="no operator 'nope'"):
             job.rescale("nope", 2)
@@ -315,12 +290,11 @@ def test_bad_calls_get_clear_errors():
             job.rescale("count", 2, strategy="batched", chunk=3)
         with pytest.raises(ValueError, match="assignment for 'count' must give each of its 16 bins"):
             job.migrate("count", [0, 1])
-        first = job.rescale("count", 2, strategy="fluid")
-        with pytest.raises(RescaleError, match="a rescale of 'count' is already running"):
-            job.rescale("count", 3)
-        first.result(120)
-        # A stateless operator rescales too (all at once), and the keyed one after it.
-        assert job.rescale("pass", 2).result(120)["parallelism"] == 2
+        # A stateless operator rescales too (all at once, on a new host: still running at the next call).
+        first = job.rescale("pass", 2)
+        with pytest.raises(RescaleError, match="a rescale of 'pass' is already running"):
+            job.rescale("pass", 3)
+        assert first.result(120)["parallelism"] == 2
         assert [s.index for s in job.statistics().of("pass") if not s.finished] == [0, 1]
     finally:
         job.cancel()
