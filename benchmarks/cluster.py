@@ -21,7 +21,9 @@ import time
 __all__ = ["LocalCluster", "free_ports"]
 
 _START_LOG = "ray-start.log"  # a worker's ``ray start`` output, in its temp dir
-_STOP_WAIT_S = 5.0  # after SIGTERM, then SIGKILL: ``ray start --block`` can take 20 s to wind down
+_STARTED = "Ray runtime started."  # what ``ray start`` prints once its node registered with the head
+_PROBE_EVERY_S = 30.0  # nodes are probed this often anyway while a worker has not said so (another wording)
+_STOP_WAIT_S = 5.0  # after SIGTERM, then SIGKILL: a node that drains first takes up to 30 s (ours do not drain)
 
 
 def free_ports(n: int) -> list[int]:
@@ -49,6 +51,9 @@ def _pids_naming(marker: str) -> list[int]:
 class LocalCluster:
     """A head node of our own. Attributes once entered: ``address``, ``env`` (for subprocesses), ``metrics_port``."""
 
+    max_worker_restarts = 2
+    """How many times in all workers are started again while the cluster comes up."""
+
     def __init__(self, num_cpus: int = 4, metrics_report_ms: int = 500, worker_nodes: int = 0,
                  worker_cpus: int = 2, dashboard: bool = False):
         self.dashboard = dashboard
@@ -70,7 +75,8 @@ class LocalCluster:
         port, self.metrics_port, agent, agent_grpc, runtime_env, client, node_mgr, obj_mgr, dash = free_ports(9)
         self.metrics_ports = [self.metrics_port]
         env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_ENABLE_AUTO_CONNECT": "0", "PYTHONWARNINGS": "ignore",
-               "RAY_metrics_report_interval_ms": str(self.metrics_report_ms)}
+               "RAY_metrics_report_interval_ms": str(self.metrics_report_ms),
+               "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}  # a node stops at once on SIGTERM: no drain to wait out
         env.pop("RAY_ADDRESS", None)
         cmd = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block", f"--port={port}",
                f"--temp-dir={self.temp}", f"--num-cpus={self.num_cpus}",
@@ -122,16 +128,23 @@ class LocalCluster:
         """Until ``count`` nodes are alive (asked from a short-lived process, so this one stays off Ray).
 
         Generous: on a loaded two-core machine a node takes well over ten seconds to join. A worker
-        that exits meanwhile is started again (twice at most); a timeout says what each probe saw."""
+        that exits meanwhile is started again (``max_worker_restarts``); a timeout says what each probe saw.
+        A probe (a Ray driver of its own) runs once every worker's ``ray start`` said that its node
+        registered, or after ``_PROBE_EVERY_S`` without that line, not while the nodes are still starting."""
         if count <= 1:
             return
         code = ("import ray; ray.init(logging_level='ERROR', log_to_driver=False); "
                 "print(sum(n['Alive'] for n in ray.nodes()))")
         deadline = time.monotonic() + timeout
         seen = "no probe finished"
+        probed = time.monotonic()
         while time.monotonic() < deadline:
-            if self.worker_restarts < 2:
+            if self.worker_restarts < self.max_worker_restarts:
                 self._respawn_dead_workers(env)
+            if not self._workers_started() and time.monotonic() - probed < _PROBE_EVERY_S:
+                time.sleep(0.2)
+                continue
+            probed = time.monotonic()
             try:
                 done = subprocess.run([sys.executable, "-c", code], env=self.env, capture_output=True, text=True,
                                       timeout=max(5.0, min(60.0, deadline - time.monotonic())), check=False)
@@ -150,6 +163,11 @@ class LocalCluster:
         raise TimeoutError(f"{count} Ray nodes were not up within {timeout:.0f} s ({seen}; "
                            f"{self.worker_restarts} worker restarts; {'; '.join(exits)})")
 
+    def _workers_started(self) -> bool:
+        """Whether every worker's ``ray start`` is running and said that its node registered with the head."""
+        return all(w.poll() is None and _STARTED in _read(os.path.join(temp, _START_LOG))
+                   for w, temp in self._workers)
+
     def _wait_up(self, port: int, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -164,32 +182,36 @@ class LocalCluster:
         raise TimeoutError(f"the head node did not listen on port {port} within {timeout} s")
 
     def _stop_worker(self, worker: subprocess.Popen, temp: str) -> None:
-        _stop_group(worker)
+        _stop_groups([worker])
         _kill_naming(temp)
         shutil.rmtree(temp, ignore_errors=True)
 
     def __exit__(self, *exc: object) -> None:
-        for worker, temp in self._workers:
-            self._stop_worker(worker, temp)
+        """Every node at once (each ``ray start`` winds down in parallel), then what is left under each temp dir."""
+        _stop_groups([worker for worker, _ in self._workers] + ([self._head] if self._head is not None else []))
+        for temp in [temp for _, temp in self._workers] + [self.temp]:
+            _kill_naming(temp)
+            shutil.rmtree(temp, ignore_errors=True)
         self._workers = []
-        if self._head is not None:
-            _stop_group(self._head)
-        _kill_naming(self.temp)
-        shutil.rmtree(self.temp, ignore_errors=True)
 
 
-def _stop_group(proc: subprocess.Popen) -> None:
-    """SIGTERM to the process group a ``ray start`` leads, then SIGKILL to what is left of it."""
-    for sig, wait in ((signal.SIGTERM, _STOP_WAIT_S), (signal.SIGKILL, _STOP_WAIT_S)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
+def _stop_groups(procs: list[subprocess.Popen]) -> None:
+    """SIGTERM to each process group a ``ray start`` leads, then SIGKILL to what is left of them."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for proc in procs:
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + _STOP_WAIT_S
+        for proc in procs:
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        procs = [proc for proc in procs if proc.poll() is None]
+        if not procs:
             return
-        try:
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            pass
 
 
 def _kill_naming(temp: str) -> None:
