@@ -15,7 +15,6 @@ import json
 import os
 import time
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import ray
