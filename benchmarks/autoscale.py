@@ -171,6 +171,7 @@ def plot(path: str, t0: float, schedule: list[tuple[float, float]], sampler: Sam
     axes[2].legend()
     fig.tight_layout()
     fig.savefig(path)
+    plt.close(fig)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -32,7 +32,8 @@ raises latency p50 from ~25 ms to ~0.4 s and p99 to ~1 s, and leaves a
 throughput ratio of ~0.9 with a backlog building. At 200,000 keys
 (``--quick``): ~8 MB, ~0.2-0.3 s, stalls ~0.2 s, ratio ~0.98-1.0.
 
-Run: ``python -m benchmarks.checkpoint [--quick] [--keys N] [--window S] [--load F]``.
+Run: ``python -m benchmarks.checkpoint [--quick] [--keys N] [--window S] [--load F] [--warm-up S]
+[--settle S]``.
 ``--quick`` (under a minute): 200,000 keys and 4 s windows (the JSON says so).
 """
 
@@ -126,14 +127,17 @@ def summarise(windows: list[dict[str, Any]], samples: np.ndarray) -> dict[str, A
 def run(keys: int, args: argparse.Namespace, window_s: float, tmp: str) -> tuple[Any, float, Any, np.ndarray]:
     """Warm up, then run the windows; returns (warm state, offered rate, windows, sink samples)."""
     print(f"warming up: {keys:,} keys, unthrottled ...", flush=True)
-    warm = warm_up(keys, args.batch_size, os.path.join(tmp, "warm"), min_s=2.0 if args.quick else 5.0)
+    warm_s = args.warm_up if args.warm_up is not None else 2.0 if args.quick else 5.0
+    warm = warm_up(keys, args.batch_size, os.path.join(tmp, "warm"), min_s=warm_s, num_hosts=args.num_hosts)
     rate = args.load * warm.capacity
     print(f"  {warm.keys_held:,} keys held after {warm.seconds:.1f} s; capacity {warm.capacity:,.0f} "
           f"records/s; offering {rate:,.0f} records/s ({args.load:.0%})", flush=True)
     root = os.path.join(tmp, "run")
-    job = build("checkpoint", rate, keys, args.batch_size).submit(restore_from=warm.path, checkpoint_dir=root)
+    job = build("checkpoint", rate, keys, args.batch_size).submit(restore_from=warm.path, checkpoint_dir=root,
+                                                                  num_hosts=args.num_hosts)
     try:
-        time.sleep(2.0 if args.quick else 4.0)  # settle after the restore
+        settle_s = args.settle if args.settle is not None else 2.0 if args.quick else 4.0
+        time.sleep(settle_s)  # settle after the restore
         windows = run_windows(job, Schedule(job, rate), root, window_s)
         samples = job.run_control(TakeLatency()).result(timeout=60)
     finally:
@@ -148,6 +152,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--window", type=float, default=None, help="seconds per window (default 10, quick 4)")
     parser.add_argument("--load", type=float, default=0.65, help="offered rate as a fraction of capacity")
     parser.add_argument("--batch-size", type=int, default=5_000)
+    parser.add_argument("--warm-up", type=float, default=None, metavar="S",
+                        help="seconds the unthrottled warm-up runs at least, measuring the capacity "
+                             "(default 5, quick 2; it also runs until 99%% of the keys are held)")
+    parser.add_argument("--settle", type=float, default=None, metavar="S",
+                        help="seconds the restored job runs before the first window (default 4, quick 2)")
+    parser.add_argument("--num-hosts", type=int, default=None, metavar="N",
+                        help="host processes of each job (default: the runtime's; see JobConfig.num_hosts)")
     args = parser.parse_args(argv)
     keys = args.keys or (200_000 if args.quick else 1_000_000)
     window_s = args.window or (4.0 if args.quick else 10.0)
@@ -164,6 +175,7 @@ def main(argv: list[str] | None = None) -> None:
     emit({
         "benchmark": "checkpoint", "quick": args.quick, "keys": keys, "keys_held": warm.keys_held,
         "window_s": window_s, "batch_size": args.batch_size, "parallelism": PARALLELISM,
+        "num_hosts": args.num_hosts,
         "capacity_records_per_s": round(warm.capacity), "offered_records_per_s": round(rate),
         "load": args.load, **figures,
         "target_throughput_ratio_met": figures["throughput_ratio_checkpoint_1s"] >= 0.9,

@@ -37,7 +37,8 @@ together, one control run per channel hop and one return, and a host's
 calls carry everything queued while the last was in flight. A busy machine
 moves these figures (see ``loadavg_1m_at_start``).
 
-Run: ``python -m benchmarks.control_overhead [--quick] [--window S] [--load F]``.
+Run: ``python -m benchmarks.control_overhead [--quick] [--window S] [--load F] [--calibration W,M]
+[--warm-up S]``.
 """
 
 from __future__ import annotations
@@ -123,14 +124,26 @@ def counted(job: Any) -> int:
     return job.statistics().records_in("count")
 
 
-def measure_capacity(batch_size: int, warmup_s: float, measure_s: float) -> float:
-    """Records/s of the unthrottled pipeline (source as fast as credit allows)."""
-    job = build(None, batch_size).submit()
+def measure_capacity(batch_size: int, warmup_s: float, measure_s: float, timeout_s: float = 60.0,
+                     num_hosts: int | None = None) -> float:
+    """Records/s of the unthrottled pipeline (source as fast as credit allows), measured from the end of
+    the warm-up or the first counted record, whichever comes later."""
+    job = build(None, batch_size).submit(num_hosts=num_hosts)
     try:
         time.sleep(warmup_s)
+        deadline = time.perf_counter() + timeout_s
+        while counted(job) == 0:  # a short warm-up on a busy machine can end before the first record
+            if time.perf_counter() > deadline:
+                raise TimeoutError(f"control_overhead: no record counted {timeout_s} s after the warm-up")
+            time.sleep(0.05)
         n0, t0 = counted(job), time.perf_counter()
         time.sleep(measure_s)
-        n1, t1 = counted(job), time.perf_counter()
+        deadline = time.perf_counter() + timeout_s
+        while (n1 := counted(job)) == n0:  # none counted in a short window on a busy machine: go on
+            if time.perf_counter() > deadline:
+                raise TimeoutError(f"control_overhead: no record counted in {measure_s + timeout_s} s of measuring")
+            time.sleep(0.05)
+        t1 = time.perf_counter()
     finally:
         job.cancel()
     return (n1 - n0) / (t1 - t0)
@@ -256,20 +269,37 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--window", type=float, default=None, help="seconds per window (default 10, quick 2)")
     parser.add_argument("--load", type=float, default=0.7, help="offered rate as a fraction of capacity")
     parser.add_argument("--batch-size", type=int, default=2_000)
+    parser.add_argument("--calibration", default=None, metavar="WARM,MEASURE",
+                        help="seconds of the unthrottled capacity run: its warm-up, then its measurement "
+                             "(default 3,6; quick 1.5,2)")
+    parser.add_argument("--warm-up", type=float, default=None, metavar="S",
+                        help="seconds the measured job runs before the first window (default 5, quick 2)")
+    parser.add_argument("--num-hosts", type=int, default=None, metavar="N",
+                        help="host processes of each job (default: the runtime's; see JobConfig.num_hosts)")
     args = parser.parse_args(argv)
     window_s = args.window or (2.0 if args.quick else 10.0)
+    if args.calibration:
+        try:
+            calibration = tuple(float(x) for x in args.calibration.split(","))
+        except ValueError:
+            calibration = ()
+        if len(calibration) != 2 or min(calibration) < 0 or calibration[1] <= 0:
+            parser.error(f"--calibration: expected WARM,MEASURE seconds (MEASURE > 0), got {args.calibration!r}")
+    else:
+        calibration = (1.5, 2.0) if args.quick else (3.0, 6.0)
+    warm_up_s = args.warm_up if args.warm_up is not None else 2.0 if args.quick else 5.0
     started, load = time.perf_counter(), os.getloadavg()[0]
     started_ray = start_ray()
 
     try:
         print("measuring capacity (unthrottled) ...", flush=True)
-        capacity = measure_capacity(args.batch_size, *((1.5, 2.0) if args.quick else (3.0, 6.0)))
+        capacity = measure_capacity(args.batch_size, *calibration, num_hosts=args.num_hosts)
         rate = args.load * capacity
         print(f"  capacity {capacity:,.0f} records/s; offering {rate:,.0f} records/s ({args.load:.0%})",
               flush=True)
-        job = build(rate, args.batch_size).submit()
+        job = build(rate, args.batch_size).submit(num_hosts=args.num_hosts)
         try:
-            time.sleep(2.0 if args.quick else 5.0)  # warm-up
+            time.sleep(warm_up_s)
             windows = run_windows(job, Schedule(job, rate), window_s, max_lag_s=0.1)
             samples = job.run_control(TakeLatency()).result(timeout=60)
         finally:
@@ -280,7 +310,7 @@ def main(argv: list[str] | None = None) -> None:
     nb, bl = figures["throughput_ratio_nonblocking_100"], figures["throughput_ratio_blocking_100"]
     emit({
         "benchmark": "control_overhead", "quick": args.quick, "window_s": window_s,
-        "batch_size": args.batch_size, "parallelism": PARALLELISM,
+        "batch_size": args.batch_size, "parallelism": PARALLELISM, "num_hosts": args.num_hosts,
         "capacity_records_per_s": round(capacity), "offered_records_per_s": round(rate), "load": args.load,
         **figures,
         "target_nonblocking_100_met": nb >= 0.9, "target_blocking_100_met": bl >= 0.8,

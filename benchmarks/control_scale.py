@@ -3,7 +3,7 @@
 Pipeline: ``generate`` source of N instances (N = 8, 64, 512, 2048; one split
 each, almost idle: one record at start, then one per 100 s) -> ``key_by`` ->
 ``count(emit="updates")`` (2 instances) -> ``collect`` (1 instance), on 4
-host actors. So the data plane is idle and what is measured is the control
+host actors (``--num-hosts``). So the data plane is idle and what is measured is the control
 plane: a ``NoOp`` injected at N sources, forwarded to the count instances
 (each aligns N inputs) and returned by the sink. Completion time is
 ``OpHandle.elapsed_s`` (at the controller, injection to the sink's return),
@@ -29,7 +29,7 @@ the figures move a lot with the load (``loadavg_1m_at_start``).
 that it skipped 2048 (each 2048-source configuration must start and stop
 2048 instances, which takes longer than its ops).
 
-Run: ``python -m benchmarks.control_scale [--quick] [--sizes 8,64,...] [--fanout K]``.
+Run: ``python -m benchmarks.control_scale [--quick] [--sizes 8,64,...] [--fanout K] [--num-hosts N]``.
 """
 
 from __future__ import annotations
@@ -59,12 +59,13 @@ def build(num_sources: int) -> Any:
     return flow
 
 
-def measure(num_sources: int, fanout: int | None, warmup: int, ops: int) -> dict[str, Any]:
+def measure(num_sources: int, fanout: int | None, warmup: int, ops: int,
+            num_hosts: int = NUM_HOSTS) -> dict[str, Any]:
     """Median completion (ms) of blocking and non-blocking NoOps on a fresh job."""
     from chiray.actors import JobConfig
     from chiray.control.ops.noop import NoOp
 
-    config = JobConfig(num_hosts=NUM_HOSTS, control_fanout=fanout, host_num_cpus=0.25)
+    config = JobConfig(num_hosts=num_hosts, control_fanout=fanout, host_num_cpus=0.25)
     t0 = time.perf_counter()
     job = build(num_sources).submit(config=config)
     submit_s = time.perf_counter() - t0
@@ -91,7 +92,11 @@ def main(argv: list[str] | None = None) -> None:
                         "(default 8,64,512,2048; quick 8,64,512)")
     parser.add_argument("--fanout", type=int, default=8, help="control tree fan-out")
     parser.add_argument("--ops", type=int, default=None, help="measured ops per kind (default 9, quick 3)")
+    parser.add_argument("--num-hosts", type=int, default=NUM_HOSTS, metavar="N",
+                        help=f"host actors of each job (default {NUM_HOSTS}; each is a process to start)")
     args = parser.parse_args(argv)
+    if args.num_hosts < 1:
+        parser.error("--num-hosts must be at least 1")
     default = SIZES[:-1] if args.quick else SIZES
     sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else list(default)
     skipped = [n for n in SIZES if n not in sizes]
@@ -107,7 +112,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         for n in sizes:
             for label, fanout in (("tree", args.fanout), ("flat", None)):
-                r = measure(n, fanout, warmup, ops)
+                r = measure(n, fanout, warmup, ops, args.num_hosts)
                 print(f"{n:>7} {label:>6} {r['blocking_ms']:>12.1f} {r['nonblocking_ms']:>16.1f} "
                       f"{r['blocking_max_ms']:>8.1f} {r['submit_s']:>9.1f}", flush=True)
                 figures[f"{label}_completion_ms_{n}"] = round(r["blocking_ms"], 2)
@@ -129,7 +134,7 @@ def main(argv: list[str] | None = None) -> None:
         "skipped_why": None if not skipped else (
             "quick: a 2048-source configuration alone takes over a minute"
             if args.quick and not args.sizes else "not in --sizes"),
-        "fanout": args.fanout, "num_hosts": NUM_HOSTS, "ops_per_kind": ops,
+        "fanout": args.fanout, "num_hosts": args.num_hosts, "ops_per_kind": ops,
         "completion": "median blocking NoOp, ms (non-blocking: *_nonblocking_*)",
         **figures, **ratios,
         "target_tree_ratio_met": None if target is None else target <= 3.0,

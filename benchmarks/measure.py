@@ -80,18 +80,21 @@ class WarmState:
 
 
 def warm_up(keys: int, batch_size: int, root: str, coverage: float = 0.99, min_s: float = 3.0,
-            timeout_s: float = 300.0, num_bins: int | None = None, widen_to: int | None = None) -> WarmState:
+            timeout_s: float = 300.0, num_bins: int | None = None, widen_to: int | None = None,
+            wide_s: float = WIDE_S, num_hosts: int | None = None) -> WarmState:
     """Fill the state unthrottled, measure capacity, checkpoint into ``root``, stop.
 
     Runs at least ``min_s`` and until the count operator has taken in
     ``-keys * ln(1 - coverage)`` records; capacity is the rate over the
     second half of the run (at least the last second). ``widen_to``: after the
     checkpoint, rescale the count to that parallelism (all at once) and measure
-    the capacity of that layout too, over ``WIDE_S`` seconds.
+    the capacity of that layout too, over ``wide_s`` seconds (after a quarter of
+    that for the rescale's backlog to drain). ``num_hosts``: as ``JobConfig.num_hosts``.
     """
     started = time.perf_counter()
     needed = math.ceil(-keys * math.log(1.0 - coverage))
-    job = build("warm_up", None, keys, batch_size, num_bins=num_bins).submit(checkpoint_dir=root)
+    job = build("warm_up", None, keys, batch_size, num_bins=num_bins).submit(checkpoint_dir=root,
+                                                                           num_hosts=num_hosts)
     try:
         samples: list[tuple[float, int]] = []
         t0 = time.perf_counter()
@@ -99,22 +102,23 @@ def warm_up(keys: int, batch_size: int, root: str, coverage: float = 0.99, min_s
             time.sleep(0.25)
             n = counted(job) or 0
             samples.append((time.perf_counter(), n))
-            if n >= needed and samples[-1][0] - t0 >= min_s:
-                break
-            if samples[-1][0] - t0 > timeout_s:
+            end_t, end_n = samples[-1]
+            if n >= needed and end_t - t0 >= min_s:
+                mid = end_t - max(1.0, (end_t - t0) / 2)
+                start_t, start_n = next((t, c) for t, c in samples if t >= mid)
+                if end_n > start_n:  # records counted over the window (a short warm-up can have none yet)
+                    break
+            if end_t - t0 > timeout_s:
                 raise TimeoutError(f"warm-up: {n:,} of {needed:,} records after {timeout_s} s")
-        end_t, end_n = samples[-1]
-        mid = end_t - max(1.0, (end_t - t0) / 2)
-        start_t, start_n = next((t, c) for t, c in samples if t >= mid)
         capacity = (end_n - start_n) / (end_t - start_t)
         checkpoint_id = job.checkpoint(timeout=120)
         keys_held = int(job.metrics().operators["count"]["keys"])
         wide = None
         if widen_to is not None:
             job.rescale("count", widen_to, strategy="all_at_once").result(600)
-            time.sleep(WIDE_S / 4)  # the backlog of the rescale drains
+            time.sleep(wide_s / 4)  # the backlog of the rescale drains
             t1, n1 = time.perf_counter(), counted(job) or 0
-            time.sleep(WIDE_S)
+            time.sleep(wide_s)
             wide = ((counted(job) or 0) - n1) / (time.perf_counter() - t1)
     finally:
         job.cancel()

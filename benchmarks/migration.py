@@ -49,7 +49,7 @@ and in five runs with it (8M keys) each leg's highest latencies belonged to reco
 same few hundred ms of that 10 s period, whatever the step: the max measured the agent.
 
 Run: ``python -m benchmarks.migration [--quick | --large] [--keys N] [--load F] [--png PATH] [--theta F]
-[--ray-metrics]``.
+[--ray-metrics] [--settle S] [--warm-up S] [--wide-window S]``.
 ``--quick`` (about a minute): 100,000 keys, 256 bins, fewer strategies.
 ``--large`` (several minutes, about 3 GB): 8,000,000 keys and 4096 bins, where Megaphone's result
 lives: all_at_once against batched (plain and paced to the backlog) and the paced non-disruptive
@@ -74,7 +74,7 @@ import psutil
 
 from benchmarks.common import stop_ray, emit, start_ray
 from benchmarks.control_overhead import TakeLatency
-from benchmarks.measure import PARALLELISM, build, loadavg, warm_up
+from benchmarks.measure import PARALLELISM, WIDE_S, build, loadavg, warm_up
 
 SETTLE_S = 2.0  # after each leg, and the baseline before each strategy (--settle)
 TAIL_S = 0.5
@@ -270,6 +270,14 @@ def main(argv: list[str] | None = None) -> None:
                         help="keep Ray's metrics collection on (its agent takes a core for 150-250 ms every 10 s)")
     parser.add_argument("--theta", type=float, default=THETA,
                         help=f"the planner's load bound (default {THETA}; few bins need more)")
+    parser.add_argument("--warm-up", type=float, default=None, metavar="S",
+                        help="seconds the unthrottled warm-up runs at least, measuring the capacity with two "
+                             "count instances (default 5, quick 2; it also runs until 99%% of the keys are held)")
+    parser.add_argument("--wide-window", type=float, default=WIDE_S, metavar="S",
+                        help=f"seconds over which the warm-up measures the capacity with {PARALLELISM + 1} count "
+                             f"instances, after a quarter of that for the rescale's backlog (default {WIDE_S})")
+    parser.add_argument("--num-hosts", type=int, default=None, metavar="N",
+                        help="host processes of each job (default: the runtime's; see JobConfig.num_hosts)")
     args = parser.parse_args(argv)
     global VERBOSE
     VERBOSE = args.verbose
@@ -286,15 +294,16 @@ def main(argv: list[str] | None = None) -> None:
     results = []
     try:
         print(f"warming up: {keys:,} keys, {bins} bins, unthrottled ...", flush=True)
-        warm = warm_up(keys, args.batch_size, os.path.join(tmp, "warm"), min_s=2.0 if args.quick else 5.0,
-                       num_bins=bins, widen_to=PARALLELISM + 1)
+        warm_s = args.warm_up if args.warm_up is not None else 2.0 if args.quick else 5.0
+        warm = warm_up(keys, args.batch_size, os.path.join(tmp, "warm"), min_s=warm_s,
+                       num_bins=bins, widen_to=PARALLELISM + 1, wide_s=args.wide_window, num_hosts=args.num_hosts)
         capacity = min(warm.capacity, warm.wide_capacity or warm.capacity)
         rate = args.load * capacity
         print(f"  capacity {warm.capacity:,.0f} records/s with {PARALLELISM} count instances, "
               f"{warm.wide_capacity:,.0f} with {PARALLELISM + 1}; offering {rate:,.0f} "
               f"({args.load:.0%} of the lower)", flush=True)
         job = build("migration", rate, keys, args.batch_size, num_bins=bins).submit(
-            restore_from=warm.path, checkpoint_dir=os.path.join(tmp, "run"), spare_hosts=1)
+            restore_from=warm.path, checkpoint_dir=os.path.join(tmp, "run"), spare_hosts=1, num_hosts=args.num_hosts)
         rss = HostRss(job)
         rss.start()
         try:
@@ -319,6 +328,7 @@ def main(argv: list[str] | None = None) -> None:
     ratio = round(best / base["max_latency_ms"], 3) if base and best is not None and base["max_latency_ms"] else None
     emit({
         "benchmark": "migration", "quick": args.quick, "large": args.large, "keys": keys, "keys_held": warm.keys_held, "bins": bins,
+        "num_hosts": args.num_hosts,
         "capacity_records_per_s": round(warm.capacity),
         f"capacity_{PARALLELISM + 1}_records_per_s": round(warm.wide_capacity or 0),
         "offered_records_per_s": round(rate), "load": args.load,

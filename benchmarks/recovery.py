@@ -45,7 +45,8 @@ the input since the restored checkpoint's barrier, 60,000-100,000 records
 at 100,000 keys and ~235,000 at 1,000,000 (a checkpoint there takes ~1 s,
 so the last committed one is older).
 
-Run: ``python -m benchmarks.recovery [--quick] [--sizes 100000,1000000] [--rate R]``.
+Run: ``python -m benchmarks.recovery [--quick] [--sizes 100000,1000000] [--rate R] [--fill S]
+[--steady-window S]``.
 ``--quick`` (under a minute): 100,000 keys only (the JSON says what it skipped).
 """
 
@@ -167,15 +168,17 @@ def kill_and_watch(job: Any, root: str, reference: float, batch_size: int,
     return out
 
 
-def run_size(keys: int, rate: float, batch_size: int, tmp: str, quick: bool) -> dict[str, Any]:
+def run_size(keys: int, rate: float, batch_size: int, tmp: str, min_s: float, measure_s: float,
+             num_hosts: int | None = None) -> dict[str, Any]:
     """One state size: warm up at the offered rate, kill host 0, watch the recovery."""
     print(f"{keys:,} keys at {rate:,.0f} records/s: filling the state ...", flush=True)
     root = os.path.join(tmp, f"run-{keys}")
     job = build("recovery", rate, keys, batch_size).submit(
-        checkpoint_dir=root, checkpoint_interval_s=1.0, poll_interval_s=0.2, checkpoints_to_keep=10)
+        checkpoint_dir=root, checkpoint_interval_s=1.0, poll_interval_s=0.2, checkpoints_to_keep=10,
+        num_hosts=num_hosts)
     try:
         t0 = time.perf_counter()
-        steady = wait_steady(job, root, keys, min_s=3.0 if quick else 5.0, measure_s=3.0 if quick else 5.0)
+        steady = wait_steady(job, root, keys, min_s=min_s, measure_s=measure_s)
         keys_held = int(job.metrics().operators["count"]["keys"])
         print(f"  after {time.perf_counter() - t0:.1f} s: {keys_held:,} keys held, steady {steady:,.0f} "
               f"records/s; killing host 0 ...", flush=True)
@@ -193,7 +196,8 @@ def summarise(results: dict[int, dict[str, Any]], args: argparse.Namespace) -> d
     figures: dict[str, Any] = {
         "benchmark": "recovery", "quick": args.quick, "sizes": list(results),
         "skipped_sizes": [s for s in SIZES if s not in results], "batch_size": args.batch_size,
-        "offered_records_per_s": round(args.rate), "poll_interval_s": 0.2, "checkpoint_interval_s": 1.0}
+        "offered_records_per_s": round(args.rate), "poll_interval_s": 0.2, "checkpoint_interval_s": 1.0,
+        "num_hosts": args.num_hosts}
     for keys, target_s in ((100_000, 5.0), (1_000_000, 10.0)):
         r, label = results.get(keys), size_label(keys)
         seconds = None if r is None else r["recovery_s"]
@@ -220,8 +224,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sizes", default=None, help="comma-separated key counts (default 100000,1000000)")
     parser.add_argument("--rate", type=float, default=200_000, help="offered records/s (default 200,000)")
     parser.add_argument("--batch-size", type=int, default=5_000)
+    parser.add_argument("--fill", type=float, default=None, metavar="S",
+                        help="seconds the job runs at least before its steady rate is measured (default 5, "
+                             "quick 3; it also runs until 99%% of the keys are held and a checkpoint is committed)")
+    parser.add_argument("--steady-window", type=float, default=None, metavar="S",
+                        help="seconds over which the steady rate before the kill is measured (default 5, quick 3)")
+    parser.add_argument("--num-hosts", type=int, default=None, metavar="N",
+                        help="host processes of each job (default: the runtime's; see JobConfig.num_hosts)")
     args = parser.parse_args(argv)
     default = SIZES[:1] if args.quick else SIZES
+    fill_s = args.fill if args.fill is not None else 3.0 if args.quick else 5.0
+    window_s = args.steady_window if args.steady_window is not None else 3.0 if args.quick else 5.0
     sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else list(default)
     started, load_at_start = time.perf_counter(), loadavg()
     tmp = tempfile.mkdtemp(prefix="chiray-bench-recovery-")
@@ -229,7 +242,7 @@ def main(argv: list[str] | None = None) -> None:
     results = {}
     try:
         for keys in sizes:
-            results[keys] = run_size(keys, args.rate, args.batch_size, tmp, args.quick)
+            results[keys] = run_size(keys, args.rate, args.batch_size, tmp, fill_s, window_s, args.num_hosts)
     finally:
         stop_ray(started_ray)
         shutil.rmtree(tmp, ignore_errors=True)

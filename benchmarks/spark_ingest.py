@@ -27,12 +27,12 @@ does funnel every row through the driver (measured: a 5M-row bridged run
 +18 MB, ``toArrow()`` +189 MB). ``submit_s_5m``: how long ``submit()`` took
 (Spark already computes meanwhile).
 
-The job runs on ``NUM_HOSTS`` = 2 host actors, one per core. Like Spark's
-executors for ``toArrow()``, the dataflow's processes are warm:
+The job runs on ``NUM_HOSTS`` = 2 host actors, one per core (``--num-hosts``).
+Like Spark's executors for ``toArrow()``, the dataflow's processes are warm:
 each run keeps its hosts, controller and the bridge's coordinator started for
-the next (``JobConfig.warm_hosts``, ``from_spark(keep_warm=True)``), and a
-run starts once they are up. A cold submit costs a process start per host
-(seconds on a busy 2-core machine).
+the next (``JobConfig.warm_hosts``, ``from_spark(keep_warm=True)``; the last
+run that would take them keeps none), and a run starts once they are up. A
+cold submit costs a process start per host (seconds on a busy 2-core machine).
 
 Where the CPU goes (5M rows, 2 cores, per-process CPU seconds, measured
 during the run): ``toArrow()`` about 2 (the JVM 1.7); the bridge about 3-4:
@@ -69,7 +69,7 @@ busy time of the operators after the source (the key_by's count and the collect,
 statistics), divided by the rows. What is left: Arrow conversion in the JVM and the Python runner,
 pushing, Ray's calls, decoding in the source instances and the coordinator.
 
-Run: ``python -m benchmarks.spark_ingest [--quick] [--rows N] [--small-rows N] [--master M]``.
+Run: ``python -m benchmarks.spark_ingest [--quick] [--rows N] [--small-rows N] [--master M] [--num-hosts N]``.
 ``--quick`` (under a minute): 1,000,000 and 200,000 rows (the JSON's
 ``rows`` / ``small_rows`` say which sizes the two RSS figures are for).
 """
@@ -148,8 +148,12 @@ def spark_plan_cpu_s(spark: Any, rows: int, partitions: int) -> float:
     return cpu_spent(before)
 
 
-def run_bridge(spark: Any, rows: int, partitions: int) -> dict[str, Any]:
-    """One bridged keyed count (checked against Spark SQL): rows/s, submit time and peak driver RSS."""
+def run_bridge(spark: Any, rows: int, partitions: int, num_hosts: int = NUM_HOSTS, keep_hosts: bool = True,
+               keep_coordinator: bool = True) -> dict[str, Any]:
+    """One bridged keyed count (checked against Spark SQL): rows/s, submit time and peak driver RSS.
+
+    ``keep_hosts`` / ``keep_coordinator``: its end starts warm hosts / a warm coordinator for a later run
+    (the last run that would take them leaves none)."""
     from chiray.actors import wait_warm_actors
     from chiray.operators import Dataflow
     from chiray.spark_bridge import from_spark
@@ -157,14 +161,15 @@ def run_bridge(spark: Any, rows: int, partitions: int) -> dict[str, Any]:
     df = dataframe(spark, rows, partitions)
     wait_warm_actors(120)  # the previous run's end started them; Spark's executors are warm too
     me, jvm = driver_pids()
-    with RssSampler([me]) as py_rss, RssSampler(jvm) as jvm_rss, from_spark(df, max_units=4, keep_warm=True) as src:
+    with RssSampler([me]) as py_rss, RssSampler(jvm) as jvm_rss, \
+            from_spark(df, max_units=4, keep_warm=keep_coordinator) as src:
         flow = Dataflow(f"spark-ingest-{rows}")
         flow.source(src, parallelism=2, name="src").key_by("key").count(parallelism=2, name="count").collect(
             name="out"
         )
         cpu_before = cpu_seconds()
         t0 = time.perf_counter()
-        job = flow.submit(num_hosts=NUM_HOSTS, warm_hosts=NUM_HOSTS)
+        job = flow.submit(num_hosts=num_hosts, warm_hosts=num_hosts if keep_hosts else 0)
         submitted = time.perf_counter() - t0
         try:
             job.wait(timeout=1800)
@@ -198,9 +203,11 @@ def run_bridge(spark: Any, rows: int, partitions: int) -> dict[str, Any]:
     }
 
 
-def run_naive(spark: Any, rows: int, partitions: int) -> dict[str, Any]:
+def run_naive(spark: Any, rows: int, partitions: int, num_hosts: int = NUM_HOSTS,
+              keep_hosts: bool = True) -> dict[str, Any]:
     """What a user would do instead of the bridge: ``from_arrow(df.toArrow())`` into the same dataflow
-    (the whole table through the driver), timed from ``toArrow()`` to the end of the job."""
+    (the whole table through the driver), timed from ``toArrow()`` to the end of the job. ``keep_hosts``:
+    its end starts warm hosts for a later run."""
     from chiray.actors import wait_warm_actors
     from chiray.operators import Dataflow, from_arrow
 
@@ -213,7 +220,7 @@ def run_naive(spark: Any, rows: int, partitions: int) -> dict[str, Any]:
         flow = Dataflow(f"spark-naive-{rows}")
         flow.source(from_arrow(table, num_splits=2), parallelism=2, name="src").key_by("key").count(
             parallelism=2, name="count").collect(name="out")
-        job = flow.submit(num_hosts=NUM_HOSTS, warm_hosts=NUM_HOSTS)
+        job = flow.submit(num_hosts=num_hosts, warm_hosts=num_hosts if keep_hosts else 0)
         try:
             job.wait(timeout=1800)
         finally:
@@ -236,19 +243,24 @@ def measure(spark: Any, args: argparse.Namespace) -> dict[str, Any]:
     spark.sparkContext.setLogLevel("ERROR")
     if args.small_rows >= 100_000:  # tiny runs (CI) skip the warm-up
         print("spark_ingest: warming up Spark and the bridge", flush=True)
-        run_bridge(spark, 100_000, 2)
+        run_bridge(spark, 100_000, 2, args.num_hosts)
     print(f"spark_ingest: bridge, {args.small_rows:,} rows", flush=True)
-    small = run_bridge(spark, args.small_rows, args.partitions)
+    small = run_bridge(spark, args.small_rows, args.partitions, args.num_hosts)
     print(f"  peak driver RSS {small['rss_mb']} MB", flush=True)
     runs: list[tuple[str, dict[str, Any]]] = []
-    for attempt in range(args.repeat):  # bridge, naive, naive, bridge, ...: neither always meets the warmer JVM
-        for path in ("bridge", "naive") if attempt % 2 == 0 else ("naive", "bridge"):
-            print(f"spark_ingest: {PATHS[path]}, {args.rows:,} rows (run {attempt + 1} of {args.repeat})",
-                  flush=True)
-            run = (run_bridge if path == "bridge" else run_naive)(spark, args.rows, args.partitions)
-            runs.append((path, run))
-            print(f"  {run['rows_per_s'] / 1e6:.2f} M rows/s, peak driver RSS {run['rss_mb']} MB "
-                  f"(+{run['rss_growth_mb']} MB)", flush=True)
+    order = [path for attempt in range(args.repeat)  # bridge, naive, naive, bridge, ...: neither always meets
+             for path in (("bridge", "naive") if attempt % 2 == 0 else ("naive", "bridge"))]  # the warmer JVM
+    for i, path in enumerate(order):
+        print(f"spark_ingest: {PATHS[path]}, {args.rows:,} rows (run {i // 2 + 1} of {args.repeat})", flush=True)
+        later = order[i + 1:]
+        if path == "bridge":
+            run = run_bridge(spark, args.rows, args.partitions, args.num_hosts, keep_hosts=bool(later),
+                             keep_coordinator="bridge" in later)
+        else:
+            run = run_naive(spark, args.rows, args.partitions, args.num_hosts, keep_hosts=bool(later))
+        runs.append((path, run))
+        print(f"  {run['rows_per_s'] / 1e6:.2f} M rows/s, peak driver RSS {run['rss_mb']} MB "
+              f"(+{run['rss_growth_mb']} MB)", flush=True)
     bridge_runs = [run for path, run in runs if path == "bridge"]
     naive_runs = [run for path, run in runs if path == "naive"]
     large = max(bridge_runs, key=lambda run: run["rows_per_s"])
@@ -298,6 +310,7 @@ def measure(spark: Any, args: argparse.Namespace) -> dict[str, Any]:
         "operators_busy_s_5m": round(large["operators_busy_s"], 2),
         "submit_s_5m": large["submit_s"],
         "master": args.master,
+        "num_hosts": args.num_hosts,
         "rows": args.rows,
         "repeat": args.repeat,
         "small_rows": args.small_rows,
@@ -316,11 +329,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--master", default=MASTER,
                         help=f"Spark's master (default {MASTER}: local[2]; or e.g. local-cluster[2,1,1024])")
+    parser.add_argument("--num-hosts", type=int, default=NUM_HOSTS, metavar="N",
+                        help=f"host processes of each job, kept warm between runs (default {NUM_HOSTS}: one per core)")
     args = parser.parse_args(argv)
     if args.quick:
         args.rows, args.small_rows = 1_000_000, 200_000
     if args.repeat < 1:
         parser.error("--repeat must be at least 1")
+    if args.num_hosts < 1:
+        parser.error("--num-hosts must be at least 1")
     os.environ.setdefault("RAY_ENABLE_AUTO_CONNECT", "0")
     start_ray(num_cpus=4)
     from chiray.actors import release_warm_actors

@@ -156,7 +156,7 @@ def watermark_clock(delay_ms: int, log_path: str) -> Any:
 
 
 def run_job(batches: list[pa.RecordBatch], parallelism: int, disorder_ms: int, rate: float,
-            log_path: str) -> tuple[Any, float, int]:
+            log_path: str, num_hosts: int | None = None) -> tuple[Any, float, int]:
     from chiray.operators import Dataflow, tumbling, watermarks_from
 
     flow = Dataflow("windows")
@@ -164,7 +164,7 @@ def run_job(batches: list[pa.RecordBatch], parallelism: int, disorder_ms: int, r
                  watermarks=watermarks_from(watermark_clock(disorder_ms, log_path)))
          .key_by("key").window(tumbling(WINDOW_MS), on="t").count(parallelism=parallelism, name="win")
          .sink(ArrivalSink(), name="out", parallelism=1))
-    job = flow.submit()
+    job = flow.submit(num_hosts=num_hosts)
     try:
         t0 = time.perf_counter()
         job.wait()
@@ -208,6 +208,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rate", type=float, default=200_000, help="offered records/s of the latency run")
     parser.add_argument("--latency-records", type=int, default=600_000)
     parser.add_argument("--quick", action="store_true", help="1,000,000 records, a 300,000-record latency run")
+    parser.add_argument("--num-hosts", type=int, default=None, metavar="N",
+                        help="host processes of each job (default: the runtime's; see JobConfig.num_hosts)")
     args = parser.parse_args(argv)
     records = 1_000_000 if args.quick else args.records
     lat_records = 300_000 if args.quick else args.latency_records
@@ -220,7 +222,7 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         print("throughput run ...", flush=True)
         (_, table), elapsed, late = run_job(batches, args.parallelism, args.disorder_ms, 0,
-                                            os.path.join(tmp, "throughput.log"))
+                                            os.path.join(tmp, "throughput.log"), args.num_hosts)
         print(f"  {records / elapsed / 1e6:.2f} M records/s ({elapsed:.2f} s), {late} late records", flush=True)
         check(table, batches)
         print("  result matches pandas", flush=True)
@@ -228,12 +230,12 @@ def main(argv: list[str] | None = None) -> None:
         # Event time runs 5x faster than in the throughput run, so the short run spans many windows.
         small = make_batches(lat_records, args.keys, max(1, args.event_rate // 5), args.disorder_ms, 5_000, seed=2)
         log = os.path.join(tmp, "latency.log")
-        (first, _), _, _ = run_job(small, args.parallelism, args.disorder_ms, args.rate, log)
+        (first, _), _, _ = run_job(small, args.parallelism, args.disorder_ms, args.rate, log, args.num_hosts)
         lat = latencies(first, log)
     p50, p99 = (float(np.percentile(lat, q)) for q in (50, 99)) if lat else (float("nan"),) * 2
     print(f"  window-result latency over {len(lat)} windows: p50 {p50:.1f} ms, p99 {p99:.1f} ms", flush=True)
     emit({
-        "benchmark": "windows", "records": records, "keys": args.keys, "window_ms": WINDOW_MS,
+        "benchmark": "windows", "records": records, "keys": args.keys, "window_ms": WINDOW_MS, "num_hosts": args.num_hosts,
         "disorder_ms": args.disorder_ms, "parallelism": args.parallelism,
         "records_per_s": round(records / elapsed), "reference_records_per_s": round(records / ref_elapsed),
         "ratio": round(ref_elapsed / elapsed, 3), "late_records": late,

@@ -5,6 +5,12 @@ Spark, its SparkSession): a benchmark starts its own only where the process
 has none (``benchmarks.common.start_ray``). The figures are not checked here,
 only that the run completes, verifies its own result where it has one, and
 reports the keys its issue asks for.
+
+Every phase of a benchmark runs, each as short as its flags allow: short
+warm-ups, settling times and windows, a low offered load (less backlog to
+wait out), and one host process per job where the benchmark lets the number
+be chosen (``--num-hosts``, NEXMark's ``--parallelism``): at these sizes most
+of a run's time is starting processes (about a second of CPU each).
 """
 
 from __future__ import annotations
@@ -16,29 +22,37 @@ import os
 import pytest
 
 RUNS = {
-    "keyed_count": (["--records", "200000", "--keys", "2000", "--batch-size", "20000"],
+    "keyed_count": (["--records", "200000", "--keys", "2000", "--batch-size", "20000", "--num-hosts", "1"],
                     ["records_per_s", "reference_records_per_s", "ratio", "peak_rss_mb", "job_rss_mb",
                      "state_bytes_per_key"]),
-    "control_overhead": (["--quick", "--window", "0.3"],
+    "control_overhead": (["--quick", "--window", "0.2", "--load", "0.3", "--calibration", "0.5,0.5",
+                          "--warm-up", "0.5", "--num-hosts", "1"],
                          ["throughput_ratio_nonblocking_100", "throughput_ratio_blocking_100",
                           "completion_p99_ms_nonblocking_100"]),
     "hashing": (["--quick"], ["string_rows_per_s", "int64_rows_per_s"]),
-    "control_scale": (["--sizes", "8", "--ops", "1"], ["tree_completion_ms_8", "flat_completion_ms_8"]),
-    "checkpoint": (["--quick", "--keys", "5000", "--window", "1"],
+    "control_scale": (["--sizes", "8", "--ops", "1", "--num-hosts", "1"],
+                      ["tree_completion_ms_8", "flat_completion_ms_8"]),
+    "checkpoint": (["--quick", "--keys", "5000", "--window", "0.5", "--load", "0.3", "--warm-up", "0.5",
+                    "--settle", "0.5", "--num-hosts", "1"],
                    ["throughput_ratio_checkpoint_1s", "checkpoint_p50_ms", "checkpoint_p99_ms", "max_stall_ms"]),
-    "recovery": (["--quick", "--sizes", "5000", "--rate", "50000"], ["records_replayed"]),
-    "autoscale": (["--phases", "2,3,3", "--png", "/dev/null", "--interval", "0.5"],
+    "recovery": (["--quick", "--sizes", "5000", "--rate", "50000", "--fill", "0.5", "--steady-window", "0.5",
+                  "--num-hosts", "1"],
+                 ["records_replayed"]),
+    "autoscale": (["--phases", "0.5,1.5,1.5", "--png", "/dev/null", "--interval", "0.5"],
                   ["decisions_up", "decisions_down", "time_to_converge_up_s", "final_parallelism_up",
                    "oracle_parallelism_up", "overprovision_ratio", "exact"]),
     "migration": (["--keys", "2000", "--bins", "16", "--batch-size", "1000", "--strategies",
-                   "all_at_once,non_disruptive_16", "--png", "/dev/null", "--theta", "0.5", "--settle", "0.3"],
+                   "all_at_once,non_disruptive_16", "--png", "/dev/null", "--theta", "0.5", "--settle", "0.3",
+                   "--load", "0.3", "--warm-up", "0.5", "--wide-window", "0.5", "--num-hosts", "1"],
                   ["strategies", "best_over_all_at_once", "all_at_once_max_latency_ms",
                    "best_fine_grained_max_latency_ms"]),
     "windows": (["--records", "100000", "--keys", "2000", "--batch-size", "20000", "--latency-records", "20000",
-                 "--rate", "100000"],
+                 "--rate", "100000", "--num-hosts", "1"],
                 ["records_per_s", "ratio", "window_latency_p50_ms", "window_latency_p99_ms"]),
-    "nexmark": (["--events", "10000", "--queries", "q0,q5", "--batch-events", "5000"], ["queries", "migration"]),
-    "spark_ingest": (["--rows", "40000", "--small-rows", "10000", "--partitions", "4", "--repeat", "1"],
+    "nexmark": (["--events", "10000", "--queries", "q0,q5", "--batch-events", "5000", "--parallelism", "1"],
+                ["queries", "migration"]),
+    "spark_ingest": (["--rows", "20000", "--small-rows", "5000", "--partitions", "2", "--repeat", "1",
+                      "--num-hosts", "1"],
                      ["bridge_rows_per_s", "to_arrow_rows_per_s", "ratio", "driver_rss_mb_1m", "driver_rss_mb_5m",
                       "driver_rss_growth_mb_5m", "to_arrow_driver_rss_growth_mb_5m", "naive_rows_per_s",
                       "ratio_to_naive", "bridge_cpu_us_per_row"]),
