@@ -18,6 +18,7 @@ from pyspark.sql import functions as F
 
 from chiray.operators import Dataflow
 from chiray.spark_bridge import from_spark, from_spark_stream, from_staged
+from tests.gate import Gate, Gated
 from tests.oracles import output_counts
 from tests.waiting import wait_for
 
@@ -71,57 +72,45 @@ def dataflow_counts(job) -> dict[str, int]:
     return output_counts(job.result("out"))
 
 
-def test_keyed_count_equals_spark_sql_and_a_warm_coordinator_serves_the_next_source(spark):
-    from chiray.spark_bridge import release_warm_coordinators
+def test_keyed_count_equals_spark_sql_on_both_push_paths_and_a_warm_coordinator_serves_the_next_source(
+        spark, monkeypatch):
+    """Spark's executors push each partition's Arrow batches (Spark's own executor-side Arrow RDD) straight
+    to the source hosts, never through the coordinator, and both instances read their units; the
+    coordinator, kept warm, then serves the next source, whose tasks push from ``mapInArrow`` (the path
+    where Spark has no executor-side Arrow RDD: Spark Connect). Each count equals Spark SQL's."""
+    from chiray.spark_bridge import release_warm_coordinators, source
     from chiray.spark_bridge.coordinator import _warm
 
-    df = events(spark)
+    df = events(spark, rows=30_000, partitions=6)
+    expected = spark_counts(df)
     try:
         with from_spark(df, max_units=2, keep_warm=True) as src:
+            assert source._spark_arrow_rdd(df, src._driver.target) is not None  # the default path
             job = run_to_end(keyed_count("spark-sql", src, parallelism=2))
+            # A reader tells the coordinator it took a unit in a call of its own: the last notice may
+            # land just after the job's end.
+            wait_for(lambda: src.statistics().delivered_rows >= sum(expected.values()), 30,
+                     "the coordinator to hear of every delivered row", detail=src.statistics)
             stats = src.statistics()
-        assert dataflow_counts(job) == spark_counts(df)
+        assert dataflow_counts(job) == expected
+        src_rows = [i.records_out for i in job.statistics().instances if i.operator == "src"]
+        assert len(src_rows) == 2 and all(src_rows) and sum(src_rows) == sum(expected.values())  # both read
         assert stats.committed_units == 6 and stats.discarded_attempts == 0, stats
+        assert stats.delivered_rows == sum(expected.values()) and stats.delivered_bytes > 0, stats
+        assert stats.row_bytes_received == 0, stats  # the coordinator saw where data went, never the data
         assert len(_warm) == 1, "close() with keep_warm=True left no warm coordinator"
         warm_name = _warm[0][1]
-        again = events(spark, rows=20_000, partitions=3)
+        fallbacks = []  # the DataFrames that found no Arrow RDD
+        monkeypatch.setattr(source, "_spark_arrow_rdd", lambda df, target: fallbacks.append(df))  # None
+        again = events(spark, rows=12_000, partitions=3)
         with from_spark(again) as src:  # takes the warm coordinator; does not keep one itself
             assert src._coordinator == warm_name and not _warm
-            job = run_to_end(keyed_count("spark-sql-warm", src))
+            assert len(fallbacks) == 1  # so its tasks push from mapInArrow
+            job = run_to_end(keyed_count("spark-fallback-warm", src))
         assert dataflow_counts(job) == spark_counts(again)
     finally:
         release_warm_coordinators()
     assert not _warm
-
-
-def test_rows_go_from_the_executors_to_the_source_hosts_never_through_the_coordinator(spark):
-    df = events(spark, rows=40_000, partitions=4)
-    expected = spark_counts(df)
-    with from_spark(df, max_units=2) as src:
-        job = run_to_end(keyed_count("spark-direct", src, parallelism=2))
-        # A reader tells the coordinator it took a unit in a call of its own: the last notice may
-        # land just after the job's end.
-        wait_for(lambda: src.statistics().delivered_rows >= sum(expected.values()), 30,
-                 "the coordinator to hear of every delivered row", detail=src.statistics)
-        stats = src.statistics()
-    assert dataflow_counts(job) == expected
-    src_rows = [i.records_out for i in job.statistics().instances if i.operator == "src"]
-    assert len(src_rows) == 2 and sum(src_rows) == sum(expected.values())  # both instances read their units
-    assert stats.delivered_rows == sum(expected.values()) and stats.delivered_bytes > 0, stats
-    assert stats.row_bytes_received == 0, stats  # the coordinator saw where data went, never the data
-
-
-def test_the_mapinarrow_fallback_equals_spark_sql(spark, monkeypatch):
-    """Where Spark has no executor-side Arrow RDD (Spark Connect), tasks push from ``mapInArrow``."""
-    import chiray.spark_bridge.source as source
-
-    df = events(spark, rows=30_000, partitions=3)
-    with from_spark(df) as src:  # the default path: Spark's own Arrow batches
-        assert source._spark_arrow_rdd(df, src._driver.target) is not None
-    monkeypatch.setattr(source, "_spark_arrow_rdd", lambda df, target: None)
-    with from_spark(df) as src:
-        job = run_to_end(keyed_count("spark-fallback", src))
-    assert dataflow_counts(job) == spark_counts(df)
 
 
 def _fail_first_attempt(batches):
@@ -151,9 +140,10 @@ def test_task_retried_mid_push_causes_no_duplicates(spark):
             stats = src.statistics()
     finally:
         spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "65536")
+    expected = spark_counts(base)
     assert stats.discarded_attempts >= 1, stats  # the failed attempt did push, and its batches were dropped
-    assert dataflow_counts(job) == spark_counts(base)
-    assert stats.delivered_rows == sum(spark_counts(base).values())
+    assert dataflow_counts(job) == expected
+    assert stats.delivered_rows == sum(expected.values())
 
 
 def _slowly(batch):
@@ -207,10 +197,28 @@ def test_killed_stateful_host_replays_from_spark_exactly(spark, tmp_path):
     assert dataflow_counts(job) == spark_counts(df)
 
 
+HELD = 2  # batches each staged split emits before it holds at the gate
+
+
+def _batches_read(offset: int) -> int:
+    """A staged split's position at an offset: the batches read (so a restored reader holds there too)."""
+    return offset
+
+
+def _head_rows(source, split, batches: int) -> int:
+    """Rows in the first ``batches`` batches of ``split``."""
+    reader = source.open_split(split)
+    try:
+        return sum(reader.read().num_rows for _ in range(batches))
+    finally:
+        reader.close()
+
+
 def test_staged_reader_killed_mid_split_resumes_exactly(spark, tmp_path):
     df = events(spark, rows=20_000, partitions=4)
+    expected_counts = spark_counts(df)
     src = from_spark(df, staged=True, path=str(tmp_path / "staged"), batch_bytes=16 << 10)
-    assert len(src.splits()) == 4 and src.num_rows == sum(spark_counts(df).values())
+    assert len(src.splits()) == 4 and src.num_rows == sum(expected_counts.values())
     # A reader stopped after three batches and reopened at its offset yields the rest, nothing twice.
     split = src.splits()[1]
     whole, first = src.open_split(split), src.open_split(split)
@@ -221,68 +229,36 @@ def test_staged_reader_killed_mid_split_resumes_exactly(spark, tmp_path):
     tail = list(iter(src.open_split(split, offset).read, None))
     assert offset == 3 and len(expected) > 4
     assert pa.Table.from_batches(head + tail).equals(pa.Table.from_batches(expected))
-    # In a dataflow: kill the host of a source instance mid-split; recovery resumes from the offsets.
+    # In a dataflow: each source instance reads its first split up to the gate (mid-split), a checkpoint
+    # holds those offsets, the host of a source instance is killed, and the restored readers resume there.
+    held = min(_head_rows(src, s, HELD) for s in src.splits())  # batches are about equal: 1 is fewer rows
+    gate = Gate(tmp_path)
+    staged = Gated(from_staged(str(tmp_path / "staged")), gate.path, hold_after=HELD, position=_batches_read)
     flow = Dataflow("spark-staged")
-    flow.source(from_staged(str(tmp_path / "staged")), parallelism=2, name="src").map(
-        _slowly, name="slow"
-    ).key_by("key").count(parallelism=2, name="count").collect(name="out")
-    job = flow.submit(checkpoint_interval_s=0.3, poll_interval_s=0.2, checkpoint_dir=str(tmp_path / "chk"))
+    flow.source(staged, parallelism=2, name="src").key_by("key").count(parallelism=2, name="count").collect(
+        name="out")
+    job = flow.submit(poll_interval_s=0.2, checkpoint_dir=str(tmp_path / "chk"))
     try:
-        wait_for(lambda: job.statistics().records_out("src") >= 5_000, 120, "src to emit 5,000 records")
+        wait_for(lambda: all(i.records_out >= held for i in job.statistics().of("src")), 120,
+                 f"each src instance to emit {HELD} batches of its first split")
+        taken = job.checkpoint()
         host = next(i.host for i in job.statistics().instances if i.operator == "src" and i.index == 0)
-        ray.kill(job.actors[host], no_restart=True)
+        ray.kill(job.topology.peers()[host], no_restart=True)
+        gate.open()
         job.wait(timeout=180)
     finally:
         job.cancel()
-    assert any(e.startswith("recovered from") for e in job.status().events), job.status().events
-    assert dataflow_counts(job) == spark_counts(df)
+    assert f"recovered from checkpoint {taken}" in " ".join(job.status().events), job.status().events
+    assert dataflow_counts(job) == expected_counts
 
 
-def test_stream_rerun_batch_is_seen_once(spark, tmp_path):
-    inbound, chk = tmp_path / "in", str(tmp_path / "query-chk")
+def test_stream_epochs_are_seen_once_across_a_killed_host_and_a_rerun_batch(spark, tmp_path):
+    """A host killed before any checkpoint: Spark pushes the kept epochs again to the restored lanes. Then
+    the query's last commit is lost, as if its driver died: Spark re-runs that batch, which the coordinator
+    ignores. The dataflow saw every epoch once: its count equals Spark SQL's."""
+    inbound, chk = tmp_path / "in", tmp_path / "query-chk"
     inbound.mkdir()
-    for i in range(3):  # three input files: three micro-batches of one file each
-        pq.write_table(
-            pa.table({"id": pa.array(range(i * 5000, (i + 1) * 5000), pa.int64())}),
-            inbound / f"part{i}.parquet",
-        )
-
-    def preprocess(df):
-        return df.selectExpr("concat('k', cast(id % 31 AS string)) AS key", "cast(id % 7 AS int) AS v").where(
-            "v <> 2"
-        )
-
-    sdf = preprocess(spark.readStream.schema("id long").option("maxFilesPerTrigger", 1).parquet(str(inbound)))
-    with from_spark_stream(
-        sdf, checkpoint_location=chk, trigger={"availableNow": True}, lanes=2, until_terminated=False
-    ) as src:
-        job = keyed_count("spark-stream", src).submit()
-        try:
-            src.await_termination(timeout_s=120)
-            commits = sorted(
-                int(p.name) for p in (tmp_path / "query-chk" / "commits").iterdir() if p.name.isdigit()
-            )
-            for log in (
-                str(commits[-1]),
-                f".{commits[-1]}.crc",
-            ):  # as if the driver died before Spark's commit
-                (tmp_path / "query-chk" / "commits" / log).unlink(missing_ok=True)
-            src.restart()  # Spark re-runs the last batch from its logged offsets
-            src.await_termination(timeout_s=120)
-            src.end()
-            job.wait(timeout=120)
-        finally:
-            job.cancel()
-        stats = src.statistics()
-    assert stats.ignored_commits == 1 and stats.committed_epochs == len(commits), stats
-    assert stats.row_bytes_received == 0 and stats.delivered_bytes > 0, stats
-    assert dataflow_counts(job) == spark_counts(preprocess(spark.read.parquet(str(inbound))))
-
-
-def test_stream_replays_kept_epochs_after_a_killed_host(spark, tmp_path):
-    inbound = tmp_path / "in"
-    inbound.mkdir()
-    for i in range(6):  # six micro-batches of one file each
+    for i in range(3):  # three micro-batches of one file each
         pq.write_table(pa.table({"id": pa.array(range(i * 4000, (i + 1) * 4000), pa.int64())}),
                        inbound / f"part{i}.parquet")
 
@@ -291,21 +267,28 @@ def test_stream_replays_kept_epochs_after_a_killed_host(spark, tmp_path):
             "v <> 1")
 
     sdf = preprocess(spark.readStream.schema("id long").option("maxFilesPerTrigger", 1).parquet(str(inbound)))
-    with from_spark_stream(sdf, checkpoint_location=str(tmp_path / "query-chk"),
-                           trigger={"availableNow": True}, lanes=2) as src:
-        flow = Dataflow("spark-stream-recovery")
-        flow.source(src, parallelism=2, name="src").map(_slowly, name="slow").key_by("key").count(
-            parallelism=2, name="count").collect(name="out")
-        # No checkpoint completes before the kill: the restored lanes start again from epoch 0.
-        job = flow.submit(checkpoint_interval_s=60, poll_interval_s=0.2, checkpoint_dir=str(tmp_path / "chk"))
+    with from_spark_stream(sdf, checkpoint_location=str(chk), trigger={"availableNow": True}, lanes=2,
+                           until_terminated=False) as src:  # the input ends at src.end(), not before
+        # No checkpoint: the restored lanes start again from epoch 0.
+        job = keyed_count("spark-stream", src).submit(poll_interval_s=0.2,
+                                                      checkpoint_dir=str(tmp_path / "chk"))
         try:
             wait_for(lambda: job.statistics().records_out("src") >= 3_000, 120,
                      "src to emit 3,000 records (the lanes took some epochs)")
             ray.kill(job.actors[0], no_restart=True)  # the host of the keyed instance count[0]
+            assert src.await_termination(timeout_s=120), "the query did not end"
+            commits = sorted(int(p.name) for p in (chk / "commits").iterdir() if p.name.isdigit())
+            for log in (str(commits[-1]), f".{commits[-1]}.crc"):  # as if the driver died before its commit
+                (chk / "commits" / log).unlink(missing_ok=True)
+            src.restart()  # Spark re-runs the last batch from its logged offsets
+            assert src.await_termination(timeout_s=120), "the restarted query did not end"
+            src.end()
             job.wait(timeout=180)
         finally:
             job.cancel()
         stats = src.statistics()
     assert any(e.startswith("recovered from") for e in job.status().events), job.status().events
     assert stats.replayed_epochs >= 1 and stats.repushes >= 1, stats  # Spark pushed kept epochs again
+    assert stats.ignored_commits == 1 and stats.committed_epochs == len(commits), stats
+    assert stats.row_bytes_received == 0 and stats.delivered_bytes > 0, stats
     assert dataflow_counts(job) == spark_counts(preprocess(spark.read.parquet(str(inbound))))
