@@ -20,13 +20,17 @@ rescale ends, its outcome, so a person can see why the job changed.
 The thread touches the job only through its public verbs (``metrics``,
 ``rescale``, ``status``); the decisions are pure code in ``control/``.
 Lifecycle: ``start() -> running -> stop()`` (idempotent); it also stops when
-the job ends.
+the job ends. A decision that fails (the job is recovering, a rescale found
+no room) never ends the loop: the next one comes after a back-off (doubling
+up to ``MAX_BACKOFF_S``, with jitter), and the job's events say when the
+autoscaler pauses, resumes and stops.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import random
 import threading
 import time
 from typing import Any, Callable
@@ -76,6 +80,10 @@ def upstream_of(plan: Any) -> dict[str, list[str]]:
     return {name: [e.upstream for e in node.inputs] for name, node in plan.graph.nodes.items()}
 
 
+MAX_BACKOFF_S = 60.0
+"""The longest pause after failed decisions in a row."""
+
+
 class Autoscaler(threading.Thread):
     """The autoscaling loop of one job.
 
@@ -111,24 +119,52 @@ class Autoscaler(threading.Thread):
         self.decisions = 0
         self.error: BaseException | None = None
         self._previous: Cut | None = None
+        self.options: dict[str, Any] = {}  # what start_autoscale was given (to start it again)
 
     def stop(self) -> None:
         """Stop after the current decision (idempotent)."""
         self._stopped.set()
 
     def run(self) -> None:
+        failures = 0
         try:
             while not self._stopped.is_set() and not self._job_ended():
-                self.tick()
-                if self._wait(self.interval_s):
+                try:
+                    failed = [e.outcome["error"] for e in self.tick() if "error" in e.outcome]
+                except Exception as exc:  # metrics refused while the job recovers, say
+                    if self._job_ended():
+                        break
+                    failed = [f"{type(exc).__name__}: {exc}"]
+                    self._previous = None  # measure afresh once it runs again
+                if failed:
+                    failures += 1
+                    self.error = RuntimeError(failed[-1])
+                    pause = min(MAX_BACKOFF_S, self.interval_s * 2 ** failures) * random.uniform(0.8, 1.2)
+                    self._note(f"autoscale paused for {pause:.1f} s after {failures} failed decision(s) in a row: "
+                               f"{failed[-1]}")
+                elif failures:
+                    failures, self.error = 0, None
+                    self._note("autoscale resumed")
+                if self._wait(pause if failed else self.interval_s):
                     break
-        except BaseException as exc:  # reported through status, never lost
-            if not self._job_ended():
-                self.error = exc
-                log.warning("autoscaler of job %r stopped: %s", getattr(self.job, "name", "?"), exc)
+        except BaseException as exc:  # a bug: reported through status and the job's events, never lost
+            self.error = exc
+            log.warning("autoscaler of job %r stopped: %s", getattr(self.job, "name", "?"), exc)
+            self._note(f"autoscale stopped: {type(exc).__name__}: {exc}")
 
     def _job_ended(self) -> bool:
-        return bool(self.job.status().state.terminal)
+        try:
+            return bool(self.job.status().state.terminal)
+        except Exception:  # the controller is being replaced: ask again after the pause
+            return False
+
+    def _note(self, text: str) -> None:
+        """An event in the job's history (``status().events``); logged if the job cannot take it."""
+        log.info("job %r: %s", getattr(self.job, "name", "?"), text)
+        try:
+            self.job.note_event(text)
+        except Exception:  # the controller is being replaced: the log line stays
+            pass
 
     def tick(self) -> list[AutoscaleEvent]:
         """One cut and, when the rates say so, rescales; returns the events it added."""
@@ -228,6 +264,11 @@ def start_autoscale(job: Any, enabled: bool = True, *, operators: list[str] | No
                        max_parallelism=max_parallelism, catch_up_s=catch_up_s,
                        scale_down_stable_s=scale_down_stable_s, cooldown_s=cooldown_s)
     scaler = Autoscaler(job, chosen, config, latency_budget_ms, interval_s, model)
+    scaler.options = dict(operators=operators, policy=policy, min_parallelism=min_parallelism,
+                          max_parallelism=max_parallelism, latency_budget_ms=latency_budget_ms,
+                          target_utilisation=target_utilisation, interval_s=interval_s,
+                          scale_down_stable_s=scale_down_stable_s, cooldown_s=cooldown_s, catch_up_s=catch_up_s,
+                          model=model)
     job.autoscaler = scaler
     scaler.start()
     return scaler

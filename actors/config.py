@@ -67,6 +67,15 @@ class JobConfig:
             recovery rolls it back to the checkpoint it was restored from.
         checkpoints_to_keep: complete checkpoints retained.
         max_restarts: recoveries allowed after hosts die before the job fails.
+        restart_window_s: count only the recoveries of the last this many seconds against
+            ``max_restarts`` (a failure rate: at most ``max_restarts`` per window, as Flink's
+            failure-rate restart strategy); None: every recovery of the job's life counts.
+        recovery_timeout_s: how long the recovery attempts in a row may keep failing (storage
+            unreachable, hosts dying while they start; each next attempt after a pause that doubles up
+            to 5 s) before the job fails.
+        step_warning_s: a step of operator code (one batch through a user function) running longer
+            than this becomes an event of the job, naming the operator, instance and function, again
+            at each doubling; the step is not stopped (None: no watchdog).
         restart_on_operator_error: also recover when a user function raises
             (off by default: a deterministic error would only repeat).
         deploy_timeout_s: how long starting the hosts may take before the job
@@ -121,6 +130,9 @@ class JobConfig:
     restore_checkpoint_s: float | None = 1.0
     checkpoints_to_keep: int = 3
     max_restarts: int = 3
+    restart_window_s: float | None = None
+    recovery_timeout_s: float = 60.0
+    step_warning_s: float | None = 60.0
     restart_on_operator_error: bool = False
     deploy_timeout_s: float = 120.0
     spare_hosts: int = 0
@@ -156,6 +168,12 @@ class JobConfig:
             raise ValueError(f"JobConfig: checkpoints_to_keep must be >= 1, got {self.checkpoints_to_keep}")
         if self.max_restarts < 0:
             raise ValueError(f"JobConfig: max_restarts must be >= 0, got {self.max_restarts}")
+        if self.restart_window_s is not None and not self.restart_window_s > 0:
+            raise ValueError(f"JobConfig: restart_window_s must be positive or None, got {self.restart_window_s}")
+        if self.step_warning_s is not None and not self.step_warning_s > 0:
+            raise ValueError(f"JobConfig: step_warning_s must be positive or None, got {self.step_warning_s}")
+        if not self.recovery_timeout_s > 0:
+            raise ValueError(f"JobConfig: recovery_timeout_s must be positive, got {self.recovery_timeout_s}")
         if self.spare_hosts < 0:
             raise ValueError(f"JobConfig: spare_hosts must be >= 0, got {self.spare_hosts}")
         if self.warm_hosts < 0:

@@ -101,11 +101,11 @@ class InstanceControlContext:
     def queue_ack(self, message: Any, payload: Any, background: bool) -> None:
         self._instance.queue_ack(message.op_id, message.origin, payload, background)
 
-    def sink_prepare(self, epoch: int) -> Any:
+    def sink_prepare(self, epoch: int, durable: int = 0) -> list[Any]:
         logic = self._instance.logic
         if not isinstance(logic, SinkLogic) or logic.writer is None:
             raise TypeError(f"{self._instance.info}: sink_prepare() is only for sink instances")
-        return logic.writer.prepare_commit(epoch)
+        return logic.stage(epoch, durable)
 
     def statistics(self) -> Any:
         return self._instance.statistics()

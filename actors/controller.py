@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
+import time
 from typing import Any
 
 import ray
@@ -75,7 +76,7 @@ class Controller(ControllerOps):
                    next_checkpoint_id: int = 1, source_objects: dict[str, Any] | None = None) -> None:
         self.job_name = job_name
         self.config = config
-        self.lifecycle = JobLifecycle(sinks, config.max_restarts)
+        self.lifecycle = JobLifecycle(sinks, config.max_restarts, config.restart_window_s)
         self.poll_interval_s = config.poll_interval_s
         self.hosts: dict[int, Any] = {}
         self.broadcast = broadcast
@@ -84,6 +85,7 @@ class Controller(ControllerOps):
         self.sink_objects = sink_objects or {}
         self.source_objects = source_objects or {}
         self.next_checkpoint_id = next_checkpoint_id
+        self.durable = 0  # the newest checkpoint known durable (0: none yet, or not known since a restart)
         self.incarnation = 0
         self.side_controllers: dict[str, Any] = {}
         self._changed = asyncio.Event()
@@ -91,6 +93,8 @@ class Controller(ControllerOps):
         self._periodic: asyncio.Task | None = None
         self._first: asyncio.Task | None = None  # a restored job's first checkpoint
         self._checkpoint_op: str | None = None
+        self.stopping = False  # a stop is under way: only its final checkpoint may start
+        self._long_steps: dict[tuple, float] = {}  # (host, operator, index, since) -> seconds reported
         self._seq = 0
         self._injections: _Injections = CallWindow(_fold_injections)
         self._injected_at = float("-inf")  # event-loop time of the last injection call
@@ -105,6 +109,8 @@ class Controller(ControllerOps):
         loop = asyncio.get_running_loop()
         self._monitor = loop.create_task(self._watch_hosts(incarnation))
         self._start_timer()
+        if self.stopping:
+            return
         if self.config.checkpoint_interval_s and self._periodic is None:
             self._periodic = loop.create_task(self._checkpoint_periodically())
         if restored and self.config.restore_checkpoint_s is not None and self._first is None:
@@ -200,12 +206,30 @@ class Controller(ControllerOps):
                 if self.incarnation != incarnation:
                     return
                 try:
-                    await asyncio.wait_for(host.ping.remote(), timeout=self.config.liveness_timeout_s)
+                    step = await asyncio.wait_for(host.liveness.remote(), timeout=self.config.liveness_timeout_s)
                 except Exception as exc:
                     if self.hosts.get(host_id) is not host:  # retired by a rescale: gone on purpose
                         continue
                     await self.host_error(host_id, f"host {host_id} is unreachable: {exc!r}", incarnation)
                     return
+                self._watch_step(host_id, step)
+
+    def _watch_step(self, host_id: int, step: dict[str, Any] | None) -> None:
+        """The watchdog: a step of operator code running longer than ``step_warning_s`` becomes an event
+        (once per step, and again at each doubling), naming the operator, instance and user function; the
+        step is left to run."""
+        bound = self.config.step_warning_s
+        if step is None or bound is None or step["seconds"] < bound:
+            return
+        key = (host_id, step["operator"], step["index"], step["since"])
+        reported = self._long_steps.get(key, 0.0)
+        if step["seconds"] < max(bound, 2 * reported):
+            return
+        self._long_steps = {k: v for k, v in self._long_steps.items() if k[:3] != key[:3]}  # older steps ended
+        self._long_steps[key] = step["seconds"]
+        self.lifecycle.events.append(
+            f"slow step: operator {step['operator']!r} instance {step['index']} (host {host_id}) has run one step "
+            f"for {step['seconds']:.0f} s in {step['function']}, over step_warning_s={bound:g}; still running")
 
     # -- recovery ----------------------------------------------------------------
 
@@ -218,6 +242,8 @@ class Controller(ControllerOps):
         self._wake_if_injected()
         self._seq = 0  # new hosts: control inboxes start again at 0
         self._checkpoint_op = None
+        if checkpoint_id is not None and where is None:
+            self.durable = max(self.durable, checkpoint_id)
         self.lifecycle.restarted(checkpoint_id, seconds, where)
         self.ops.finished_sinks.clear()
         if self._monitor is not None:
@@ -245,13 +271,35 @@ class Controller(ControllerOps):
         self.lifecycle.take_over_recovery(events, restarts, reason)
         self._notify()
 
+    async def note(self, text: str) -> None:
+        """Add an event to the job's history (the autoscaler's pauses, say)."""
+        self.lifecycle.events.append(text)
+
     async def recovery_reason(self) -> str | None:
         return self.lifecycle.recovery_reason
 
     # -- checkpoints ---------------------------------------------------------------
 
-    def _commit_sinks(self, sink: str, staged: list) -> None:
-        self.sink_objects[sink].commit(staged)
+    SINK_COMMIT_TRIES = (0.05, 0.25)  # seconds before the second and third try of a sink commit
+
+    def _commit_sinks(self, sink: str, staged: list, checkpoint_id: int) -> None:
+        """Make what checkpoint ``checkpoint_id`` (durable now) lists for ``sink`` visible. Tried three
+        times; if it still fails, the job recovers from that checkpoint, whose recovery commits it (a
+        failed commit is never skipped: the next checkpoint would not list this output again)."""
+        for delay in (*self.SINK_COMMIT_TRIES, None):
+            try:
+                self.sink_objects[sink].commit(staged)
+                return
+            except Exception as exc:
+                if delay is not None:
+                    time.sleep(delay)
+                    continue
+                reason = f"sink {sink!r} could not commit checkpoint {checkpoint_id}: {exc!r}"
+                self.lifecycle.lost(JobFailedError(f"job {self.job_name!r}: {reason}"), reason)
+                self._notify()
+
+    def _durable(self, checkpoint_id: int) -> None:
+        self.durable = max(self.durable, checkpoint_id)
 
     def _commit_sources(self, source: str, checkpoint_id: int, offsets: dict[str, Any]) -> None:
         try:
@@ -259,17 +307,46 @@ class Controller(ControllerOps):
         except Exception as exc:  # the checkpoint stands; the source only keeps data longer
             self.lifecycle.events.append(f"source {source!r}: checkpoint_complete({checkpoint_id}) failed: {exc!r}")
 
-    async def checkpoint(self) -> str:
-        """Start a checkpoint now; returns the op id (its result is the checkpoint id)."""
+    async def begin_stop(self, timeout: float = 120.0) -> None:
+        """A stop (``Job.stop``) is under way: no periodic or restore checkpoint starts from now on, and a
+        running checkpoint ends first, so the stop's final checkpoint is the job's last: no later epoch
+        is ever committed, and retention never deletes it."""
+        self.stopping = True
+        for task in (self._periodic, self._first):
+            if task is not None:
+                task.cancel()
+        self._periodic = self._first = None
+        running = self._checkpoint_op
+        if running is not None and self.ops.runs[running].state is OpState.RUNNING:
+            try:
+                await self.op_result(running, timeout)
+            except Exception:  # it failed: the stop's checkpoint follows all the same
+                pass
+
+    async def cancel_stop(self) -> None:
+        """The stop's final checkpoint failed and the job runs on: periodic checkpoints start again."""
+        self.stopping = False
+        if self.lifecycle.state is JobState.RUNNING and self.config.checkpoint_interval_s and self._periodic is None:
+            self._periodic = asyncio.get_running_loop().create_task(self._checkpoint_periodically())
+
+    async def checkpoint(self, final: bool = False) -> str:
+        """Start a checkpoint now; returns the op id (its result is the checkpoint id).
+
+        Args:
+            final: the last checkpoint of a stop (see :meth:`begin_stop`); any other is refused meanwhile.
+        """
         from chiray.control.ops.checkpoint import Checkpoint
 
         if self.storage is None:
             raise RuntimeError(f"job {self.job_name!r} has no checkpoint storage")
+        if self.stopping and not final:
+            raise RuntimeError(f"job {self.job_name!r} is stopping: its final checkpoint is the last")
         checkpoint_id = self.next_checkpoint_id
         self.next_checkpoint_id += 1
         job = {"name": self.job_name, "operators": self.ops.view.operators}
-        op = Checkpoint(checkpoint_id, self.storage, self.config.checkpoints_to_keep, self._commit_sinks, job,
-                        commit_sources=self._commit_sources)
+        op = Checkpoint(checkpoint_id, self.storage, self.config.checkpoints_to_keep,
+                        functools.partial(self._commit_sinks, checkpoint_id=checkpoint_id), job,
+                        commit_sources=self._commit_sources, durable=self.durable, on_durable=self._durable)
         op_id = await self.run_op(op)
         self._checkpoint_op = op_id
         return op_id

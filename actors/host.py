@@ -66,7 +66,8 @@ def use_memory_pool(name: str | None) -> None:
     pa.set_memory_pool(pool)
 
 
-@ray.remote(concurrency_groups={"feed": 1, "control": CONTROLLER_CONCURRENCY})  # type: ignore[call-overload]
+@ray.remote(concurrency_groups={"feed": 1, "control": CONTROLLER_CONCURRENCY,  # type: ignore[call-overload]
+                                "liveness": 1})
 class OperatorHost:
     """Hosts operator instances of one job (the Orleans "silo"; instances are its grains).
 
@@ -202,8 +203,15 @@ class OperatorHost:
         """A side controller: sinks return its ops to it."""
         self.controllers[name] = handle
 
+    @ray.method(concurrency_group="liveness")
     async def ping(self) -> int:
         return self.host_id
+
+    @ray.method(concurrency_group="liveness")
+    async def liveness(self) -> dict[str, Any] | None:
+        """The controller's liveness check, answered from a thread of its own, so a long step of user code
+        neither looks like a dead host nor delays the answer: the step running now (``HostCore.long_step``)."""
+        return self.core.long_step() if self.core is not None else None
 
     async def node_id(self) -> str:
         """The Ray node this host runs on."""

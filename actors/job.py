@@ -123,6 +123,7 @@ class Job:
         self.autoscaler: Any = None  # see autoscale()
         self._rescales: list[tuple[RescaleRecord, RescaleHandle]] = []  # this handle's rescales, oldest first
         self._stopped: CheckpointInfo | None = None  # the checkpoint stop() ended the job at
+        self._stopping = False  # stop() is taking its final checkpoint: other changes are refused
         self._forgotten = False
 
     def launch(self, deployment: Deployment, restore: RestoreInfo | None,
@@ -215,6 +216,15 @@ class Job:
                     raise
                 while self.topology.controller is controller and time.monotonic() < deadline:
                     time.sleep(0.05)
+
+    def _answer(self, send: Callable[[Any], Any], verb: str, timeout: float = 30.0) -> Any:
+        """``_call`` for a reading verb: a controller that does not answer in ``timeout`` seconds (its
+        process stopped or overloaded) is a clear error, never a hang."""
+        try:
+            return self._call(send, timeout=timeout)
+        except ray.exceptions.GetTimeoutError:
+            raise ChirayError(f"job {self.name!r}: its controller did not answer {verb} within {timeout:g} s "
+                              f"(its process may be stopped or overloaded)") from None
 
     # -- waiting ---------------------------------------------------------------------
 
@@ -331,6 +341,11 @@ class Job:
         """Stop gracefully: a final checkpoint (a savepoint into ``savepoint`` if given), its sink output
         committed, later output discarded, the hosts stopped; the job ends as finished.
 
+        The final checkpoint is the job's last cut: first the autoscaler stops, running rescales and a
+        running checkpoint end, and no periodic checkpoint, rescale or autoscale decision starts after
+        it; so the committed output is exactly what the checkpoint (the savepoint) holds, and a job
+        restored from it repeats none of it. If the final checkpoint fails, the job runs on as before.
+
         Args:
             savepoint: a directory to keep the final checkpoint in (as :meth:`savepoint`).
             timeout: seconds for the checkpoint.
@@ -342,7 +357,21 @@ class Job:
             JobEndedError: the job has ended.
             OpFailedError / OpTimeoutError: the checkpoint failed; the job runs on.
         """
-        taken = self.savepoint_info(savepoint, timeout) if savepoint else self.checkpoint_info(timeout)
+        self._running("stop")
+        scaler, self._stopping = self.autoscaler, True
+        try:
+            self._quiesce(timeout)
+            taken = self.savepoint_info(savepoint, timeout) if savepoint else self.checkpoint_info(timeout)
+        except BaseException:
+            self._stopping = False
+            if self._final is None:
+                try:
+                    self._call(lambda c: c.cancel_stop.remote(), timeout=30)
+                except ray.exceptions.RayError:
+                    pass
+                if scaler is not None and self.autoscaler is None:
+                    start_autoscale(self, True, **scaler.options)
+            raise
         try:
             self._last_stats = self._collect_statistics()
         except ray.exceptions.RayError:
@@ -364,6 +393,30 @@ class Job:
         if self._own_dir is not None:
             shutil.rmtree(self._own_dir, ignore_errors=True)
         return taken
+
+    def note_event(self, text: str) -> None:
+        """Add ``text`` to the job's events (``status().events``), as the autoscaler does when it pauses."""
+        self._call(lambda c: c.note.remote(text), timeout=30)
+
+    def _quiesce(self, timeout: float | None) -> None:
+        """Before a stop's final checkpoint: stop the autoscaler, let running rescales end, and tell the
+        controller that no other checkpoint may start (a running one ends first)."""
+        if self.autoscaler is not None:
+            scaler = self.autoscaler
+            start_autoscale(self, False)
+            scaler.join(timeout)
+        for _, handle in list(self._rescales):
+            if not handle.done():
+                try:
+                    handle.result(timeout)
+                except Exception:  # its outcome is in rescales(); the stop goes on
+                    pass
+        self._call(lambda c: c.begin_stop.remote(timeout or 120.0), timeout=None if timeout is None else timeout + 30)
+
+    def _not_stopping(self, verb: str) -> None:
+        self._running(verb)
+        if self._stopping:
+            raise ChirayError(f"job {self.name!r} is stopping: cannot {verb} it")
 
     def forget(self) -> None:
         """Drop an ended job's results and statistics; later verbs raise ``JobNotFoundError``.
@@ -472,7 +525,7 @@ class Job:
             RescaleError: another rescale of the operator is running.
             JobEndedError: the job has ended (a ``RescaleError`` too).
         """
-        self._running("rescale")
+        self._not_stopping("rescale")
         before = self.plan.graph.nodes[operator].parallelism if operator in self.plan.graph.nodes else None
         handle = start_rescale(self, operator, parallelism, strategy, planner, None, knobs)
         return self._note_rescale(handle, before, parallelism, strategy)
@@ -485,7 +538,7 @@ class Job:
             assignment: the new bin -> instance table (one entry per bin).
             strategy, knobs: as for :meth:`rescale`.
         """
-        self._running("rescale")
+        self._not_stopping("rescale")
         node = self.plan.graph.nodes.get(operator)
         parallelism = node.parallelism if node is not None else None
         handle = start_rescale(self, operator, parallelism, strategy, "ssm", list(assignment), knobs)  # type: ignore[arg-type]
@@ -550,9 +603,10 @@ class Job:
             OpFailedError / OpTimeoutError: the checkpoint failed (a host died, the input ended).
         """
         self._running("checkpoint")
+        final = self._stopping  # the final checkpoint of stop(), the only one while it runs
         storage = self._deployment.storage if self._deployment is not None else None
         before = max(storage.committed(), default=0) if storage is not None else 0
-        op_id = self._call(lambda c: c.checkpoint.remote())
+        op_id = self._call(lambda c: c.checkpoint.remote(final))
         try:
             return OpHandle(op_id, self.topology.controller, timeout).result(timeout)
         except OpFailedError as exc:
@@ -577,8 +631,12 @@ class Job:
     def savepoint(self, dir: str | None = None, timeout: float | None = 120.0) -> str:
         """A checkpoint now, copied to ``dir`` (default ``<checkpoint_dir>/savepoints``), kept until deleted.
 
+        Each job life (run) has a directory of its own there, ``{dir}/{job}-{run}/chk-{id}``, so the
+        savepoints of two jobs (or two lives of one) never replace each other.
+
         Returns:
-            The savepoint's path: ``submit(flow, restore_from=<dir>)`` starts a job from it.
+            The savepoint's path: ``submit(flow, restore_from=<path>)`` starts a job from it (``dir``
+            itself does too while it holds one job life's savepoints: the newest).
 
         Raises:
             ValueError: no ``dir`` for a job whose checkpoints go to a temporary directory (removed at its end).
@@ -596,7 +654,8 @@ class Job:
         assert self._deployment is not None
         storage = self._deployment.storage
         root = dir or f"{storage.root_uri.rstrip('/')}/savepoints"
-        return copy_savepoint(storage, self.checkpoint_info(timeout), root)
+        life = "-".join(filter(None, (self.name, self._deployment.config.run_id)))  # never another job's
+        return copy_savepoint(storage, self.checkpoint_info(timeout), f"{root.rstrip('/')}/{life}")
 
     def metrics(self, timeout: float | None = 60.0) -> Any:
         """Run a non-blocking ``Monitor`` op in-band and return its result.
@@ -621,7 +680,7 @@ class Job:
         Raises:
             JobEndedError: the job has ended.
         """
-        self._running("autoscale")
+        self._not_stopping("autoscale")
         return start_autoscale(self, enabled, **options)
 
     # -- observing -------------------------------------------------------------------
@@ -629,7 +688,7 @@ class Job:
     def status(self) -> JobStatus:
         """The job's state and events (``JobNotFoundError`` once forgotten)."""
         self._known()
-        snap = self._final or self._call(lambda c: c.snapshot.remote())
+        snap = self._final or self._answer(lambda c: c.snapshot.remote(), "status")
         history = tuple(JobEvent.of(EventKind.RUN, text=e) for e in snap.events)
         return JobStatus(self.name, snap.state, snap.finished_instances, snap.events, snap.error, history)
 
@@ -656,7 +715,7 @@ class Job:
 
     def _collect_statistics(self) -> JobStatistics:
         hosts = self.topology.hosts()
-        per_host = ray.get([h.statistics.remote() for h in hosts])
+        per_host = ray.get([h.statistics.remote() for h in hosts], timeout=30)
         return JobStatistics(tuple(s for stats in per_host for s in stats), time.time())
 
     def statistics(self) -> JobStatistics:

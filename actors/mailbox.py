@@ -85,6 +85,7 @@ class HostCore:
         self.outbox = Outbox()
         self.finished_events: list[OperatorInstance] = []
         self.took_control = False  # the last step only took control messages (see ``run_step``)
+        self.stepping: tuple[OperatorInstance, float] | None = None  # the step running now, since (monotonic)
 
     # -- topology changes (rescale) -------------------------------------------------
 
@@ -279,11 +280,26 @@ class HostCore:
         inst = self.scheduler.next_runnable(now)
         if inst is None:
             return False
-        result = inst.step()
+        self.stepping = (inst, time.monotonic())  # read by the host's liveness thread
+        try:
+            result = inst.step()
+        finally:
+            self.stepping = None
         self._after_step(inst, result)
         self.took_control = result.took_control
         self._flush(now)
         return True
+
+    def long_step(self) -> dict[str, Any] | None:
+        """The step running now (from another thread): its operator, instance, user function and seconds."""
+        stepping = self.stepping
+        if stepping is None:
+            return None
+        inst, since = stepping
+        fn = getattr(inst.logic, "fn", None)  # the user function, where the operator has one
+        function = getattr(fn, "__qualname__", None) or type(inst.logic).__name__
+        return {"operator": inst.info.operator, "index": inst.info.index, "function": function,
+                "seconds": time.monotonic() - since, "since": since}
 
     def _take_injected(self, now: float) -> bool:
         """Let every source with a control message injected take it (and what follows it in its

@@ -397,13 +397,13 @@ class RescaleRun(threading.Thread):
         job = self.job
         dep = job.deployment
         fresh = dep.take_hosts(added) if added else []
-        snap = job.topology.add_hosts(added, fresh)
-        peers = snap.peers()
+        before = job.topology.snapshot()
+        peers = {**before.peers(), **dict(zip(added, fresh))}
         timeout = dep.config.deploy_timeout_s
-        try:
-            new_ref = ray.put(new)
+        new_ref = ray.put(new)
+        try:  # the new hosts alone: until they run, nothing of the job has changed
             errors = ray.get([h.setup.remote(new_ref, placement, dep.config, peers, job.topology.controller,
-                                             None, snap.incarnation, hid) for hid, h in zip(added, fresh)],
+                                             None, before.incarnation, hid) for hid, h in zip(added, fresh)],
                              timeout=timeout)
             for error in errors:
                 if error is not None:
@@ -412,6 +412,16 @@ class RescaleRun(threading.Thread):
             ray.get([h.add_controller.remote(name, side) for h in fresh for name, side in sides.items()],
                     timeout=timeout)
             ray.get([h.start.remote() for h in fresh], timeout=timeout)
+        except Exception as exc:
+            for h in fresh:
+                ray.kill(h, no_restart=True)
+            why = (f"no room for {len(fresh)} new host(s) of {dep.config.host_num_cpus} CPUs within "
+                   f"deploy_timeout_s={timeout} s (Ray has {ray.available_resources().get('CPU', 0)} CPUs free)"
+                   if isinstance(exc, ray.exceptions.GetTimeoutError) else f"its new hosts failed to start: {exc}")
+            raise RescaleError(f"rescale of {self.operator!r} failed before any bin moved: {why}; the job runs "
+                               f"on unchanged") from exc
+        job.topology.add_hosts(added, fresh)
+        try:
             prepared = ray.get([h.prepare_change.remote(op_id, new_ref, placement, peers)
                                 for hid, h in peers.items() if hid not in added], timeout=timeout)
             ray.get(job.topology.controller.set_hosts.remote(peers), timeout=timeout)

@@ -53,7 +53,7 @@ class RestoreInfo:
         offsets: dict[str, Any] = {}
         operator = self._saved(operator)  # type: ignore[assignment]
         for key, text in self.manifest.get("sources", {}).items():
-            if key.split("/")[0] == operator:
+            if key.rsplit("/", 1)[0] == operator:
                 offsets.update(decode_offsets(text) or {})
         return offsets
 
@@ -71,9 +71,13 @@ class RestoreInfo:
         return out
 
     def sink_staged(self, operator: str) -> list[Any]:
-        """What the checkpoint committed for a sink's instances (to finish an interrupted commit)."""
+        """What the checkpoint commits for a sink (to finish an interrupted commit): one value per staged
+        epoch of each instance, which includes the epochs of failed checkpoints before it."""
         operator = self._saved(operator)  # type: ignore[assignment]
-        return [v for k, v in sorted(self.manifest.get("sinks", {}).items()) if k.rsplit("/", 1)[0] == operator]
+        by_epoch = self.manifest.get("sink_staged")
+        if by_epoch is None:  # a checkpoint of an earlier version: one value per instance
+            return [v for k, v in sorted(self.manifest.get("sinks", {}).items()) if k.rsplit("/", 1)[0] == operator]
+        return [v for k, staged in sorted(by_epoch.items()) if k.rsplit("/", 1)[0] == operator for v in staged]
 
 
 def _holding_state(manifest: Mapping[str, Any]) -> dict[str, str]:
@@ -83,7 +87,7 @@ def _holding_state(manifest: Mapping[str, Any]) -> dict[str, str]:
         held[key.rsplit("/", 1)[0]] = "keyed state"
     for key, text in manifest.get("sources", {}).items():
         if decode_offsets(text):
-            held.setdefault(key.split("/")[0], "source offsets")
+            held.setdefault(key.rsplit("/", 1)[0], "source offsets")
     return held
 
 

@@ -9,13 +9,19 @@ Layout under the job's root (a local directory or a URI such as
 
 A checkpoint directory without a readable manifest, or whose manifest names a
 missing state file, is incomplete: listing skips it with a log line and
-restoring it by name raises :class:`CheckpointError`.
+restoring it by name raises :class:`CheckpointError`. :meth:`verify` also
+reads each state file's Arrow footer (a recovery does before it uses a
+checkpoint, and falls back to an older one if it fails).
+
+On a local filesystem, state files and manifests are flushed to disk (the file,
+then its directory after the rename) before a checkpoint counts as durable.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import posixpath
 import re
 import uuid
@@ -26,6 +32,7 @@ import pyarrow.fs as pafs
 import pyarrow.ipc as ipc
 
 from chiray.operators.errors import ChirayError
+from chiray.operators.staging import fsync_dir
 
 __all__ = ["CheckpointStorage", "CheckpointError", "MANIFEST"]
 
@@ -78,6 +85,14 @@ class CheckpointStorage:
 
     def _write_atomic(self, path: str, data: bytes) -> None:
         tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+        if isinstance(self.fs, pafs.LocalFileSystem):  # durable before the rename, and the rename too
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+            fsync_dir(posixpath.dirname(path))
+            return
         with self.fs.open_output_stream(tmp) as out:
             out.write(data)
         self.fs.move(tmp, path)
@@ -140,6 +155,25 @@ class CheckpointStorage:
                                       f"its state file {rel!r} is missing")
         return manifest
 
+    def has_manifest(self, checkpoint_id: int) -> bool:
+        """Whether checkpoint ``checkpoint_id`` got as far as its manifest (readable or not)."""
+        path = posixpath.join(self.chk_dir(checkpoint_id), MANIFEST)
+        return self.fs.get_file_info(path).type is not pafs.FileType.NotFound
+
+    def verify(self, manifest: dict[str, Any]) -> None:
+        """Read the footer of every state file of a loaded checkpoint.
+
+        Raises:
+            CheckpointError: a state file is not a readable Arrow file (truncated, emptied, corrupt).
+        """
+        for rel in manifest.get("state_files", {}).values():
+            try:
+                with self.fs.open_input_file(posixpath.join(self.root, rel)) as f:
+                    ipc.open_file(f).schema
+            except (OSError, pa.ArrowInvalid) as exc:
+                raise CheckpointError(f"checkpoint {manifest.get('checkpoint_id')} in {self.root_uri!r} is "
+                                      f"corrupt: its state file {rel!r} is unreadable ({exc})") from None
+
     def checkpoint_ids(self) -> list[int]:
         """Every chk-N directory, complete or not, ascending."""
         infos = self.fs.get_file_info(pafs.FileSelector(self.root, allow_not_found=True))
@@ -179,3 +213,4 @@ class CheckpointStorage:
         for checkpoint_id in self.checkpoint_ids():
             if checkpoint_id < oldest_kept:
                 self.delete(checkpoint_id)
+

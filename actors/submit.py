@@ -17,6 +17,7 @@ import shutil
 import tempfile
 from typing import Any
 
+import pyarrow.fs as pafs
 import ray
 
 from chiray.control.oprun import job_view
@@ -64,8 +65,8 @@ def restore_point(restore_from: str, plan: PhysicalPlan, allow_non_restored_stat
     else:
         storage = CheckpointStorage(path, create=False)
         latest = storage.latest()
-        if latest is None:
-            raise CheckpointError(f"no complete checkpoint under {path!r}")
+        if latest is None:  # a savepoint directory: one job life's savepoints per subdirectory
+            storage, latest = _only_savepoints(storage, path)
         manifest = latest
     nodes = plan.graph.nodes
     renames, orphans, empty = match_operators(manifest, nodes)
@@ -87,6 +88,24 @@ def restore_point(restore_from: str, plan: PhysicalPlan, allow_non_restored_stat
     if orphans:
         log.warning("restore from %r drops the state of %s (allow_non_restored_state=True)", path, sorted(orphans))
     return RestoreInfo(storage, manifest, renames)
+
+
+def _only_savepoints(parent: CheckpointStorage, path: str) -> tuple[CheckpointStorage, dict]:
+    """The newest checkpoint of the one subdirectory of ``path`` that holds any (savepoints go to
+    ``DIR/{job}-{run}/chk-N``); several: refused, naming them."""
+    found = []
+    for info in parent.fs.get_file_info(pafs.FileSelector(parent.root, allow_not_found=True)):
+        if info.type == pafs.FileType.Directory:
+            sub = CheckpointStorage(f"{path}/{info.base_name}", create=False)
+            latest = sub.latest()
+            if latest is not None:
+                found.append((info.base_name, sub, latest))
+    if not found:
+        raise CheckpointError(f"no complete checkpoint under {path!r}")
+    if len(found) > 1:
+        raise CheckpointError(f"{path!r} holds the savepoints of {len(found)} jobs ({sorted(f[0] for f in found)}): "
+                              f"restore from one of them (a subdirectory, or one of its chk-N directories)")
+    return found[0][1], found[0][2]
 
 
 _DETACHED: Any = None

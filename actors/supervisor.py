@@ -18,6 +18,7 @@ actor of the job.
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import time
 from typing import Any, Callable
@@ -32,6 +33,7 @@ from .errors import JobFailedError, OperatorError
 from .host import OperatorHost
 from .pool import kill, warm_pool
 from .restore import RestoreInfo
+from .storage import CheckpointError
 
 __all__ = ["Deployment", "Supervisor", "release_outputs"]
 
@@ -40,8 +42,15 @@ log = logging.getLogger(__name__)
 SPARE_HOST_ID = -1
 """The id a spare host has until a scale-out sets it up with its own."""
 
-MAX_FAILED_ATTEMPTS = 5
-"""Recovery attempts in a row that may fail (hosts dying while they start) before the job fails."""
+CALL_TIMEOUT_S = 60.0
+"""How long the supervisor waits for any one answer of the controller or a host (a stopped process never
+answers): a recovery attempt that waits longer fails and is tried again."""
+
+
+def backoff(attempt: int, first: float = 0.1, longest: float = 5.0) -> float:
+    """Seconds to wait after the ``attempt``-th failure in a row: doubling from ``first`` up to
+    ``longest``, with +-20 % jitter (so that jobs that failed together do not retry in step)."""
+    return min(longest, first * 2 ** max(0, attempt - 1)) * random.uniform(0.8, 1.2)
 
 
 class Deployment:
@@ -185,6 +194,7 @@ class Supervisor(threading.Thread):
         self.make_controller = make_controller
         self.incarnation = 0
         self._failed_attempts = 0
+        self._failing_since: float | None = None  # monotonic time of the first failed attempt in a row
         self._stop = threading.Event()
         self._history: tuple[tuple[str, ...], int] = ((), 0)  # the controller's events and restarts, last seen
 
@@ -194,15 +204,18 @@ class Supervisor(threading.Thread):
     def run(self) -> None:
         while not self._stop.is_set():
             try:
-                snap = ray.get(self.job.topology.controller.wait_event.remote(0.5))
+                snap = ray.get(self.job.topology.controller.wait_event.remote(0.5), timeout=CALL_TIMEOUT_S)
                 self._history = (snap.events, snap.restarts)
             except ray.exceptions.RayActorError:
                 if not self._stop.is_set():
                     try:
                         self._replace_controller()
+                        self._failed_attempts, self._failing_since = 0, None
                     except Exception as exc:  # the new one died too (placed on a node that was dying)
-                        log.warning("job %s: replacing the controller failed (%r); trying again",
-                                    self.deployment.name, exc)
+                        pause = self._failed(exc, "replacing the job controller")
+                        log.warning("job %s: replacing the controller failed (%r); trying again in %.1f s",
+                                    self.deployment.name, exc, pause)
+                        self._stop.wait(pause)
                 continue
             except Exception:  # Ray shutting down under us
                 if self._stop.is_set():
@@ -218,18 +231,32 @@ class Supervisor(threading.Thread):
         """One recovery; a host that dies meanwhile just means another attempt."""
         try:
             self._recover()
-            self._failed_attempts = 0
+            self._failed_attempts, self._failing_since = 0, None
         except OperatorError as error:  # a user constructor raised on restart: it would again
             self._give_up(error, "restarting the job failed in user code")
         except Exception as exc:
-            self._failed_attempts += 1
-            log.warning("job %s: recovery attempt %d failed: %r", self.deployment.name, self._failed_attempts, exc)
-            if self._failed_attempts >= MAX_FAILED_ATTEMPTS:
-                self._give_up(exc, f"recovery failed {self._failed_attempts} times")
+            pause = self._failed(exc, "recovery")
+            budget = self.deployment.config.recovery_timeout_s
+            assert self._failing_since is not None
+            if time.monotonic() - self._failing_since + pause > budget:
+                self._give_up(exc, f"recovery failed {self._failed_attempts} times in {budget:g} s "
+                                   f"(recovery_timeout_s)")
+            else:
+                self._stop.wait(pause)
+
+    def _failed(self, exc: BaseException, what: str) -> float:
+        """Count a failed attempt in a row; returns the pause before the next."""
+        self._failed_attempts += 1
+        if self._failing_since is None:
+            self._failing_since = time.monotonic()
+        pause = backoff(self._failed_attempts)
+        log.warning("job %s: %s attempt %d failed: %r", self.deployment.name, what, self._failed_attempts, exc)
+        return pause
 
     def _give_up(self, error: BaseException, reason: str) -> None:
         try:
-            ray.get(self.job.topology.controller.recovery_failed.remote(error, f"{reason}: {error!r}"))
+            ray.get(self.job.topology.controller.recovery_failed.remote(error, f"{reason}: {error!r}"),
+                    timeout=CALL_TIMEOUT_S)
         except Exception:  # the controller is gone too: the job's next wait() reports it
             log.exception("job %s: could not report a failed recovery", self.deployment.name)
 
@@ -241,28 +268,49 @@ class Supervisor(threading.Thread):
             self._move_controller()
         with topology.lock:
             kill(topology.hosts())
-        manifest = dep.storage.latest() if dep.storage is not None else None
-        own = manifest is not None  # else the checkpoint the job was restored from, if any
-        restore = RestoreInfo(dep.storage, manifest) if manifest is not None else dep.fallback
+        own, unreadable = self._newest_readable()
+        restore = own or dep.fallback  # else the checkpoint the job was restored from, if any
         for name, sink in dep.sinks.items():  # the restored-from job committed its own output
-            sink.recover(restore.sink_staged(name) if own and restore is not None else [])
+            if unreadable:  # newer checkpoints committed output that the replay writes again
+                sink.take_back(own.checkpoint_id if own is not None else 0)
+            sink.recover(restore.sink_staged(name) if own is not None and restore is not None else [])
         self.incarnation += 1
         controller = topology.controller
         hosts = dep.start_hosts(controller, restore, self.incarnation)
         sides = self.job.side_controllers  # the new hosts return their ops' results to them too
-        ray.get([h.add_controller.remote(name, side) for h in hosts for name, side in sides.items()])
+        ray.get([h.add_controller.remote(name, side) for h in hosts for name, side in sides.items()],
+                timeout=CALL_TIMEOUT_S)
         with topology.lock:  # the deployment is read under it: a rescale step updates both under it
             topology.swap(hosts, dep.host_ids, dep.placement, self.incarnation)
         checkpoint_id = restore.checkpoint_id if restore is not None else None
-        where = None if own or restore is None else f"the restore point {restore.path}"
+        where = None if own is not None or restore is None else f"the restore point {restore.path}"
+        if unreadable:  # say which checkpoints were passed over, and why
+            named = where or (f"checkpoint {checkpoint_id}" if checkpoint_id is not None else "the start")
+            where = f"{named} ({'; '.join(unreadable)})"
         ray.get(controller.resume.remote(dict(zip(dep.host_ids, hosts)), self.incarnation, checkpoint_id,
-                                         time.monotonic() - started, where))
-        ray.get([h.start.remote() for h in hosts])
-        snap = ray.get(controller.snapshot.remote())
+                                         time.monotonic() - started, where), timeout=CALL_TIMEOUT_S)
+        ray.get([h.start.remote() for h in hosts], timeout=CALL_TIMEOUT_S)
+        snap = ray.get(controller.snapshot.remote(), timeout=CALL_TIMEOUT_S)
         self._history = (snap.events, snap.restarts)  # a controller that dies next keeps this recovery too
         log.warning("job %s recovered from %s in %.2f s", dep.name,
                     where or (f"checkpoint {checkpoint_id}" if checkpoint_id else "the start"),
                     time.monotonic() - started)
+
+    def _newest_readable(self) -> tuple[RestoreInfo | None, list[str]]:
+        """The newest of the job's own checkpoints whose files read back, and why each newer one did not."""
+        storage = self.deployment.storage
+        unreadable: list[str] = []
+        for checkpoint_id in reversed(storage.checkpoint_ids() if storage is not None else []):
+            try:
+                manifest = storage.load(checkpoint_id)
+                storage.verify(manifest)
+            except CheckpointError as exc:
+                if not storage.has_manifest(checkpoint_id):
+                    continue  # never completed: not a checkpoint
+                unreadable.append(f"checkpoint {checkpoint_id} is unreadable: {exc}")
+                continue
+            return RestoreInfo(storage, manifest), unreadable
+        return None, unreadable
 
     def _move_controller(self) -> None:
         """A recovery replaces the hosts, among them the one the controller runs in: a controller in
@@ -271,7 +319,8 @@ class Supervisor(threading.Thread):
         snap = ray.get(old.snapshot.remote(), timeout=30)
         reason = ray.get(old.recovery_reason.remote(), timeout=30)
         controller = self.make_controller()
-        ray.get(controller.take_over_recovery.remote(snap.events, snap.restarts, reason or "recovery"))
+        ray.get(controller.take_over_recovery.remote(snap.events, snap.restarts, reason or "recovery"),
+                timeout=CALL_TIMEOUT_S)
         self._adopt_side_controllers(controller)
         self.job.topology.set_controller(controller)
         self._history = (snap.events, snap.restarts)
@@ -302,5 +351,5 @@ class Supervisor(threading.Thread):
         self._adopt_side_controllers(controller)
         self.job.topology.set_controller(controller)
         events, restarts = self._history  # the new controller keeps the job's history and its restart count
-        ray.get(controller.begin_recovery.remote(reason, events, restarts))
+        ray.get(controller.begin_recovery.remote(reason, events, restarts), timeout=CALL_TIMEOUT_S)
         log.warning("job %s: %s; a new controller rolls the job back", self.deployment.name, reason)

@@ -17,7 +17,8 @@ import collections
 import dataclasses
 import enum
 import itertools
-from typing import Any, Iterable
+import time
+from typing import Any, Callable, Iterable
 
 from .message import Configs, ControlMessage, ControlReturn, instance_id
 from .oprun import OpFailedError, OpRun, OpState
@@ -54,9 +55,15 @@ class JobLifecycle:
 
     Args:
         sinks: every sink instance; the job finishes when all have finished.
+        max_restarts: recoveries allowed before a loss fails the job.
+        restart_window_s: count only the recoveries of the last this many seconds (a failure rate, as
+            Flink's failure-rate restart strategy: a job that fails now and then keeps recovering for ever,
+            one that fails in a loop stops); None: every recovery of the job's life counts.
+        clock: seconds (injectable for tests).
     """
 
-    def __init__(self, sinks: Iterable[tuple[str, int]], max_restarts: int = 0):
+    def __init__(self, sinks: Iterable[tuple[str, int]], max_restarts: int = 0,
+                 restart_window_s: float | None = None, clock: Callable[[], float] = time.time):
         self.state = JobState.RUNNING
         self._sinks = tuple(sinks)
         self._pending = set(self._sinks)
@@ -67,18 +74,22 @@ class JobLifecycle:
         self.error: BaseException | None = None
         self.events: list[str] = []
         self.max_restarts = max_restarts
+        self.restart_window_s = restart_window_s
+        self._clock = clock
         self.restarts = 0
+        self._restarted_at: list[float] = []  # clock times of the recoveries that count (restart_window_s)
         self.recovery_reason: str | None = None
 
     def inherit(self, events: Iterable[str], restarts: int) -> None:
-        """Take over the history of a job whose controller this one replaces (its events, restarts so far)."""
+        """Take over the history of a job whose controller this one replaces (its events, restarts so far;
+        with a restart window, the inherited ones count as of now)."""
         self.events = [*events, *self.events]
-        self.restarts = max(self.restarts, int(restarts))
+        self._count_inherited(int(restarts))
 
     def take_over_recovery(self, events: Iterable[str], restarts: int, reason: str) -> None:
         """Continue a recovery that the controller this one replaces had begun (same history, same restart)."""
         self.events = list(events)
-        self.restarts = int(restarts)
+        self._count_inherited(int(restarts))
         self.state = JobState.RECOVERING
         self.recovery_reason = reason
 
@@ -86,21 +97,37 @@ class JobLifecycle:
         """Something died: recover if allowed and restarts are left, else fail."""
         if self.state is not JobState.RUNNING:
             return
-        if recoverable and self.restarts < self.max_restarts:
+        used = self._recent()
+        window = "" if self.restart_window_s is None else f" within {self.restart_window_s:g} s"
+        if recoverable and used < self.max_restarts:
             self.restarts += 1
+            self._restarted_at.append(self._clock())
             self.state = JobState.RECOVERING
             self.recovery_reason = reason
-            self.events.append(f"recovering (restart {self.restarts} of {self.max_restarts}): {reason}")
+            self.events.append(f"recovering (restart {used + 1} of {self.max_restarts}{window}): {reason}")
             return
         if recoverable and self.max_restarts:
-            reason = f"{reason} (after {self.restarts} restarts, the limit)"
+            reason = f"{reason} (after {used} restarts{window}, the limit)"
             try:
-                limited = type(error)(f"{error} (after {self.restarts} restarts, the limit of max_restarts)")
+                limited = type(error)(f"{error} (after {used} restarts{window}, the limit of max_restarts)")
                 limited.__cause__ = error.__cause__
                 error = limited
             except TypeError:  # an error built from other arguments (OperatorError) stays as it was
                 pass
         self.fail(error, reason)
+
+    def _recent(self) -> int:
+        """The recoveries that count against ``max_restarts`` now."""
+        if self.restart_window_s is None:
+            return self.restarts
+        since = self._clock() - self.restart_window_s
+        self._restarted_at = [t for t in self._restarted_at if t > since]
+        return len(self._restarted_at)
+
+    def _count_inherited(self, restarts: int) -> None:
+        now = self._clock()
+        self._restarted_at.extend([now] * max(0, restarts - self.restarts))
+        self.restarts = max(self.restarts, restarts)
 
     def restarted(self, checkpoint_id: int | None, seconds: float, where: str | None = None) -> None:
         """Recovery done: every instance runs again from ``checkpoint_id`` (None: from the start);

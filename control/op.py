@@ -90,8 +90,10 @@ class InstanceContext(Protocol):
     def ack_in_background(self, work: Any) -> None:
         """In ``on_complete``: run ``work()`` off the processing path, then acknowledge with its result."""
 
-    def sink_prepare(self, epoch: int) -> Any:
-        """A sink: stage the output written since the last epoch as epoch ``epoch``; returns what was staged."""
+    def sink_prepare(self, epoch: int, durable: int = 0) -> list[Any]:
+        """A sink: stage the output written since the last epoch as epoch ``epoch``; returns what every
+        epoch after checkpoint ``durable`` (the newest the controller knows durable) staged, oldest first,
+        so a checkpoint commits the output of the failed checkpoints before it too."""
 
     # What the built-in ops (``control.ops``) ask of a keyed instance while bins move:
 

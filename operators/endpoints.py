@@ -139,6 +139,7 @@ class SinkLogic(OperatorLogic):
         self.writer: SinkWriter | None = None
         self.result: Any = None
         self.finished = False
+        self.pending: list[tuple[int, Any]] = []  # (epoch, staged) not yet known committed, oldest first
 
     def open(self, info: InstanceInfo) -> None:
         super().open(info)
@@ -149,6 +150,16 @@ class SinkLogic(OperatorLogic):
         if batch.num_rows:
             self.writer.write(batch)
         return ()
+
+    def stage(self, epoch: int, durable: int) -> list[Any]:
+        """Stage epoch ``epoch`` (``prepare_commit``); returns what each epoch after checkpoint ``durable``
+        staged, oldest first. A checkpoint that failed after this instance staged its epoch never committed
+        that output, so the next checkpoint's manifest lists it again and commits it."""
+        assert self.writer is not None, "bug in SinkLogic: stage() before open()"
+        staged = self.writer.prepare_commit(epoch)
+        self.pending = [(e, s) for e, s in self.pending if e > durable]
+        self.pending.append((epoch, staged))
+        return [s for _, s in self.pending]
 
     def finish(self) -> Sequence[pa.RecordBatch]:
         assert self.writer is not None, "bug in SinkLogic: finish() before open()"

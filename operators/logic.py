@@ -300,6 +300,12 @@ class Sink(abc.ABC):
     def recover(self, committed: Iterable[Any]) -> None:
         """Before a replay: finish committing ``committed`` and discard anything else staged."""
 
+    def take_back(self, checkpoint_id: int) -> None:
+        """A recovery falls back to checkpoint ``checkpoint_id`` (0: the start, or the checkpoint the job
+        was restored from) because newer ones are unreadable: remove this run's output committed after
+        it, which the replay writes again. The default does nothing (a sink without two-phase commit
+        writes replayed records again at any recovery)."""
+
     def describe(self) -> str:
         """A short name for messages."""
         return type(self).__name__

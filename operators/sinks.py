@@ -81,6 +81,7 @@ class CollectWriter(SinkWriter):
         with self._area.filesystem.open_output_stream(path) if self._area.filesystem else open(path, "wb") as f:
             with pa.ipc.new_file(f, table.schema) as writer:
                 writer.write_table(table)
+        self._area.flush(path)
         self._batches.clear()
         self._staged.append(path)
         return [path]
@@ -94,6 +95,15 @@ class CollectWriter(SinkWriter):
 
 
 _PART = re.compile(rf"^part-(?P<op>.+?)(?:-(?P<run>{RUN_PATTERN}))?-(?P<index>\d+)-e(?P<epoch>\d+|final)-(?P<n>\d+)\.\w+$")
+
+
+def _take_back(area: StagingArea, operator: str, run: str, checkpoint_id: int) -> None:
+    """Delete ``run``'s committed files of ``operator`` from epochs after ``checkpoint_id``."""
+    for name in area.names():
+        m = _PART.match(name)
+        if _ours(m, operator, run) and m is not None and m.group("epoch").isdigit() \
+                and int(m.group("epoch")) > checkpoint_id:
+            area.delete(area.path(name))
 
 
 def _prefix(operator: str, run: str) -> str:
@@ -159,6 +169,11 @@ class CollectSink(Sink):
             keep = [p for paths in committed for p in (paths or [])]
             area.commit(keep)
             area.discard(_prefix(self.name, self.run))
+
+    def take_back(self, checkpoint_id: int) -> None:
+        area = self._area()
+        if area is not None and self.name is not None and self.run:
+            _take_back(area, self.name, self.run, checkpoint_id)
 
     def _committed_batches(self) -> list[pa.RecordBatch]:
         area = self._area()
@@ -281,6 +296,7 @@ class ParquetWriter(SinkWriter):
         staged = []
         for n, path in enumerate(self._closed):
             target = self._area.path(StagingArea.staged_name(self._prefix, epoch, n, ".parquet"))
+            self._area.flush(path)
             self._area.rename(path, target)
             staged.append(target)
         self._closed.clear()
@@ -349,6 +365,10 @@ class ParquetSink(Sink):
         area.commit(p for paths in committed for p in (paths or []))
         if self.name is not None:
             area.discard(_prefix(self.name, self.run))
+
+    def take_back(self, checkpoint_id: int) -> None:
+        if self.name is not None and self.run:
+            _take_back(self.area(), self.name, self.run, checkpoint_id)
 
     def combine(self, results: Iterable[Any]) -> list[str]:
         """Every file this sink committed in this run (all runs' when unbound), sorted."""

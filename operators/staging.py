@@ -33,7 +33,30 @@ import pyarrow.fs as pafs
 
 from chiray.operators.errors import ChirayError
 
-__all__ = ["StagingArea", "epoch_label", "new_run_id", "RUN_PATTERN", "OutputInUseError"]
+__all__ = ["StagingArea", "epoch_label", "new_run_id", "RUN_PATTERN", "OutputInUseError", "fsync_dir",
+           "fsync_file"]
+
+
+def fsync_file(path: str) -> None:
+    """Flush a closed local file's data to disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(directory: str) -> None:
+    """Flush a local directory's entries (a rename into it) to disk; a no-op where directories cannot be
+    opened (Windows)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 class OutputInUseError(ChirayError, ValueError):
@@ -76,6 +99,16 @@ class StagingArea:
             os.makedirs(self.directory, exist_ok=True)
         else:
             self.filesystem.create_dir(self.directory, recursive=True)
+
+    def flush(self, path: str) -> None:
+        """A closed file's data reaches the disk (local files; object stores are durable at close)."""
+        if self.filesystem is None or isinstance(self.filesystem, pafs.LocalFileSystem):
+            fsync_file(path)
+
+    def flush_directory(self) -> None:
+        """Renames into the directory reach the disk (local files)."""
+        if self.filesystem is None or isinstance(self.filesystem, pafs.LocalFileSystem):
+            fsync_dir(self.directory)
 
     def exists(self, path: str) -> bool:
         if self.filesystem is None:
@@ -124,6 +157,8 @@ class StagingArea:
             elif not self.exists(final):
                 raise FileNotFoundError(f"staged output {path} is gone and was never committed")
             done.append(final)
+        if done:
+            self.flush_directory()
         return done
 
     def discard(self, prefix: str, keep: Iterable[str] = ()) -> list[str]:

@@ -7,13 +7,19 @@ and the instance's state reflects exactly the records before it):
 * a keyed instance copies its bins' rows, then serialises and writes them to
   storage in a background thread (off the processing path) and acknowledges
   the file;
-* a sink closes its output of this epoch as staged files and acknowledges them;
+* a sink closes its output of this epoch as staged files and acknowledges them,
+  with what it staged in earlier epochs whose checkpoint the controller has not
+  seen durable (``durable``: a checkpoint that failed after the sinks staged
+  commits nothing, so the next one lists and commits that output too);
 * any other instance acknowledges at once.
 
 The controller commits the manifest (atomically, written last) when every sink
-has returned the op and every instance has acknowledged; then it makes the
-staged sink output of the epoch visible and deletes old checkpoints beyond the
-retention. The op's result is the checkpoint id.
+has returned the op and every instance has acknowledged; then it makes every
+sink output the manifest lists visible (idempotently: committing a file twice
+is harmless) and deletes old checkpoints beyond the retention. The op's result
+is the checkpoint id. The manifest's ``sink_staged`` maps each sink instance to
+its staged output per epoch (``sinks``, one value per instance, in checkpoints
+of earlier versions).
 """
 
 from __future__ import annotations
@@ -66,6 +72,9 @@ class Checkpoint(ControlOp):
         commit_sources: at the controller, tells one source the offsets the
             checkpoint holds: ``commit_sources(source_name, checkpoint_id, {split id: offset})``.
         job: metadata recorded in the manifest (operators, parallelism, bins).
+        durable: the newest checkpoint the controller knows durable when this one starts: sinks list
+            what they staged after it.
+        on_durable: at the controller, called with the id once the manifest is written.
     """
 
     blocking = True
@@ -73,7 +82,8 @@ class Checkpoint(ControlOp):
     def __init__(self, checkpoint_id: int, storage: CheckpointStore, keep: int = 3,
                  commit_sinks: Callable[[str, list], None] | None = None,
                  job: dict[str, Any] | None = None, timeout_s: float | None = 120.0,
-                 commit_sources: Callable[[str, int, dict[str, Any]], None] | None = None):
+                 commit_sources: Callable[[str, int, dict[str, Any]], None] | None = None,
+                 durable: int = 0, on_durable: Callable[[int], None] | None = None):
         super().__init__()
         self.checkpoint_id = checkpoint_id
         self.storage = storage
@@ -82,6 +92,8 @@ class Checkpoint(ControlOp):
         self.commit_sources = commit_sources
         self.job = job or {}
         self.timeout_s = timeout_s
+        self.durable = durable
+        self.on_durable = on_durable
         self.started = time.time()
 
     acks: dict[InstanceId, Any]  # filled at the controller as instances acknowledge
@@ -89,7 +101,7 @@ class Checkpoint(ControlOp):
     def __getstate__(self) -> dict[str, Any]:
         # Travels to every instance: leave the controller's commit callback behind.
         state = dict(self.__dict__)
-        state["commit_sinks"] = state["commit_sources"] = None
+        state["commit_sinks"] = state["commit_sources"] = state["on_durable"] = None
         return state
 
     def expected_acks(self, ctx: Any) -> set[InstanceId]:
@@ -101,7 +113,7 @@ class Checkpoint(ControlOp):
             if ctx.kind == "source":
                 ctx.ack({"offsets": encode_offsets(ctx.source_offsets())})
             elif ctx.kind == "sink":
-                ctx.ack({"staged": ctx.sink_prepare(op.checkpoint_id)})
+                ctx.ack({"staged": ctx.sink_prepare(op.checkpoint_id, op.durable)})
             elif ctx.state is not None:
                 state = ctx.state
                 bins = state.bins()
@@ -115,7 +127,7 @@ class Checkpoint(ControlOp):
 
     def manifest(self, acks: dict[InstanceId, Any]) -> dict[str, Any]:
         manifest: dict[str, Any] = {"job": self.job, "created": time.time(), "epoch": self.checkpoint_id,
-                                    "state_files": {}, "state_bins": {}, "sources": {}, "sinks": {}}
+                                    "state_files": {}, "state_bins": {}, "sources": {}, "sink_staged": {}}
         for instance, ack in acks.items():
             key = instance_key(instance)
             if not ack:
@@ -126,22 +138,24 @@ class Checkpoint(ControlOp):
             if "offsets" in ack:
                 manifest["sources"][key] = ack["offsets"]
             if "staged" in ack:
-                manifest["sinks"][key] = ack["staged"]
+                manifest["sink_staged"][key] = ack["staged"]
         return manifest
 
     def on_complete(self, ctx: Any) -> int:
         manifest = self.manifest(self.acks)
         self.storage.commit(self.checkpoint_id, manifest)
+        if self.on_durable is not None:
+            self.on_durable(self.checkpoint_id)
         if self.commit_sinks is not None:
             by_sink: dict[str, list] = {}
-            for key, staged in sorted(manifest["sinks"].items()):
-                by_sink.setdefault(key.split("/")[0], []).append(staged)
+            for key, staged in sorted(manifest["sink_staged"].items()):
+                by_sink.setdefault(key.rsplit("/", 1)[0], []).extend(staged)
             for sink, staged in by_sink.items():
                 self.commit_sinks(sink, staged)
         if self.commit_sources is not None:
             by_source: dict[str, dict[str, Any]] = {}
             for key, offsets in sorted(manifest["sources"].items()):
-                by_source.setdefault(key.split("/")[0], {}).update(decode_offsets(offsets) or {})
+                by_source.setdefault(key.rsplit("/", 1)[0], {}).update(decode_offsets(offsets) or {})
             for source, merged in by_source.items():
                 self.commit_sources(source, self.checkpoint_id, merged)
         self.storage.retain(self.keep)

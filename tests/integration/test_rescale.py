@@ -274,7 +274,9 @@ def test_bad_calls_get_clear_errors():
     flow = Dataflow("rescale-errors")
     stream = flow.source(counted, name="src")
     stream.map(lambda b: b, name="pass").key_by("key", num_bins=BINS).count(name="count").collect(name="out")
-    job = flow.submit(spare_hosts=1)  # for the scale-out below, started beside the job's host
+    # The spare host is for the scale-out of 'pass' below; then the 4 CPUs of the test's Ray hold no third
+    # host of 1.5 CPUs, so a scale-out of 'count' finds no room within the deploy timeout.
+    job = flow.submit(spare_hosts=1, host_num_cpus=1.5, deploy_timeout_s=5, max_restarts=0)
     try:
         with pytest.raises(ValueError, match="no operator 'nope'"):
             job.rescale("nope", 2)
@@ -296,5 +298,14 @@ def test_bad_calls_get_clear_errors():
             job.rescale("pass", 3)
         assert first.result(120)["parallelism"] == 2
         assert [s.index for s in job.statistics().of("pass") if not s.finished] == [0, 1]
+        # No room: only the rescale fails (with max_restarts=0 a rollback would have failed the job).
+        before = job.statistics().records_in("count")
+        with pytest.raises(RescaleError, match=r"failed before any bin moved: no room for 1 new host\(s\) of "
+                                               r"1.5 CPUs within deploy_timeout_s=5"):
+            job.rescale("count", 2).result(60)
+        status = job.status()
+        assert status.state.name == "RUNNING" and not [e for e in status.events if "recover" in e], status.events
+        assert [s.index for s in job.statistics().of("count")] == [0]
+        wait_for(lambda: job.statistics().records_in("count") > before, 30, "the count to go on")
     finally:
         job.cancel()

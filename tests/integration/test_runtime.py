@@ -164,6 +164,30 @@ def test_collect_to_driver_preserves_records_across_hosts():
     assert got == expected
 
 
+def test_a_slow_step_is_reported_and_neither_stopped_nor_taken_for_a_dead_host(tmp_path):
+    """One batch takes 2.5 s in a user function: the watchdog names the operator, instance and function
+    in the job's events, and the host answers its liveness check (1 s here) meanwhile, so the job runs on
+    (the check used to wait for the step and roll the job back)."""
+    marker = tmp_path / "slept"
+
+    def sleep_once(batch):
+        if not marker.exists():
+            marker.touch()
+            time.sleep(2.5)
+        return batch
+
+    rows = [{"k": i % 7, "v": i} for i in range(2000)]
+    flow = Dataflow("slow-step")
+    flow.source(from_items(rows, batch_size=200), name="src").map(sleep_once, name="slow").collect(name="out")
+    job = flow.submit(step_warning_s=0.5, liveness_timeout_s=1, poll_interval_s=0.2)
+    job.wait(timeout=60)
+    events = job.status().events
+    slow = [e for e in events if e.startswith("slow step: operator 'slow' instance 0")]
+    assert slow and "sleep_once" in slow[0] and "still running" in slow[0], events
+    assert not [e for e in events if "recover" in e], events
+    assert sorted(job.result("out").to_pylist(), key=lambda r: r["v"]) == rows
+
+
 def test_a_job_ray_has_no_room_for_fails_fast_with_a_clear_error():
     from chiray.actors import JobFailedError
 

@@ -44,6 +44,11 @@ class SimulatedJob:
         self.now, self.counters = 0.0, {}
         self.rescales: list[tuple[str, int, str, dict]] = []
         self.state = JobState.RUNNING
+        self.events: list[str] = []
+        self.refuse_metrics_until = 0.0  # recovering until then: metrics() raises
+
+    def note_event(self, text: str) -> None:
+        self.events.append(text)
 
     def advance(self, seconds: float) -> None:
         offered = self.rate(self.now)
@@ -67,6 +72,8 @@ class SimulatedJob:
         return [self.hot] + [(1 - self.hot) / (p - 1)] * (p - 1)
 
     def metrics(self) -> MonitorResult:
+        if self.now < self.refuse_metrics_until:
+            raise RuntimeError("job 'sim' is recovering")
         instances = {k: dict(v) for k, v in self.counters.items() if k[0] == "src" or k[1] < self.parallelism}
         return MonitorResult(instances, {"count": {"state_bytes": 10 * 2**20}},
                              {"count": np.full(1024, 1.0)}, self.now)
@@ -138,6 +145,29 @@ def test_a_failed_rescale_is_an_event_not_a_crash():
     job.rescale = broken  # type: ignore[method-assign]
     scaler = run(job, 10)
     assert scaler.events and "no room for a host" in scaler.events[0].outcome["error"]
+
+
+def test_the_loop_survives_a_recovery_backs_off_and_says_so():
+    """metrics() is refused while the job recovers (from 10 s to 40 s of simulated time): the loop pauses,
+    doubling its pause, says so in the job's events, resumes, and still scales the overloaded operator."""
+    job = SimulatedJob(lambda t: 5000, capacity=1000, parallelism=1)
+    job.refuse_metrics_until, job.now = 40.0, 10.0
+    pauses: list[float] = []
+
+    def wait(seconds: float) -> bool:  # the thread's pause: advance the simulated job instead of sleeping
+        pauses.append(seconds)
+        job.advance(seconds)
+        return job.now > 120
+
+    scaler = Autoscaler(job, ["count"], Ds2Config(max_parallelism=16), latency_budget_ms=200, interval_s=2.0,
+                        clock=lambda: job.now, wait=wait)
+    scaler.start()
+    scaler.join(timeout=30)
+    assert not scaler.is_alive() and scaler.error is None
+    paused = [e for e in job.events if e.startswith("autoscale paused")]
+    assert len(paused) >= 2 and "recovering" in paused[0], job.events
+    assert pauses[1] > pauses[0] * 1.3  # backing off (2x, within the jitter)
+    assert "autoscale resumed" in job.events and job.parallelism >= 5, (job.events, job.parallelism)
 
 
 def test_stops_when_the_job_ends_and_checks_its_arguments():

@@ -236,6 +236,29 @@ def test_restart_limit_keeps_a_user_error_that_takes_other_arguments():
     assert "the limit" in life.events[-1]
 
 
+@pytest.mark.parametrize("window", [None, 60.0])
+def test_restarts_are_bounded_per_window_when_one_is_given(window):
+    """With ``restart_window_s`` only the recoveries of the last window count (a failure rate); without,
+    every recovery of the job's life. Oracle: a plain count over the loss times."""
+    from chiray.control.coordination import JobLifecycle, JobState
+
+    now = [0.0]
+    life = JobLifecycle([("out", 0)], max_restarts=2, restart_window_s=window, clock=lambda: now[0])
+    losses = [0.0, 30.0, 100.0, 150.0, 170.0, 175.0]  # seconds; each loss is followed by a recovery
+    for i, at in enumerate(losses):
+        now[0] = at
+        counted = sum(1 for t in losses[:i] if window is None or t > at - window)
+        life.lost(RuntimeError("host died"), f"loss {i}")
+        if counted >= 2:
+            assert life.state is JobState.FAILED and "the limit" in life.events[-1], life.events
+            break
+        assert life.state is JobState.RECOVERING, life.events
+        assert life.events[-1].startswith(f"recovering (restart {counted + 1} of 2"), life.events
+        life.restarted(1, 0.1)
+    assert life.state is JobState.FAILED
+    assert life.restarts == (2 if window is None else 5)  # within 60 s of 175: 150 and 170, so 175 fails
+
+
 class Acked(Calls):
     """An op every sink must acknowledge (as a checkpoint's instances do)."""
 

@@ -1,0 +1,39 @@
+"""Savepoints of several jobs in one directory: each job life has its own subdirectory, and a restore from
+the shared directory takes the one life's newest savepoint or refuses, naming them."""
+
+from __future__ import annotations
+
+import pytest
+
+from chiray.actors.storage import CheckpointError, CheckpointStorage
+from chiray.actors.submit import restore_point
+from chiray.operators import Dataflow, collect, from_items
+from chiray.operators.graph import physical_plan
+
+
+def plan():
+    flow = Dataflow("f")
+    flow.source(from_items([{"k": "a"}]), name="src").sink(collect(), name="out")
+    return physical_plan(flow.graph)
+
+
+def save(root: str, checkpoint_id: int, job: str) -> None:
+    CheckpointStorage(root).commit(checkpoint_id, {"job": {"name": job, "operators": {
+        "src": {"kind": "source", "uid": "src"}, "out": {"kind": "sink", "uid": "out"}}},
+        "state_files": {}, "state_bins": {}, "sources": {}, "sink_staged": {}})
+
+
+def test_one_life_in_the_directory_restores_its_newest_and_two_are_refused(tmp_path):
+    sp = str(tmp_path / "sp")
+    save(f"{sp}/a-r00000001", 1, "a")
+    save(f"{sp}/a-r00000001", 3, "a")
+    assert restore_point(sp, plan()).checkpoint_id == 3
+    assert restore_point(f"{sp}/a-r00000001/chk-000001", plan()).checkpoint_id == 1
+    save(f"{sp}/b-r00000002", 1, "b")  # another job's savepoint 1: beside a's, never over it
+    assert CheckpointStorage(f"{sp}/a-r00000001").load(1)["job"]["name"] == "a"
+    with pytest.raises(CheckpointError, match=r"holds the savepoints of 2 jobs \(\['a-r00000001', 'b-r00000002'\]\)"):
+        restore_point(sp, plan())
+    assert restore_point(f"{sp}/b-r00000002", plan()).manifest["job"]["name"] == "b"
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CheckpointError, match="no complete checkpoint under"):
+        restore_point(str(tmp_path / "empty"), plan())

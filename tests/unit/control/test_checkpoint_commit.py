@@ -1,0 +1,80 @@
+"""A checkpoint commits every sink output staged since the last durable checkpoint, not only its own epoch.
+
+The oracle is the set of files a real ``to_parquet`` writer staged: whatever
+the sequence of failed and durable checkpoints, the union of what the
+durable checkpoints commit is every staged file, and each checkpoint's
+manifest (what a recovery from it commits) holds every file staged since
+the previous durable one.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pyarrow as pa
+import pytest
+
+from chiray.actors.restore import RestoreInfo
+from chiray.control.ops.checkpoint import Checkpoint
+from chiray.operators import to_parquet
+from chiray.operators.endpoints import SinkLogic
+from chiray.operators.logic import InstanceInfo
+
+
+class Storage:
+    """Manifests in memory; ``fail`` lists checkpoint ids whose manifest cannot be written."""
+
+    def __init__(self, fail: set[int]) -> None:
+        self.fail, self.manifests = fail, {}
+
+    def commit(self, checkpoint_id, manifest):
+        if checkpoint_id in self.fail:
+            raise OSError(f"cannot write checkpoint {checkpoint_id}")
+        self.manifests[checkpoint_id] = {**manifest, "checkpoint_id": checkpoint_id}
+
+    def retain(self, keep):
+        pass
+
+
+def sink_logic(directory: str, index: int) -> SinkLogic:
+    logic = SinkLogic(to_parquet(directory).bind_output(directory, "out", "r0123abcd"))
+    logic.open(InstanceInfo("out", index, 2))
+    return logic
+
+
+@pytest.mark.parametrize("failing", [set(), {2}, {2, 3}, {1, 4}])
+def test_durable_checkpoints_commit_every_staged_file(tmp_path, failing):
+    directory = str(tmp_path)
+    logics = [sink_logic(directory, i) for i in range(2)]
+    storage, durable = Storage(failing), 0
+    for checkpoint_id in range(1, 6):
+        for i, logic in enumerate(logics):
+            logic.process(pa.record_batch({"x": [checkpoint_id, i]}), 0)
+        op = Checkpoint(checkpoint_id, storage, commit_sinks=lambda sink, staged: logics[0].sink.commit(staged),
+                        durable=durable)
+        op.acks = {("out", i): {"staged": logic.stage(checkpoint_id, durable)} for i, logic in enumerate(logics)}
+        since = {f for f in os.listdir(directory) if f.endswith(".staged")}  # staged since the last durable one
+        try:
+            op.on_complete(None)
+        except OSError:
+            assert checkpoint_id in failing
+            continue
+        # A recovery from this checkpoint commits what its manifest lists: every file staged since the last
+        # durable checkpoint, of both instances.
+        listed = {os.path.basename(p) for paths in
+                  RestoreInfo(storage, storage.manifests[checkpoint_id]).sink_staged("out") for p in paths}
+        assert listed == since
+        for epoch in range(durable + 1, checkpoint_id + 1):
+            assert {i for i in range(2) if any(f"-{i}-e{epoch:06d}-" in p for p in listed)} == {0, 1}
+        assert not [f for f in os.listdir(directory) if f.endswith(".staged")]  # the commit made all visible
+        durable = checkpoint_id
+    committed_epochs = {int(f.split("-e")[1][:6]) for f in os.listdir(directory) if f.startswith("part-")}
+    assert committed_epochs == set(range(1, durable + 1)), sorted(os.listdir(directory))
+
+
+def test_a_checkpoint_of_an_earlier_version_lists_one_value_per_instance():
+    old = {"checkpoint_id": 4, "sinks": {"out/0": ["a"], "out/1": ["b"], "other/0": ["c"]}}
+    assert RestoreInfo(None, old).sink_staged("out") == [["a"], ["b"]]  # type: ignore[arg-type]
+    new = {"checkpoint_id": 4, "sink_staged": {"out/0": [["a"], ["a2"]], "out/1": [["b"]], "a/b/0": [["c"]]}}
+    assert RestoreInfo(None, new).sink_staged("out") == [["a"], ["a2"], ["b"]]  # type: ignore[arg-type]
+    assert RestoreInfo(None, new).sink_staged("a/b") == [["c"]]  # type: ignore[arg-type]
