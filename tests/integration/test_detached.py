@@ -1,4 +1,4 @@
-"""Detached jobs on the session's Ray: the job manager dies while a rescale or a checkpoint runs.
+"""Detached jobs on the session's Ray: the job manager dies while a rescale, then while a checkpoint runs.
 
 Either the verb completes or it fails with a clear error; the job is never
 left half-changed, and its result equals the oracle exactly.
@@ -12,6 +12,7 @@ import pytest
 
 import chiray
 from chiray.actors.client import ManagerRestartedError
+from tests.gate import Gate, gated
 from tests.oracles import assert_counts_equal, key_counts
 from tests.waiting import wait_for
 
@@ -19,15 +20,23 @@ pytestmark = pytest.mark.ray
 
 RECORDS = 120_000
 KEYS = 300
+BATCH = 2_000
 
 
 def _source() -> chiray.Source:
-    return chiray.generate(RECORDS, rate=12_000, batch_size=2_000, num_keys=KEYS, seed=11, num_splits=2)
+    return chiray.generate(RECORDS, batch_size=BATCH, num_keys=KEYS, seed=11, num_splits=2)
 
 
-def _submit(name: str, tmp_path) -> chiray.AttachedJob:
+def _records_at(offset: int) -> int:
+    return offset * BATCH  # a generator's offset counts batches
+
+
+def _submit(name: str, tmp_path, gate: Gate) -> chiray.AttachedJob:
+    """The keyed count over ``_source()`` held at ``gate`` (20 % of each split at once, then a trickle up to
+    80 %), so the job runs until the test opens the gate, also across the manager's restarts."""
     flow = chiray.Dataflow("detached")
-    (flow.source(_source(), parallelism=2, name="events")
+    held = gated(_source(), gate, RECORDS / 2, fast=0.2, trickle=2_000, position=_records_at)
+    (flow.source(held, parallelism=2, name="events")
          .key_by("key").count(parallelism=2, name="count").sink(chiray.collect(), name="out"))
     return chiray.submit(flow, name=name, detached=True, checkpoint_dir=str(tmp_path / name))
 
@@ -52,9 +61,11 @@ def _check_exact(job: chiray.AttachedJob) -> None:
     job.forget()
 
 
-def test_manager_dies_during_a_rescale(ray_session, tmp_path):
-    job = _submit("rescale-kill", tmp_path)
+def test_manager_dies_during_a_rescale_and_then_during_a_checkpoint(ray_session, tmp_path):
+    gate = Gate(tmp_path)
+    job = _submit("manager-kills", tmp_path, gate)
     job.checkpoint()
+    # A rescale: interrupted, and the job rolled back to the checkpoint at the old parallelism.
     handle = job.rescale("count", 3, strategy="fluid", gap_s=0.05)  # 1024 one-bin steps: still running below
     wait_for(lambda: handle.progress().get("steps_done", 0) >= 2, 30, "the rescale's first two steps",
              detail=handle.progress)
@@ -67,11 +78,7 @@ def test_manager_dies_during_a_rescale(ray_session, tmp_path):
     assert any("rolled back to checkpoint" in e for e in job.status().events)
     assert job.info()["operators"]["count"] == 2  # the interrupted rescale left the old parallelism
     assert job.rescales()[-1]["state"] == "interrupted"
-    _check_exact(job)
-
-
-def test_manager_dies_during_a_checkpoint(ray_session, tmp_path):
-    job = _submit("checkpoint-kill", tmp_path)
+    # A checkpoint: it either completed or failed with a clear error, and the job takes checkpoints again.
     outcome: list[object] = []
 
     def take() -> None:
@@ -88,6 +95,7 @@ def test_manager_dies_during_a_checkpoint(ray_session, tmp_path):
     assert isinstance(outcome[0], (int, ManagerRestartedError)), outcome
     if isinstance(outcome[0], ManagerRestartedError):
         assert "run checkpoint again" in str(outcome[0])
-    _wait_restarted(job)
-    assert job.checkpoint() >= 1  # the job takes checkpoints again
+    _wait_restarted(job, restarts=2)
+    assert job.checkpoint() >= 1
+    gate.open()
     _check_exact(job)
