@@ -86,7 +86,7 @@ def copy_savepoint(storage: CheckpointStorage, taken: CheckpointInfo, directory:
         CheckpointError: the copy is incomplete.
     """
     target = CheckpointStorage(directory)
-    target.fs.create_dir(target.chk_dir(taken.id), recursive=True)
+    target.make_dir(target.chk_dir(taken.id))
     pafs.copy_files(storage.chk_dir(taken.id), target.chk_dir(taken.id), source_filesystem=storage.fs,
                     destination_filesystem=target.fs)
     target.load(taken.id)  # raises if the copy is incomplete

@@ -14,7 +14,8 @@ reads each state file's Arrow footer (a recovery does before it uses a
 checkpoint, and falls back to an older one if it fails).
 
 On a local filesystem, state files and manifests are flushed to disk (the file,
-then its directory after the rename) before a checkpoint counts as durable.
+then its directory after the rename) before a checkpoint counts as durable, and
+the directories created are private to the job's user (0700).
 """
 
 from __future__ import annotations
@@ -68,9 +69,17 @@ class CheckpointStorage:
         self.fs, self.root = pafs.FileSystem.from_uri(root) if "://" in root else (
             pafs.LocalFileSystem(), root)
         if create:
-            self.fs.create_dir(self.root, recursive=True)
+            self.make_dir(self.root)
         elif self.fs.get_file_info(self.root).type != pafs.FileType.Directory:
             raise CheckpointError(f"no checkpoint directory {root!r}")
+
+    def make_dir(self, path: str) -> None:
+        """Create ``path`` (and its parents); on a local disk the directories created are private to the
+        job's user (0700): checkpoints are unpickled at restore."""
+        if isinstance(self.fs, pafs.LocalFileSystem):
+            os.makedirs(path, mode=0o700, exist_ok=True)
+        else:
+            self.fs.create_dir(path, recursive=True)
 
     def __reduce__(self):
         return (CheckpointStorage, (self.root_uri,))
@@ -102,7 +111,7 @@ class CheckpointStorage:
     def write_state(self, checkpoint_id: int, operator: str, index: int, bins: dict[int, bytes]) -> str:
         """Write one instance's bins; returns the file's path (relative to the root)."""
         directory = self.chk_dir(checkpoint_id)
-        self.fs.create_dir(directory, recursive=True)
+        self.make_dir(directory)
         name = f"state-{operator}-{index}.arrow"
         table = pa.table({"bin": pa.array(list(bins), pa.int32()),
                           "data": pa.array(list(bins.values()), pa.large_binary())}, schema=_BINS_SCHEMA)
@@ -127,7 +136,7 @@ class CheckpointStorage:
     def commit(self, checkpoint_id: int, manifest: dict[str, Any]) -> None:
         """Write the manifest last and atomically: from now on the checkpoint exists."""
         directory = self.chk_dir(checkpoint_id)
-        self.fs.create_dir(directory, recursive=True)
+        self.make_dir(directory)
         body = json.dumps({**manifest, "checkpoint_id": checkpoint_id}, sort_keys=True, default=str)
         self._write_atomic(posixpath.join(directory, MANIFEST), body.encode())
 

@@ -68,3 +68,16 @@ def test_any_pyarrow_filesystem_uri(tmp_path):
     storage.commit(1, {"state_files": {"op/2": rel}})
     assert CheckpointStorage(uri).latest()["state_files"] == {"op/2": rel}
     assert isinstance(storage.fs, pafs.LocalFileSystem)
+
+
+def test_directories_are_private_and_a_torn_state_file_fails_verification(tmp_path):
+    root = tmp_path / "chk"
+    storage = CheckpointStorage(str(root))
+    rel = storage.write_state(1, "count", 0, {1: b"a"})
+    storage.commit(1, {"state_files": {"count/0": rel}})
+    assert (os.stat(root).st_mode & 0o777) == 0o700 and (os.stat(storage.chk_dir(1)).st_mode & 0o777) == 0o700
+    storage.verify(storage.load(1))  # readable
+    open(os.path.join(str(root), rel), "w").close()  # emptied: it still exists, so load() takes it
+    with pytest.raises(CheckpointError, match=r"checkpoint 1 .* is corrupt: its state file .* is unreadable"):
+        storage.verify(storage.load(1))
+    assert storage.has_manifest(1) and not storage.has_manifest(2)
