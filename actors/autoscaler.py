@@ -38,6 +38,7 @@ from typing import Any, Callable
 from chiray.control.ds2 import Action, Ds2Config, Ds2Policy, OperatorDecision
 from chiray.control.rates import Cut, rates_between, skewed
 from chiray.control.strategychoice import MigrationModel, choose_strategy
+from chiray.operators.errors import ChirayError
 from chiray.operators.graph import OperatorKind
 
 __all__ = ["Autoscaler", "AutoscaleEvent", "start_autoscale"]
@@ -155,6 +156,10 @@ class Autoscaler(threading.Thread):
     def _job_ended(self) -> bool:
         try:
             return bool(self.job.status().state.terminal)
+        except TimeoutError:  # the controller did not answer (JobUnresponsiveError): ask again later
+            return False
+        except ChirayError:  # forgotten: it has ended
+            return True
         except Exception:  # the controller is being replaced: ask again after the pause
             return False
 

@@ -9,7 +9,7 @@ import cloudpickle
 
 from chiray.operators.errors import ChirayError
 
-__all__ = ["ChirayError", "OperatorError", "JobFailedError", "JobCancelledError", "portable"]
+__all__ = ["ChirayError", "OperatorError", "JobFailedError", "JobCancelledError", "JobUnresponsiveError", "portable"]
 
 
 class OperatorError(ChirayError):
@@ -43,6 +43,10 @@ class JobFailedError(ChirayError):
 
 class JobCancelledError(ChirayError):
     """The job was cancelled before it finished."""
+
+
+class JobUnresponsiveError(ChirayError, TimeoutError):
+    """The job's controller did not answer in time (its process stopped or overloaded); the job may run on."""
 
 
 def portable(exc: BaseException) -> BaseException:

@@ -30,7 +30,7 @@ from chiray.operators.graph import OperatorKind, PhysicalPlan
 from .autoscaler import start_autoscale
 from .controlops import SideController
 from .controller import HostedController, JobController, controller_host
-from .errors import ChirayError, JobCancelledError, JobFailedError
+from .errors import ChirayError, JobCancelledError, JobFailedError, JobUnresponsiveError
 from .handle import JobNotFoundError, check_timeout, ended_error
 from .jobfiles import RescaleOutcome, commit_stopped, copy_savepoint
 from .jobtopology import JobTopology
@@ -223,8 +223,8 @@ class Job:
         try:
             return self._call(send, timeout=timeout)
         except ray.exceptions.GetTimeoutError:
-            raise ChirayError(f"job {self.name!r}: its controller did not answer {verb} within {timeout:g} s "
-                              f"(its process may be stopped or overloaded)") from None
+            raise JobUnresponsiveError(f"job {self.name!r}: its controller did not answer {verb} within "
+                                       f"{timeout:g} s (its process may be stopped or overloaded)") from None
 
     # -- waiting ---------------------------------------------------------------------
 
@@ -444,6 +444,8 @@ class Job:
     def _shutdown(self) -> None:
         if self._supervisor is not None:
             self._supervisor.stop()
+        if self.autoscaler is not None:  # no decision after the end (its thread sees the job ended)
+            self.autoscaler.stop()
         with self._lock:
             senders, self._senders = list(self._senders.values()), {}
         for sender in senders:

@@ -421,6 +421,11 @@ class RescaleRun(threading.Thread):
             raise RescaleError(f"rescale of {self.operator!r} failed before any bin moved: {why}; the job runs "
                                f"on unchanged") from exc
         job.topology.add_hosts(added, fresh)
+        if job.final_snapshot is not None:  # the job ended meanwhile: its end killed the hosts it knew of
+            for h in fresh:
+                ray.kill(h, no_restart=True)
+            raise RescaleError(f"rescale of {self.operator!r} did not complete: the job ended "
+                               f"({job.final_snapshot.state.value})")
         try:
             prepared = ray.get([h.prepare_change.remote(op_id, new_ref, placement, peers)
                                 for hid, h in peers.items() if hid not in added], timeout=timeout)

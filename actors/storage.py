@@ -77,7 +77,10 @@ class CheckpointStorage:
         """Create ``path`` (and its parents); on a local disk the directories created are private to the
         job's user (0700): checkpoints are unpickled at restore."""
         if isinstance(self.fs, pafs.LocalFileSystem):
-            os.makedirs(path, mode=0o700, exist_ok=True)
+            try:
+                os.makedirs(path, mode=0o700, exist_ok=True)
+            except FileExistsError:
+                raise CheckpointError(f"cannot create the checkpoint directory {path}: a file is in the way") from None
         else:
             self.fs.create_dir(path, recursive=True)
 

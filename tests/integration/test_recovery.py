@@ -109,7 +109,10 @@ class Notified(Source):
             f.write(json.dumps([checkpoint_id, {k: repr(v) for k, v in offsets.items()}]) + "\n")
 
 
-def test_killed_stateful_host_recovers_exactly(tmp_path):
+def test_killed_stateful_host_recovers_exactly_through_a_storage_outage(tmp_path, monkeypatch):
+    """A host dies while the checkpoint storage cannot be read for 2.5 s: the recovery tries again, with
+    pauses that double, until it can (it used to fail the job after five attempts in a fraction of a
+    second)."""
     inner, gate = held(tmp_path, fast=0.4)
     src = Notified(inner, str(tmp_path / "notified.jsonl"))
     out = str(tmp_path / "parquet")
@@ -118,12 +121,23 @@ def test_killed_stateful_host_recovers_exactly(tmp_path):
     try:
         wait_for(progressed(job, 0.4), 60, "40 % of the input emitted")
         wait_for(lambda: CheckpointStorage(str(tmp_path / "chk")).committed(), 60, "a first checkpoint")
+        listing, refused = CheckpointStorage.checkpoint_ids, []
+        back_at = time.monotonic() + 2.5
+
+        def outage(storage):  # the driver's reads (the supervisor's) fail until back_at
+            if time.monotonic() < back_at:
+                refused.append(time.monotonic())
+                raise OSError("checkpoint storage unreachable")
+            return listing(storage)
+
+        monkeypatch.setattr(CheckpointStorage, "checkpoint_ids", outage)
         ray.kill(job.actors[0], no_restart=True)  # keyed instance count[0] lives on host 0
         gate.open()
         job.wait(timeout=180)
     finally:
         job.cancel()
-    assert any(e.startswith("recovered from") for e in job.status().events), job.status().events
+    assert any(e.startswith("recovered from checkpoint") for e in job.status().events), job.status().events
+    assert len(refused) >= 3 and refused[-1] - refused[0] > 0.5, refused  # tried again, not at once
     assert_exact(job, src.inner, out)
     # The source heard of completed checkpoints with the offsets their manifests hold. (The job's end may
     # stop the controller between a last checkpoint's manifest and its notice: a source keeps data longer.)

@@ -274,9 +274,10 @@ def test_bad_calls_get_clear_errors():
     flow = Dataflow("rescale-errors")
     stream = flow.source(counted, name="src")
     stream.map(lambda b: b, name="pass").key_by("key", num_bins=BINS).count(name="count").collect(name="out")
-    # The spare host is for the scale-out of 'pass' below; then the 4 CPUs of the test's Ray hold no third
-    # host of 1.5 CPUs, so a scale-out of 'count' finds no room within the deploy timeout.
-    job = flow.submit(spare_hosts=1, host_num_cpus=1.5, deploy_timeout_s=5, max_restarts=0)
+    # The spare host is for the scale-out of 'pass' below; hosts of 40 % of the CPUs Ray has free leave no
+    # room for a third, so a scale-out of 'count' then finds none within the deploy timeout.
+    cpus = round(0.4 * ray.available_resources().get("CPU", 0), 2)
+    job = flow.submit(spare_hosts=1, host_num_cpus=cpus, deploy_timeout_s=8, max_restarts=0)
     try:
         with pytest.raises(ValueError, match="no operator 'nope'"):
             job.rescale("nope", 2)
@@ -300,8 +301,8 @@ def test_bad_calls_get_clear_errors():
         assert [s.index for s in job.statistics().of("pass") if not s.finished] == [0, 1]
         # No room: only the rescale fails (with max_restarts=0 a rollback would have failed the job).
         before = job.statistics().records_in("count")
-        with pytest.raises(RescaleError, match=r"failed before any bin moved: no room for 1 new host\(s\) of "
-                                               r"1.5 CPUs within deploy_timeout_s=5"):
+        with pytest.raises(RescaleError, match=rf"failed before any bin moved: no room for 1 new host\(s\) of "
+                                               rf"{cpus} CPUs within deploy_timeout_s=8"):
             job.rescale("count", 2).result(60)
         status = job.status()
         assert status.state.name == "RUNNING" and not [e for e in status.events if "recover" in e], status.events
