@@ -74,6 +74,7 @@ class JobTopology:
         self._host_ids: tuple[int, ...] = tuple(range(len(self._hosts)))
         self._placement: dict[Instance, int] = {}
         self._incarnation = 0
+        self._replacing = False  # a recovery killed the hosts; swap() installs their replacements
         self._next_host_id = len(self._hosts)
         self._rescaling: set[str] = set()
         self._rescale_turn = threading.Lock()
@@ -115,6 +116,16 @@ class JobTopology:
             self._set_hosts(hosts, host_ids)
             self._placement = dict(placement)
 
+    def replacing(self) -> None:
+        """A recovery killed every host: until :meth:`swap`, a host added (a rescale's) would be dropped."""
+        with self.lock:
+            self._replacing = True
+
+    @property
+    def being_replaced(self) -> bool:
+        with self.lock:
+            return self._replacing
+
     def swap(self, hosts: Sequence[Any], host_ids: Iterable[int], placement: Mapping[Instance, int],
              incarnation: int) -> None:
         """A recovery deployed new hosts: they replace every host, under a new incarnation.
@@ -126,6 +137,7 @@ class JobTopology:
             self._set_hosts(hosts, host_ids)
             self._placement = dict(placement)
             self._incarnation = incarnation
+            self._replacing = False
 
     def set_controller(self, controller: Any) -> None:
         """A new job controller replaced a dead one."""

@@ -420,12 +420,15 @@ class RescaleRun(threading.Thread):
                    if isinstance(exc, ray.exceptions.GetTimeoutError) else f"its new hosts failed to start: {exc}")
             raise RescaleError(f"rescale of {self.operator!r} failed before any bin moved: {why}; the job runs "
                                f"on unchanged") from exc
-        job.topology.add_hosts(added, fresh)
-        if job.final_snapshot is not None:  # the job ended meanwhile: its end killed the hosts it knew of
+        with job.topology.lock:  # a recovery swaps the hosts under this lock
+            recovered = job.topology.being_replaced or job.topology.snapshot().incarnation != before.incarnation
+            if not recovered and job.final_snapshot is None:
+                job.topology.add_hosts(added, fresh)
+        if recovered or job.final_snapshot is not None:  # the hosts it knew of are gone; these were never its
             for h in fresh:
                 ray.kill(h, no_restart=True)
-            raise RescaleError(f"rescale of {self.operator!r} did not complete: the job ended "
-                               f"({job.final_snapshot.state.value})")
+            why = "the job recovered" if recovered else f"the job ended ({job.final_snapshot.state.value})"
+            raise RescaleError(f"rescale of {self.operator!r} did not complete: {why} while its new hosts started")
         try:
             prepared = ray.get([h.prepare_change.remote(op_id, new_ref, placement, peers)
                                 for hid, h in peers.items() if hid not in added], timeout=timeout)

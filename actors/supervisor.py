@@ -268,6 +268,7 @@ class Supervisor(threading.Thread):
             self._move_controller()
         with topology.lock:
             kill(topology.hosts())
+            topology.replacing()  # a rescale's new hosts must not join the hosts that go
         own, unreadable = self._newest_readable()
         restore = own or dep.fallback  # else the checkpoint the job was restored from, if any
         for name, sink in dep.sinks.items():  # the restored-from job committed its own output
