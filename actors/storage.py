@@ -75,7 +75,7 @@ class CheckpointStorage:
 
     def make_dir(self, path: str) -> None:
         """Create ``path`` (and its parents); on a local disk the directories created are private to the
-        job's user (0700): checkpoints are unpickled at restore."""
+        job's user (0700): the state of user functions in a checkpoint is unpickled at restore."""
         if isinstance(self.fs, pafs.LocalFileSystem):
             try:
                 os.makedirs(path, mode=0o700, exist_ok=True)

@@ -185,7 +185,9 @@ class ReduceLogic(_KeyedLogic):
     """General keyed reduce over records (the slow path: one Python call per record).
 
     The first row of a key is its accumulator; each further row ``r`` makes
-    it ``fn(acc, r)``. Accumulators live in a :class:`~operators.state.DictState`.
+    it ``fn(acc, r)``. Accumulators live in a :class:`~operators.state.DictState`
+    with ``pickled=True``: they are whatever ``fn`` returns, so their bins
+    travel (rescale, checkpoint) as cloudpickle.
     With ``emit="final"`` ``finish`` emits one row per key (the accumulators);
     with ``emit="updates"`` each ``process`` emits the accumulators of the keys
     the batch touched. The accumulator keeps the record's columns: a function
@@ -204,7 +206,7 @@ class ReduceLogic(_KeyedLogic):
         _check_fn(fn, "reduce")
         self.fn = fn
         self.emit = _check_emit(emit)
-        self._state = DictState(self.num_bins)
+        self._state = DictState(self.num_bins, pickled=True)  # the user's accumulators
         self._schema: pa.Schema | None = None
 
     @property
@@ -324,6 +326,9 @@ class ProcessLogic(_KeyedLogic):
     in order. They must share one schema: the declared one (``schema=`` of
     ``process()``; results are cast to it), else the first output's exactly (a
     later output with other fields or types is an error, never cast).
+    The values live in a :class:`~operators.state.DictState` with
+    ``pickled=True`` (they are any objects ``fn`` stores): their bins travel
+    as cloudpickle.
 
     Example:
         >>> def running(key, rows, state):
@@ -343,7 +348,7 @@ class ProcessLogic(_KeyedLogic):
         self.fn = fn
         self.output_schema = output_schema
         self._schema = output_schema  # the given schema, else the first output's
-        self._state = DictState(self.num_bins)
+        self._state = DictState(self.num_bins, pickled=True)  # the user's values
 
     @property
     def state(self) -> DictState:

@@ -5,7 +5,8 @@ a record that bridges two sessions merges them. Sessions are kept per key in
 a :class:`~operators.state.DictState` (key -> sorted list of
 ``[start, end, row batches]``), so they live in bins and move with them; the
 operator's watermark travels in every bin it snapshots, as for fixed windows
-(:mod:`operators.windowstate`).
+(:mod:`operators.windowstate`). Bins travel as Arrow IPC (:mod:`operators.codec`),
+never pickled.
 
 A session fires when the watermark reaches ``end - 1``: built-in aggregates
 are then computed with one vectorised Arrow group-by over the rows of every
@@ -27,11 +28,11 @@ import heapq
 import itertools
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-import cloudpickle
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from . import codec
 from .aggregates import AggSpec, aggregate_output_schema
 from .batch import to_batches
 from .eventtime import Duration, ticks, time_values
@@ -116,13 +117,13 @@ class SessionState(BinnedState):
 
     def snapshot_bins(self, bins: Iterable[int]) -> dict[int, bytes]:
         inner = self.sessions.snapshot_bins(bins)
-        return {b: cloudpickle.dumps({"format": _FORMAT, "watermark": self.watermark,
-                                      "version": self.version(b), "sessions": payload})
+        return {b: codec.encode({"format": _FORMAT, "watermark": self.watermark,
+                                 "version": self.version(b), "sessions": payload})
                 for b, payload in inner.items()}
 
     def extract_bins(self, bins: Iterable[int]) -> dict[int, bytes]:
         out = self.snapshot_bins(bins)
-        self.sessions.extract_bins(out)
+        self.sessions.drop_bins(out)
         self._remembered.difference_update(out)
         return out
 
@@ -146,13 +147,7 @@ class SessionState(BinnedState):
         self.pending = self.advance(self.watermark)  # drop what is already expired here
 
     def _decode(self, b: int, payload: bytes) -> dict[str, Any]:
-        try:
-            doc = cloudpickle.loads(payload)
-        except Exception as exc:
-            raise ValueError(f"bin {b}: payload is not a SessionState bin ({exc})") from exc
-        if not isinstance(doc, dict) or doc.get("format") != _FORMAT:
-            raise ValueError(f"bin {b}: payload is not a SessionState bin (format {_FORMAT!r} expected)")
-        return doc
+        return codec.decode_document(payload, "SessionState", _FORMAT, b)
 
     def __len__(self) -> int:
         return len(self.sessions)

@@ -9,8 +9,10 @@ out) and merges bins serialised by another instance of the same kind
 
 Two implementations:
 
-* :class:`DictState`: ``bin -> {key: value}`` of Python objects (keyed
-  ``reduce`` and ``process``); bins travel as cloudpickle.
+* :class:`DictState`: ``bin -> {key: value}`` of Python values; bins travel
+  as Arrow IPC (:mod:`operators.codec`: built-in operators' rows and timers,
+  never pickled), or, for the state of user functions (keyed ``reduce`` and
+  ``process``: arbitrary Python objects), as cloudpickle (``pickled=True``).
 * :class:`ColumnarAggState`: the fast path of built-in aggregations; keys map
   to dense *slots* (a :class:`~operators.keyindex.KeyIndex`), accumulators are
   NumPy columns indexed by slot; bins travel as Arrow IPC streams.
@@ -36,6 +38,7 @@ import cloudpickle
 import numpy as np
 import pyarrow as pa
 
+from . import codec
 from .hashing import bins_from_hashes, check_num_bins, hash_keys
 from .binslots import BinSlots
 from .growable import grown
@@ -158,10 +161,20 @@ class BinnedState(abc.ABC):
 
 
 class DictState(BinnedState):
-    """General keyed state: ``bin -> {key: value}`` of Python objects.
+    """General keyed state: ``bin -> {key: value}`` of Python values.
 
-    Keys are Python values (``Array.to_pylist()`` items); values are any
-    cloudpickle-able objects.
+    Keys are Python values (``Array.to_pylist()`` items). By default keys and
+    values are of the types :mod:`operators.codec` encodes (record batches and
+    tables, numbers, strings, containers of them...) and bins travel as its
+    Arrow IPC: nothing is pickled, and :meth:`install_bins` refuses a pickled
+    payload without unpickling it. This is the state of built-in operators.
+
+    ``pickled=True``: values are any cloudpickle-able objects and bins travel
+    as cloudpickle (record batches inside as IPC streams of their own rows).
+    Only the state of user functions (per-key accumulators and values of
+    keyed ``reduce``, ``process`` and timers) is kept so, since it holds
+    arbitrary user objects: installing such a bin unpickles it. (An empty
+    bin is written as Arrow IPC all the same, and either form is read.)
 
     Example:
         >>> s = DictState(4)
@@ -169,8 +182,9 @@ class DictState(BinnedState):
         (10, 1, [1])
     """
 
-    def __init__(self, num_bins: int) -> None:
+    def __init__(self, num_bins: int, pickled: bool = False) -> None:
         super().__init__(num_bins)
+        self.pickled = pickled
         self._bins: dict[int, dict[Any, Any]] = {}
 
     def get(self, key: Any, bin: int, default: Any = None) -> Any:
@@ -220,9 +234,13 @@ class DictState(BinnedState):
 
     def extract_bins(self, bins: Iterable[int]) -> dict[int, bytes]:
         out = self.snapshot_bins(bins)
-        for b in out:
-            self._bins.pop(b, None)
+        self.drop_bins(out)
         return out
+
+    def drop_bins(self, bins: Iterable[int]) -> None:
+        """Remove ``bins`` without serialising them (a composite state that serialised them itself)."""
+        for b in self._check_bins(bins):
+            self._bins.pop(b, None)
 
     def install_bins(self, data: Mapping[int, bytes]) -> None:
         decoded = {self._check_bin(b): self._decode(b, payload) for b, payload in data.items()}
@@ -237,21 +255,36 @@ class DictState(BinnedState):
     def _encode(self, b: int) -> bytes:
         doc = {"format": _DICT_FORMAT, "num_bins": self._num_bins, "bin": b,
                "version": int(self._versions[b]), "items": dict(self._bins.get(b, {}))}
-        return dumps_compact(doc)
+        if self.pickled and doc["items"]:  # (an empty bin has nothing to pickle: Arrow IPC, as below)
+            return dumps_compact(doc)
+        try:
+            return codec.encode(doc)
+        except TypeError as exc:
+            raise TypeError(f"bin {b} of a DictState: {exc} (state of arbitrary Python objects, that of user "
+                            "functions, needs DictState(..., pickled=True))") from None
 
     def _decode(self, b: int, payload: bytes) -> tuple[int, dict[Any, Any]]:
-        try:
-            doc = cloudpickle.loads(payload)
-        except Exception as exc:
-            raise ValueError(f"bin {b}: payload is not a DictState bin ({exc})") from exc
-        if not isinstance(doc, dict) or doc.get("format") != _DICT_FORMAT:
-            raise ValueError(f"bin {b}: payload is not a DictState bin (format {_DICT_FORMAT!r} expected)")
+        if self.pickled and codec.is_pickle(payload):
+            doc = _unpickle_bin(b, payload)
+        else:  # Arrow IPC; a pickle is refused here unread
+            doc = codec.decode_document(payload, "DictState", _DICT_FORMAT, b)
         if doc["num_bins"] != self._num_bins or doc["bin"] != b:
             raise ValueError(
                 f"bin {b}: payload is bin {doc['bin']} of a state with {doc['num_bins']} bins; "
                 f"this state has {self._num_bins} bins"
             )
         return int(doc["version"]), doc["items"]
+
+
+def _unpickle_bin(b: int, payload: bytes) -> dict[str, Any]:
+    """The document of a pickled bin (``DictState(pickled=True)``: the state of user functions only)."""
+    try:
+        doc = cloudpickle.loads(payload)
+    except Exception as exc:
+        raise ValueError(f"bin {b}: payload is not a DictState bin ({exc})") from exc
+    if not isinstance(doc, dict) or doc.get("format") != _DICT_FORMAT:
+        raise ValueError(f"bin {b}: payload is not a DictState bin (format {_DICT_FORMAT!r} expected)")
+    return doc
 
 
 def _batch_from_ipc(payload: bytes) -> pa.RecordBatch:

@@ -31,10 +31,10 @@ import heapq
 import itertools
 from typing import Any, Callable, Iterable, Mapping
 
-import cloudpickle
 import numpy as np
 import pyarrow as pa
 
+from . import codec
 from .batch import merge_runs, to_batches
 from .keyed import ProcessLogic, _check_fn
 from .state import BinnedState, DictState
@@ -50,11 +50,16 @@ class TimerState(BinnedState):
 
     The heap may hold stale entries (deleted timers, keys moved away): a
     timer fires only if it is still pending when popped.
+
+    A bin travels as Arrow IPC (:mod:`operators.codec`): the watermark, the
+    version and the bins of both dict states. The timers' bin is Arrow IPC
+    too; the values' bin is pickled (``DictState(pickled=True)``), since they
+    are whatever the user's functions store.
     """
 
     def __init__(self, num_bins: int) -> None:
         super().__init__(num_bins)
-        self.values = DictState(num_bins)
+        self.values = DictState(num_bins, pickled=True)  # the user's values: any objects
         self.timers = DictState(num_bins)
         self.watermark = MIN_TIME
         self._heap: list[tuple[int, int, Any, int]] = []
@@ -109,25 +114,27 @@ class TimerState(BinnedState):
         return sizes
 
     def snapshot_bins(self, bins: Iterable[int]) -> dict[int, bytes]:
-        values, timers = self.values.snapshot_bins(bins), self.timers.snapshot_bins(bins)
-        return {b: cloudpickle.dumps({"format": _FORMAT, "watermark": self.watermark, "version": self.version(b),
-                                      "values": values[b], "timers": timers[b]}) for b in values}
+        """Per bin one document; a part with no keys in the bin is left out (``None``): its version travels
+        in the document's."""
+        wanted = self._check_bins(bins)
+        values = self.values.snapshot_bins(set(wanted).intersection(self.values.bins()))
+        timers = self.timers.snapshot_bins(set(wanted).intersection(self.timers.bins()))
+        return {b: codec.encode({"format": _FORMAT, "watermark": self.watermark, "version": self.version(b),
+                                 "values": values.get(b), "timers": timers.get(b)}) for b in wanted}
 
     def extract_bins(self, bins: Iterable[int]) -> dict[int, bytes]:
         out = self.snapshot_bins(bins)
-        self.values.extract_bins(out)
-        self.timers.extract_bins(out)
+        self.values.drop_bins(out)
+        self.timers.drop_bins(out)
         self._remembered.difference_update(out)
         return out
 
     def install_bins(self, data: Mapping[int, bytes]) -> None:
         docs = {self._check_bin(b): self._decode(b, p) for b, p in data.items()}
-        incoming = DictState(self._num_bins)
-        incoming.install_bins({b: d["timers"] for b, d in docs.items()})
-        self.values.install_bins({b: d["values"] for b, d in docs.items()})
-        self.timers.install_bins({b: d["timers"] for b, d in docs.items()})
+        self.timers.install_bins({b: d["timers"] for b, d in docs.items() if d["timers"] is not None})
+        self.values.install_bins({b: d["values"] for b, d in docs.items() if d["values"] is not None})
         for b, doc in docs.items():
-            for key, times in incoming._bins.get(b, {}).items():
+            for key, times in (self.timers._bins.get(b, {}) if doc["timers"] is not None else {}).items():
                 for t in times:
                     heapq.heappush(self._heap, (t, next(self._seq), key, b))
             self.watermark = max(self.watermark, doc["watermark"])
@@ -135,12 +142,9 @@ class TimerState(BinnedState):
             self._remembered.add(b)
 
     def _decode(self, b: int, payload: bytes) -> dict[str, Any]:
-        try:
-            doc = cloudpickle.loads(payload)
-        except Exception as exc:
-            raise ValueError(f"bin {b}: payload is not a TimerState bin ({exc})") from exc
-        if not isinstance(doc, dict) or doc.get("format") != _FORMAT:
-            raise ValueError(f"bin {b}: payload is not a TimerState bin (format {_FORMAT!r} expected)")
+        doc = codec.decode_document(payload, "TimerState", _FORMAT, b)
+        if not all(isinstance(doc.get(part), (bytes, type(None))) for part in ("values", "timers")):
+            raise ValueError(f"bin {b}: payload is not a TimerState bin (values and timers are not bytes)")
         return doc
 
     def __len__(self) -> int:

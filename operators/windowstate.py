@@ -8,7 +8,8 @@ live in bins, and a bin of the window state is the set of that bin's slices
 of every open window, plus the operator's watermark: extracting a bin moves
 its open windows, and installing it elsewhere carries the watermark along,
 so event time never goes backwards for a bin that moves (rescale) or is
-restored (recovery).
+restored (recovery). A bin travels as Arrow IPC (:mod:`operators.codec`), its
+panes' bins inside it as their states write them.
 
 Firing: a window fires once, when the watermark reaches ``end - 1``; it is
 dropped when the watermark reaches ``end - 1 + allowed_lateness``. When
@@ -24,10 +25,10 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterable, Mapping
 
-import cloudpickle
 import numpy as np
 import pyarrow as pa
 
+from . import codec
 from .state import BinnedState
 
 __all__ = ["WindowState", "Pane", "MIN_TIME"]
@@ -161,7 +162,7 @@ class WindowState(BinnedState):
 
         def encode() -> dict[int, bytes]:
             encoded = {w: make() for w, make in parts.items()}
-            return {b: cloudpickle.dumps({
+            return {b: codec.encode({
                 "format": _FORMAT, "num_bins": num_bins, "bin": b, "version": versions[b],
                 "watermark": marks[b], "windows": {w: e[b] for w, e in encoded.items() if b in e}})
                 for b in wanted}
@@ -215,12 +216,7 @@ class WindowState(BinnedState):
         return sum(len(p.state) for p in self.windows.values())
 
     def _decode(self, b: int, payload: bytes) -> dict[str, Any]:
-        try:
-            doc = cloudpickle.loads(payload)
-        except Exception as exc:
-            raise ValueError(f"bin {b}: payload is not a WindowState bin ({exc})") from exc
-        if not isinstance(doc, dict) or doc.get("format") != _FORMAT:
-            raise ValueError(f"bin {b}: payload is not a WindowState bin (format {_FORMAT!r} expected)")
+        doc = codec.decode_document(payload, "WindowState", _FORMAT, b)
         if doc["num_bins"] != self._num_bins or doc["bin"] != b:
             raise ValueError(f"bin {b}: payload is bin {doc['bin']} of a state with {doc['num_bins']} bins; "
                              f"this state has {self._num_bins} bins")

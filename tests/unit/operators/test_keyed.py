@@ -435,6 +435,34 @@ def test_process_state_persists_across_batches_and_bins_move() -> None:
     assert sorted(emitted, key=repr) == sorted(_session_oracle(batches), key=repr)
 
 
+class _Tally:
+    """A user object as keyed state: it moves with its bin, pickled (only user state is)."""
+
+    def __init__(self) -> None:
+        self.seen: list[int] = []
+
+
+def test_user_objects_in_process_state_and_reduce_accumulators_move_with_their_bins() -> None:
+    """Their state is the user's (any objects): kept with ``pickled=True``, it moves pickled."""
+    def tally(key: Any, rows: pa.RecordBatch, state: ValueState) -> list[dict]:
+        state.value = state.value or _Tally()
+        state.value.seen += rows.column("v").to_pylist()
+        return [{"k": key, "seen": list(state.value.seen)}]
+
+    batch = pa.record_batch({"k": ["a", "b", "a"], "v": [1, 2, 3]})
+    process = [ProcessLogic("k", tally, NUM_BINS) for _ in range(2)]
+    process[0].process(batch, 0)
+    move_bins(process, np.zeros(NUM_BINS, dtype=np.int64), 0, process[0].state.bins())
+    assert process[1].state.pickled and len(process[0].state) == 0
+    assert process[1].process(batch.slice(2), 0)[0].to_pylist() == [{"k": "a", "seen": [1, 3, 3]}]
+    add = lambda acc, row: {"k": row["k"], "v": acc["v"] + row["v"]}  # noqa: E731
+    reduce = [ReduceLogic("k", add, NUM_BINS) for _ in range(2)]
+    reduce[0].process(batch, 0)
+    move_bins(reduce, np.zeros(NUM_BINS, dtype=np.int64), 0, reduce[0].state.bins())
+    assert reduce[1].state.pickled and sorted(reduce[1].finish()[0].to_pylist(), key=lambda r: r["k"]) == [
+        {"k": "a", "v": 4}, {"k": "b", "v": 2}]
+
+
 def test_process_concatenates_outputs_in_order_and_casts_to_the_output_schema() -> None:
     def echo(key: Any, rows: pa.RecordBatch, state: ValueState) -> pa.RecordBatch:
         return pa.record_batch({"k": rows.column("k"), "v": pa.array(rows.column("v").to_pylist(), pa.int32())})

@@ -12,6 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from chiray.operators import codec
 from chiray.operators.hashing import bins_of
 from chiray.operators.keyindex import encode_keys
 from chiray.operators.state import Accumulator, BinnedState, ColumnarAggState, DictState
@@ -94,6 +95,61 @@ def test_dict_state_install_rejects_foreign_payloads() -> None:
         s.install_bins({3: other.snapshot_bins([3])[3]})
     with pytest.raises(ValueError, match="bin 2"):
         s.install_bins({2: DictState(8).snapshot_bins([1])[1]})
+
+
+class _Opaque:
+    """A user object: only state kept with ``pickled=True`` may hold it."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Opaque) and other.n == self.n
+
+
+def test_dict_state_of_user_objects_pickles_and_built_in_state_refuses_them() -> None:
+    b = _bin("a", 8)
+    user, built_in = DictState(8, pickled=True), DictState(8)
+    for s in (user, built_in):
+        s.put("a", b, [_Opaque(1)])
+    payload = user.snapshot_bins([b])[b]
+    assert codec.is_pickle(payload)
+    other = DictState(8, pickled=True)
+    other.install_bins({b: payload})
+    assert other.get("a", b) == [_Opaque(1)]
+    with pytest.raises(TypeError, match=rf"bin {b} of a DictState: cannot encode a .*_Opaque at "
+                                        rf"value\['items'\]\['a'\]\[0\].*pickled=True"):
+        built_in.snapshot_bins([b])
+    with pytest.raises(ValueError, match=f"bin {b}: the DictState payload is pickled; built-in state reads"):
+        DictState(8).install_bins({b: payload})
+
+
+def test_pickled_dict_state_reads_arrow_bins_and_writes_empty_ones_as_arrow() -> None:
+    b = _bin("a", 8)
+    built_in = DictState(8)
+    built_in.put("a", b, (1, pa.record_batch({"x": [1]})))
+    user = DictState(8, pickled=True)
+    user.install_bins(built_in.snapshot_bins([b]))
+    assert user.get("a", b)[0] == 1 and user.get("a", b)[1].equals(pa.record_batch({"x": [1]}))
+    emptied = DictState(8, pickled=True)
+    emptied.put("x", b, _Opaque(2))
+    emptied.delete("x", b)
+    payload = emptied.snapshot_bins([b])[b]
+    assert not codec.is_pickle(payload)
+    built_in = DictState(8)
+    built_in.install_bins({b: payload})
+    assert built_in.bins() == [] and built_in.version(b) == 2
+
+
+def test_dict_state_drops_bins_without_serialising_them() -> None:
+    s = DictState(8)
+    s.put("a", _bin("a", 8), object())  # (would not serialise)
+    s.put("b", _bin("b", 8), 1)
+    s.drop_bins([_bin("a", 8)])
+    assert s.get("a", _bin("a", 8)) is None and s.get("b", _bin("b", 8)) == 1
+    assert s.version(_bin("a", 8)) == 1 and s.bins() == [_bin("b", 8)]  # (a and b: other bins)
+    with pytest.raises(ValueError, match=r"\[0, 8\)"):
+        s.drop_bins([8])
 
 
 def test_install_of_an_empty_bin_carries_its_version_only() -> None:

@@ -7,6 +7,7 @@ import random
 import numpy as np
 import pyarrow as pa
 
+from chiray.operators import codec
 from chiray.operators.timers import TimerProcessLogic
 
 from .test_windows import JITTER, NUM_BINS, batches, pc_max, route
@@ -50,3 +51,29 @@ def test_pending_timers_move_with_their_bins():
     for _, per_key in got.groupby("k"):
         assert per_key["at"].is_monotonic_increasing
     assert sum(len(inst.state.timers) for inst in instances) == 0  # every timer fired
+
+
+class _Count:
+    """A user object as a key's value."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+
+def test_values_of_user_functions_are_pickled_and_timers_are_arrow():
+    """A bin carries the user's values pickled (any objects) and the pending timers as Arrow IPC only."""
+    def on_rows(key, rows, ctx):
+        ctx.value = _Count((ctx.value.n if ctx.value else 0) + rows.num_rows)
+        ctx.register(50)
+
+    def on_timer(key, time, ctx):
+        return [{"k": key, "n": ctx.value.n}]
+
+    instances = [TimerProcessLogic("k", on_rows, on_timer, NUM_BINS) for _ in range(2)]
+    instances[0].process(pa.record_batch({"k": ["a", "b", "a"]}), 0)
+    bins = instances[0].state.bins()
+    doc = codec.decode(instances[0].state.snapshot_bins(bins[:1])[bins[0]])
+    assert codec.is_pickle(doc["values"]) and not codec.is_pickle(doc["timers"])
+    move_bins(instances, np.zeros(NUM_BINS, dtype=np.int64), 0, bins)
+    out = pa.Table.from_batches(instances[1].on_watermark(50)).to_pylist()
+    assert sorted(out, key=lambda r: r["k"]) == [{"k": "a", "n": 2}, {"k": "b", "n": 1}]
