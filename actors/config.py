@@ -9,6 +9,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any
 
 from chiray.operators.staging import check_run_id
@@ -70,9 +71,9 @@ class JobConfig:
         restart_window_s: count only the recoveries of the last this many seconds against
             ``max_restarts`` (a failure rate: at most ``max_restarts`` per window, as Flink's
             failure-rate restart strategy); None: every recovery of the job's life counts.
-        recovery_timeout_s: how long the recovery attempts in a row may keep failing (storage
-            unreachable, hosts dying while they start; each next attempt after a pause that doubles up
-            to 5 s) before the job fails.
+        recovery_timeout_s: how long the recovery attempts (or the job controller's replacements) in a
+            row may keep failing (storage unreachable, hosts dying while they start; each next attempt
+            after a pause that doubles up to 5 s) before the job fails.
         step_warning_s: a step of operator code (one batch through a user function) running longer
             than this becomes an event of the job, naming the operator, instance and function, again
             at each doubling; the step is not stopped (None: no watchdog).
@@ -88,9 +89,15 @@ class JobConfig:
         warm_hosts: bare host actors (and one job controller, with ``controller_process``) this driver keeps
             started between jobs, so that the next ``submit`` (or a recovery or
             scale-out) sets them up instead of starting processes (see
-            ``actors/pool.py``). Refilled when this job ends; each idle warm
-            host holds ``host_num_cpus``; ``release_warm_actors()`` stops them.
+            ``actors/pool.py``). When this job ends, its hosts that are still
+            alive become bare again and join them (``OperatorHost.recycle``),
+            and new ones are started for those missing; each idle warm host
+            holds ``host_num_cpus``; ``release_warm_actors()`` stops them.
             Not used for hosts with ``host_options``.
+        reuse_hosts: when this job ends, up to this many of its live hosts become bare again
+            (``OperatorHost.recycle``) and wait in the warm pool for this driver's next job, which
+            takes them instead of starting processes; unlike ``warm_hosts``, no process is started
+            to keep the pool full. Default: the ``CHIRAY_REUSE_HOSTS`` environment variable, else 0.
         detached: run the job under a job manager actor on the cluster (see
             ``actors/manager.py``), so that it outlives the driver; reach it
             with ``chiray.attach(name)`` or the ``chiray`` CLI. Default: the
@@ -137,6 +144,7 @@ class JobConfig:
     deploy_timeout_s: float = 120.0
     spare_hosts: int = 0
     warm_hosts: int = 0
+    reuse_hosts: int = dataclasses.field(default_factory=lambda: int(os.environ.get("CHIRAY_REUSE_HOSTS", "0")))
     detached: bool = False
     name: str | None = None
     run_id: str | None = None
@@ -178,6 +186,8 @@ class JobConfig:
             raise ValueError(f"JobConfig: spare_hosts must be >= 0, got {self.spare_hosts}")
         if self.warm_hosts < 0:
             raise ValueError(f"JobConfig: warm_hosts must be >= 0, got {self.warm_hosts}")
+        if self.reuse_hosts < 0:
+            raise ValueError(f"JobConfig: reuse_hosts must be >= 0, got {self.reuse_hosts}")
         if self.memory_pool not in MEMORY_POOLS:
             raise ValueError(f"JobConfig: memory_pool must be one of {sorted(MEMORY_POOLS, key=str)}, "
                              f"got {self.memory_pool!r}")

@@ -113,3 +113,7 @@ class InstanceControlContext:
     def source_offsets(self) -> dict[str, Any] | None:
         logic = self._instance.logic
         return logic.offsets() if isinstance(logic, SourceLogic) else None
+
+    def halt_source(self, halted: bool = True) -> None:
+        if self._instance.is_source:
+            self._instance.halted = halted

@@ -324,8 +324,16 @@ class Controller(ControllerOps):
                 pass
 
     async def cancel_stop(self) -> None:
-        """The stop's final checkpoint failed and the job runs on: periodic checkpoints start again."""
+        """The stop's final checkpoint failed and the job runs on: the sources it halted read on, and
+        periodic checkpoints start again."""
+        from chiray.control.ops.checkpoint import ResumeSources
+
         self.stopping = False
+        if self.lifecycle.state is JobState.RUNNING:
+            try:
+                await self.op_result(await self.run_op(ResumeSources()), 60.0)
+            except Exception as exc:  # a recovery meanwhile starts every source afresh
+                self.lifecycle.events.append(f"stop cancelled: resuming the sources failed: {exc!r}")
         if self.lifecycle.state is JobState.RUNNING and self.config.checkpoint_interval_s and self._periodic is None:
             self._periodic = asyncio.get_running_loop().create_task(self._checkpoint_periodically())
 
@@ -346,7 +354,8 @@ class Controller(ControllerOps):
         job = {"name": self.job_name, "operators": self.ops.view.operators}
         op = Checkpoint(checkpoint_id, self.storage, self.config.checkpoints_to_keep,
                         functools.partial(self._commit_sinks, checkpoint_id=checkpoint_id), job,
-                        commit_sources=self._commit_sources, durable=self.durable, on_durable=self._durable)
+                        commit_sources=self._commit_sources, durable=self.durable, on_durable=self._durable,
+                        final=final)
         op_id = await self.run_op(op)
         self._checkpoint_op = op_id
         return op_id
@@ -475,7 +484,7 @@ class Controller(ControllerOps):
             taken = self._injections.take(host)
             assert taken is not None, "bug in JobController: a ready host has no injections"
             handle, parcel = taken
-            ref = handle.receive.remote(parcel)
+            ref = handle.receive.remote(parcel, self.config.run_id)
             when_returned(ref, functools.partial(self._injected, self._injections, host))
             sent = True
         if sent:
@@ -547,11 +556,14 @@ class HostedController:
     Args:
         host: the ``OperatorHost`` actor that runs the controller.
         host_id: that host's id in the job.
+        run: the job life (``JobConfig.run_id``): a host that serves another one by the time a call
+            arrives (a warm pool gave it to the next job) refuses the call.
     """
 
-    def __init__(self, host: Any, host_id: int):
+    def __init__(self, host: Any, host_id: int, run: str | None = None):
         self.host = host
         self.host_id = host_id
+        self.run = run
 
     @property
     def _actor_id(self) -> Any:
@@ -560,18 +572,19 @@ class HostedController:
     def __getattr__(self, name: str) -> "_HostedMethod":
         if name.startswith("_") or "host" not in self.__dict__:
             raise AttributeError(name)
-        return _HostedMethod(self.host, name)
+        return _HostedMethod(self.host, name, self.run)
 
     def __repr__(self) -> str:
         return f"HostedController(host {self.host_id}: {self.host!r})"
 
 
 class _HostedMethod:
-    __slots__ = ("host", "name")
+    __slots__ = ("host", "name", "run")
 
-    def __init__(self, host: Any, name: str):
+    def __init__(self, host: Any, name: str, run: str | None):
         self.host = host
         self.name = name
+        self.run = run
 
     def remote(self, *args: Any, **kwargs: Any) -> Any:
-        return self.host.controller_call.remote(self.name, args, kwargs)
+        return self.host.controller_call.remote(self.name, args, kwargs, self.run)

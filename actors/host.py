@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import gc
 import inspect
 import logging
 import os
@@ -43,6 +44,12 @@ log = logging.getLogger(__name__)
 STEP_BUDGET = 64
 STEP_BUDGET_S = 0.002
 """The loop takes up to this many steps (or this long) before it sends and yields to deliveries."""
+
+RECYCLE_WAIT_S = 2.0
+"""How long :meth:`OperatorHost.recycle` waits for the host's loop to stop (a step of user code runs on)."""
+
+SPARE_HOST_ID = -1
+"""The id of a host started before its job knew it (a spare or warm host; it takes its id at setup)."""
 
 CONTROL_STEP_BUDGET = 4096
 """Steps that only take control messages do not count against the budget above, up to this many a
@@ -77,6 +84,7 @@ class OperatorHost:
     def __init__(self, host_id: int, job_name: str):
         self.host_id = host_id
         self.job_name = job_name
+        self.run: str | None = None  # the job life (``JobConfig.run_id``) this host serves, from setup on
         self.core: HostCore | None = None
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
@@ -97,10 +105,11 @@ class OperatorHost:
             self.host_id = host_id
         self._loop = asyncio.get_running_loop()
         use_memory_pool(config.memory_pool)
+        self.run = config.run_id
         self.controller = controller
         self.incarnation = incarnation
         self.controllers = {"controller": controller}
-        self.transport = Transport(peers, self._peer_failed, self.controllers)
+        self.transport = Transport(peers, self._peer_failed, self.controllers, run=self.run)
         try:
             self.core = HostCore(self.host_id, plan, placement, config, restore)
         except OperatorFailure as failure:
@@ -108,12 +117,15 @@ class OperatorHost:
         return None
 
     @ray.method(concurrency_group="control")
-    async def controller_call(self, method: str, args: tuple, kwargs: dict) -> Any:
+    async def controller_call(self, method: str, args: tuple, kwargs: dict, run: str | None = None) -> Any:
         """Run the job controller's ``method`` here (``"configure"`` creates it); see ``HostedController``.
 
         On an event loop and thread of their own, so the controller answers while this host's loop
-        runs operator code (they share only the interpreter).
+        runs operator code (they share only the interpreter). A call for another job life ``run`` (this
+        host was recycled since) is refused.
         """
+        if run is not None and run != self.run:
+            raise RuntimeError(f"host {self.host_id} runs no controller of job life {run} (it serves {self.run})")
         if method == "configure":
             self._controller = Controller()
         if self._controller is None:
@@ -125,8 +137,13 @@ class OperatorHost:
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run())
 
-    async def receive(self, parcel: Parcel) -> None:
-        """What another host or a controller sent: envelopes, credit, control traffic (``Parcel``)."""
+    async def receive(self, parcel: Parcel, run: str | None = None) -> None:
+        """What another host or a controller of job life ``run`` sent: envelopes, credit, control traffic
+        (``Parcel``). A parcel of another life (sent to this host before a warm pool gave it to another
+        job: see :meth:`recycle`) is dropped."""
+        if run is not None and run != self.run:
+            log.debug("host %s: dropped a parcel of job life %s (this host serves %s)", self.host_id, run, self.run)
+            return
         assert self.core is not None, "bug: receive() before setup()"
         self.core.receive(parcel)
         self._wake.set()
@@ -231,6 +248,29 @@ class OperatorHost:
         if self.core is not None:
             self.transport.close()
             self.core.close()
+
+    async def recycle(self) -> bool:
+        """End this host's part in its job and make it a bare host again, as if just started (the warm
+        pool hands it to the next job: a process start is most of a short job's cost). Its loop stops,
+        its instances close (unfinished sinks abort), a job controller running here stops, and parcels
+        still in flight from the old job are dropped when they arrive (see :meth:`receive`).
+
+        Returns:
+            False if the host cannot be reused (its loop did not stop in time): kill it.
+        """
+        await self.abort()
+        if self._task is not None and not self._task.done():
+            try:
+                await asyncio.wait_for(asyncio.shield(self._task), RECYCLE_WAIT_S)
+            except Exception:
+                return False
+        for task in list(self._background):
+            task.cancel()
+        if self._controller is not None:
+            await self._controller.stop()
+        self.__init__(SPARE_HOST_ID, "")  # type: ignore[misc]
+        gc.collect()
+        return True
 
     def _peer_failed(self, host: int, exc: BaseException) -> None:
         if not self._stopped:

@@ -74,6 +74,7 @@ class OperatorInstance:
     """
 
     is_source = False
+    halted = False  # a source halted at a stop's cut reads nothing (``SourceInstance``)
     exhausted = False  # a source read its last batch (it finishes once no change is pending)
 
     def __init__(self, info: InstanceInfo, logic: OperatorLogic | SourceLogic,

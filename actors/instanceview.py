@@ -28,6 +28,8 @@ class InstanceView(Protocol):
     targets: list[list[InstanceId]]
     replicas: Any
     ctx: Any
+    is_source: bool
+    halted: bool  # a source halted at a stop's cut
 
     def output_channels(self) -> list[OutputChannel]: ...
 

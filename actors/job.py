@@ -112,6 +112,7 @@ class Job:
         self._side: dict[str, Any] = {}
         self._senders: dict[Any, OpSender] = {}  # controller actor id -> its batching sender
         self._final: LifecycleSnapshot | None = None
+        self._lost: LifecycleSnapshot | None = None  # set by the supervisor when no controller could be started
         self._results: dict[str, Any] = {}
         self._last_stats: JobStatistics | None = None
         self._lock = threading.RLock()  # guards _senders
@@ -146,8 +147,8 @@ class Job:
                 hosts = deployment.new_hosts(deployment.host_ids)
                 # set up first (within deploy_timeout_s: Ray may have no room), then the controller there,
                 # before any host runs (so none calls it first)
-                hosts = deployment.start_hosts(HostedController(hosts[0], deployment.host_ids[0]), restore, 0,
-                                               hosts)
+                hosted = HostedController(hosts[0], deployment.host_ids[0], deployment.config.run_id)
+                hosts = deployment.start_hosts(hosted, restore, 0, hosts)
                 try:
                     controller = make_controller(hosts[0], deployment.host_ids[0])
                 except BaseException:
@@ -212,10 +213,28 @@ class Job:
             try:
                 return ray.get(send(controller), timeout=timeout)
             except ray.exceptions.RayActorError:
+                if self._lost is not None and self._final is None:
+                    self._end_lost()
+                if self._final is not None and self._final is self._lost:
+                    raise self._final.error from None  # type: ignore[misc]
                 if self._final is not None or time.monotonic() > deadline:
                     raise
-                while self.topology.controller is controller and time.monotonic() < deadline:
+                while (self.topology.controller is controller and self._lost is None
+                       and time.monotonic() < deadline):
                     time.sleep(0.05)
+
+    def controller_lost(self, reason: str, events: tuple[str, ...], restarts: int) -> None:
+        """The supervisor gave up starting a job controller (``recovery_timeout_s``): the job has failed;
+        the next verb ends it (its hosts are killed) and reports ``reason``."""
+        self._lost = LifecycleSnapshot(JobState.FAILED, (), (), JobFailedError(f"job {self.name!r} failed: "
+                                                                                f"{reason}"),
+                                       (*events, f"failed: {reason}"), restarts)
+
+    def _end_lost(self) -> None:
+        assert self._lost is not None
+        self._final = self._lost
+        self.ended_at = time.time()
+        self._shutdown()
 
     def _answer(self, send: Callable[[Any], Any], verb: str, timeout: float = 30.0) -> Any:
         """``_call`` for a reading verb: a controller that does not answer in ``timeout`` seconds (its
@@ -450,13 +469,17 @@ class Job:
             senders, self._senders = list(self._senders.values()), {}
         for sender in senders:
             sender.close()
-        for actor in self.actors:
-            try:
-                ray.kill(actor, no_restart=True)
-            except Exception:
-                pass
         deployment = self._deployment
+        config = deployment.config if deployment is not None else None
+        hosts = self.topology.hosts() if config is not None and (config.warm_hosts or config.reuse_hosts) else []
+        for actor in self.actors:
+            if actor not in hosts:
+                try:
+                    ray.kill(actor, no_restart=True)
+                except Exception:
+                    pass
         if deployment is not None:  # unused spares are still bare: they may serve the next job
+            deployment.recycle_hosts(list(hosts))
             release_outputs(deployment.sinks)
             spares, deployment.spares = deployment.spares, []
             deployment.refill_pool(spares)
@@ -690,7 +713,11 @@ class Job:
     def status(self) -> JobStatus:
         """The job's state and events (``JobNotFoundError`` once forgotten)."""
         self._known()
-        snap = self._final or self._answer(lambda c: c.snapshot.remote(), "status")
+        try:
+            snap = self._final or self._answer(lambda c: c.snapshot.remote(), "status")
+        except JobFailedError:  # the supervisor gave up on the controller meanwhile
+            assert self._final is not None
+            snap = self._final
         history = tuple(JobEvent.of(EventKind.RUN, text=e) for e in snap.events)
         return JobStatus(self.name, snap.state, snap.finished_instances, snap.events, snap.error, history)
 

@@ -17,7 +17,7 @@ from chiray.operators.graph import OperatorKind
 
 from .jobvalues import CheckpointInfo, RescaleOutcome, RescaleProgress, RescaleRecord
 from .restore import RestoreInfo
-from .storage import CheckpointStorage
+from .storage import CheckpointError, CheckpointStorage
 
 __all__ = ["RescaleOutcome", "sink_names", "recover_sinks", "with_parallelism", "dir_bytes", "committed_results",
            "interrupted", "plain", "copy_savepoint", "commit_stopped"]
@@ -83,12 +83,16 @@ def copy_savepoint(storage: CheckpointStorage, taken: CheckpointInfo, directory:
         ``taken`` with the copy's path and ``root=directory``.
 
     Raises:
-        CheckpointError: the copy is incomplete.
+        CheckpointError: the copy failed or is incomplete.
     """
-    target = CheckpointStorage(directory)
-    target.make_dir(target.chk_dir(taken.id))
-    pafs.copy_files(storage.chk_dir(taken.id), target.chk_dir(taken.id), source_filesystem=storage.fs,
-                    destination_filesystem=target.fs)
+    try:
+        target = CheckpointStorage(directory)
+        target.make_dir(target.chk_dir(taken.id))
+        pafs.copy_files(storage.chk_dir(taken.id), target.chk_dir(taken.id), source_filesystem=storage.fs,
+                        destination_filesystem=target.fs)
+    except OSError as exc:
+        raise CheckpointError(f"could not copy checkpoint {taken.id} to the savepoint directory {directory}: "
+                              f"{exc}") from exc
     target.load(taken.id)  # raises if the copy is incomplete
     path = target.chk_dir(taken.id) if "://" not in directory else f"{directory.rstrip('/')}/chk-{taken.id:06d}"
     return dataclasses.replace(taken, path=path, root=directory)

@@ -313,6 +313,8 @@ class HostCore:
                     break
                 self._after_step(inst, inst.step())
                 took = True
+            else:  # an op may have changed what it waits for (a resume after a stop's cut): ask it in turn
+                self.scheduler.wake(inst)
         if took:
             self.took_control = True
             self._flush(now)

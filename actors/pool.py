@@ -71,6 +71,11 @@ class WarmPool:
                 return len(self._idle.get(key, []))
             return sum(len(v) for v in self._idle.values())
 
+    def held_cpus(self) -> float:
+        """The CPUs the idle actors hold (a host's key names its ``host_num_cpus``; controllers hold none)."""
+        with self._lock:
+            return sum(len(actors) * key[1][0] for key, actors in self._idle.items() if key[0] == "host")
+
     def check(self, timeout: float | None) -> int:
         """Wait until every idle actor has started; drop the dead ones; how many are up."""
         with self._lock:
@@ -80,10 +85,11 @@ class WarmPool:
             self.put(key, actors)
         return sum(len(a) for a in up.values())
 
-    def release(self) -> int:
-        """Kill every idle actor; how many."""
+    def release(self, keep: Key | None = None) -> int:
+        """Kill every idle actor (but those of ``keep``); how many."""
         with self._lock:
-            idle, self._idle = [a for v in self._idle.values() for a in v], {}
+            idle = [a for k, v in self._idle.items() if k != keep for a in v]
+            self._idle = {keep: self._idle[keep]} if keep in self._idle else {}
         kill(idle)
         return len(idle)
 

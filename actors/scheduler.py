@@ -30,6 +30,7 @@ class Schedulable(Hashable, Protocol):
 
     is_source: bool
     finished: bool
+    halted: bool  # a source that reads nothing until resumed
 
     def runnable(self, now: float) -> bool:
         """Work to do and credit on every output."""
@@ -92,7 +93,7 @@ class Scheduler(Generic[T]):
             if wake is not None and wake > now:
                 # Re-check a paced source at least every RECHECK_S: what it waits for may change.
                 self.set_timer(inst, min(wake, now + RECHECK_S))
-            elif inst.is_source and not inst.finished and not inst.outputs_blocked():
+            elif inst.is_source and not inst.finished and not inst.halted and not inst.outputs_blocked():
                 # It became due between the two questions (a reader waiting on another process):
                 # look again at the next step rather than never.
                 self.set_timer(inst, now)

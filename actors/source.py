@@ -6,7 +6,8 @@ message: one injected by a controller into its *inbox*, ordered by the
 controller's global sequence so that every source sees ops in one order, or
 one along an op's extra edge. Its watermark is the one its logic computes
 from the batches it read; it does not defer event time during a migration
-(it holds no keyed state). Lifecycle as ``OperatorInstance``: it finishes
+(it holds no keyed state). A stop's final checkpoint *halts* it at its cut: it
+reads nothing more, unless the checkpoint failed and the job runs on. Lifecycle as ``OperatorInstance``: it finishes
 once its last batch is read and no prepared change is pending.
 """
 
@@ -40,14 +41,14 @@ class SourceInstance(OperatorInstance):
             return False
         if self.extra_inbox or self.control_runs or self.inbox.ready():
             return True
-        if self.exhausted:
-            return False  # it waits for the op of a pending change (its inbox wakes it)
+        if self.exhausted or self.halted:
+            return False  # it waits for the op of a pending change, or of a resume (its inbox wakes it)
         ready = self.logic.ready_at()  # type: ignore[union-attr]
         return ready is None or ready <= now
 
     def wake_time(self) -> float | None:
-        """When its next batch is due (None: now, or never once finished)."""
-        return None if self.finished else self.logic.ready_at()  # type: ignore[union-attr]
+        """When its next batch is due (None: now, or never once finished or halted)."""
+        return None if self.finished or self.halted else self.logic.ready_at()  # type: ignore[union-attr]
 
     def control_ready(self) -> bool:
         """A control message to take next (injected, or along an extra edge)."""
@@ -66,6 +67,8 @@ class SourceInstance(OperatorInstance):
         if self.inbox.ready():
             self._on_control(self.inbox.take().message, CONTROLLER)
             return self._result((), True)
+        if self.halted:  # a stop's cut passed here: nothing after it is read
+            return self._result((), False)
         batch = self._call(self.logic.poll)  # type: ignore[union-attr]
         if batch is None:
             self.exhausted = True

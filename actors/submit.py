@@ -190,11 +190,11 @@ def submit(flow: Dataflow, *, config: JobConfig | None = None, restore_from: str
         args = (flow.name, sink_instances, config, job_view(flow.name, deployment.plan), broadcast,
                 deployment.placement, storage, sinks, first, sources)
         if host is not None:
-            ray.get(host.controller_call.remote("configure", args, {}))
-            return HostedController(host, host_id)
+            ray.get(host.controller_call.remote("configure", args, {}, config.run_id))
+            return HostedController(host, host_id, config.run_id)
         warm = warm_pool().take(CONTROLLER_POOL_KEY, 1) if config.warm_hosts else []
         if warm:
-            warm[0].configure.remote(*args)  # runs before any later call of this driver on it
+            ray.get(warm[0].configure.remote(*args))  # configured before anyone calls it (from any thread)
             return warm[0]
         return JobController.remote(*args)  # type: ignore[attr-defined]
 

@@ -30,7 +30,7 @@ from chiray.control.coordination import JobState
 from .config import JobConfig
 from .controller import controller_host
 from .errors import JobFailedError, OperatorError
-from .host import OperatorHost
+from .host import SPARE_HOST_ID, OperatorHost
 from .pool import kill, warm_pool
 from .restore import RestoreInfo
 from .storage import CheckpointError
@@ -39,12 +39,12 @@ __all__ = ["Deployment", "Supervisor", "release_outputs"]
 
 log = logging.getLogger(__name__)
 
-SPARE_HOST_ID = -1
-"""The id a spare host has until a scale-out sets it up with its own."""
-
 CALL_TIMEOUT_S = 60.0
 """How long the supervisor waits for any one answer of the controller or a host (a stopped process never
 answers): a recovery attempt that waits longer fails and is tried again."""
+
+RECYCLE_TIMEOUT_S = 5.0
+"""How long a job's end waits for its hosts to become bare again for the warm pool (else they are killed)."""
 
 
 def backoff(attempt: int, first: float = 0.1, longest: float = 5.0) -> float:
@@ -102,7 +102,34 @@ class Deployment:
         """Host actors (not yet set up) for these ids: warm ones first (they take their ids at setup)."""
         key = host_pool_key(self.config)
         warm = warm_pool().take(key, len(host_ids)) if key is not None else []
+        if len(warm) < len(host_ids):  # idle hosts of another size must not hold the CPUs these need
+            warm_pool().release(keep=key)
         return warm + [self._start_host(i) for i in host_ids[len(warm):]]
+
+    def recycle_hosts(self, hosts: list[Any]) -> None:
+        """The job ended: its live hosts become bare again and join the warm pool, up to
+        ``config.warm_hosts`` or ``config.reuse_hosts`` of them (see ``OperatorHost.recycle``); the
+        others are killed."""
+        key = host_pool_key(self.config)
+        keep = max(self.config.warm_hosts, self.config.reuse_hosts)
+        room = keep - warm_pool().size(key) if key is not None else 0
+        if room <= 0 or not hosts:
+            kill(hosts)
+            return
+        refs = [h.recycle.remote() for h in hosts[:room]]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=RECYCLE_TIMEOUT_S)
+        done = set(ready)
+        bare = []
+        for host, ref in zip(hosts, refs):
+            try:
+                if ref in done and ray.get(ref, timeout=0):
+                    bare.append(host)
+                    continue
+            except Exception:  # it died with the job
+                pass
+            kill([host])
+        kill(hosts[room:])
+        warm_pool().put(key, bare)  # type: ignore[arg-type]
 
     def refill_pool(self, unused: list[Any]) -> None:
         """The job ended: keep ``unused`` (bare spares) and start warm hosts up to ``config.warm_hosts``."""
@@ -213,6 +240,12 @@ class Supervisor(threading.Thread):
                         self._failed_attempts, self._failing_since = 0, None
                     except Exception as exc:  # the new one died too (placed on a node that was dying)
                         pause = self._failed(exc, "replacing the job controller")
+                        if self._out_of_time(pause):
+                            budget = self.deployment.config.recovery_timeout_s
+                            self.job.controller_lost(
+                                f"no job controller could be started: {self._failed_attempts} attempts in "
+                                f"{budget:g} s (recovery_timeout_s) failed, the last with {exc!r}", *self._history)
+                            return
                         log.warning("job %s: replacing the controller failed (%r); trying again in %.1f s",
                                     self.deployment.name, exc, pause)
                         self._stop.wait(pause)
@@ -222,7 +255,7 @@ class Supervisor(threading.Thread):
                     return
                 time.sleep(0.2)
                 continue
-            if snap.state.terminal:
+            if snap.state.terminal or self._stop.is_set():
                 return
             if snap.state is JobState.RECOVERING:
                 self._attempt_recovery()
@@ -237,8 +270,7 @@ class Supervisor(threading.Thread):
         except Exception as exc:
             pause = self._failed(exc, "recovery")
             budget = self.deployment.config.recovery_timeout_s
-            assert self._failing_since is not None
-            if time.monotonic() - self._failing_since + pause > budget:
+            if self._out_of_time(pause):
                 self._give_up(exc, f"recovery failed {self._failed_attempts} times in {budget:g} s "
                                    f"(recovery_timeout_s)")
             else:
@@ -252,6 +284,11 @@ class Supervisor(threading.Thread):
         pause = backoff(self._failed_attempts)
         log.warning("job %s: %s attempt %d failed: %r", self.deployment.name, what, self._failed_attempts, exc)
         return pause
+
+    def _out_of_time(self, pause: float) -> bool:
+        """Whether the failed attempts in a row, and ``pause`` before the next, pass ``recovery_timeout_s``."""
+        assert self._failing_since is not None
+        return time.monotonic() - self._failing_since + pause > self.deployment.config.recovery_timeout_s
 
     def _give_up(self, error: BaseException, reason: str) -> None:
         try:

@@ -55,8 +55,9 @@ class Transport:
     """
 
     def __init__(self, peers: dict[int, Any], on_error: Callable[[int, BaseException], None],
-                 controllers: dict[str, Any] | None = None):
+                 controllers: dict[str, Any] | None = None, run: str | None = None):
         self.peers = peers
+        self.run = run  # the job life: a peer that serves another one drops the parcel
         self.on_error = on_error
         self.controllers = controllers if controllers is not None else {}
         self._parcels: CallWindow[int, Parcel] = CallWindow(_fold)  # per peer host
@@ -94,7 +95,7 @@ class Transport:
     def _post(self, host: int) -> None:
         parcel = self._parcels.take(host)
         if parcel is not None:
-            self._track(self._peer_returned, host, self.peers[host].receive.remote(parcel))
+            self._track(self._peer_returned, host, self.peers[host].receive.remote(parcel, self.run))
 
     def _post_returns(self, origin: str) -> None:
         handle = self.controllers.get(origin)

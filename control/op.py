@@ -125,6 +125,10 @@ class InstanceContext(Protocol):
     def source_offsets(self) -> dict[str, Any] | None:
         """A source's split offsets now (None for other instances)."""
 
+    def halt_source(self, halted: bool = True) -> None:
+        """A source reads no further batch until ``halt_source(False)`` (it still takes control ops):
+        the cut of a stop. Ignored by other instances."""
+
 
 @runtime_checkable
 class ControllerContext(Protocol):

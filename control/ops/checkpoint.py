@@ -33,7 +33,7 @@ import cloudpickle
 from ..message import InstanceId
 from ..op import ControlOp, InstanceHandler
 
-__all__ = ["Checkpoint", "CheckpointStore", "encode_offsets", "decode_offsets", "instance_key"]
+__all__ = ["Checkpoint", "CheckpointStore", "ResumeSources", "encode_offsets", "decode_offsets", "instance_key"]
 
 
 class CheckpointStore(Protocol):
@@ -75,6 +75,9 @@ class Checkpoint(ControlOp):
         durable: the newest checkpoint the controller knows durable when this one starts: sinks list
             what they staged after it.
         on_durable: at the controller, called with the id once the manifest is written.
+        final: a stop's last checkpoint: each source *halts* at the cut (reads nothing after it), so
+            the job's input ends where the checkpoint does; :class:`ResumeSources` undoes it if the
+            checkpoint fails and the job runs on.
     """
 
     blocking = True
@@ -83,7 +86,7 @@ class Checkpoint(ControlOp):
                  commit_sinks: Callable[[str, list], None] | None = None,
                  job: dict[str, Any] | None = None, timeout_s: float | None = 120.0,
                  commit_sources: Callable[[str, int, dict[str, Any]], None] | None = None,
-                 durable: int = 0, on_durable: Callable[[int], None] | None = None):
+                 durable: int = 0, on_durable: Callable[[int], None] | None = None, final: bool = False):
         super().__init__()
         self.checkpoint_id = checkpoint_id
         self.storage = storage
@@ -94,6 +97,7 @@ class Checkpoint(ControlOp):
         self.timeout_s = timeout_s
         self.durable = durable
         self.on_durable = on_durable
+        self.final = final
         self.started = time.time()
 
     acks: dict[InstanceId, Any]  # filled at the controller as instances acknowledge
@@ -112,6 +116,8 @@ class Checkpoint(ControlOp):
             op: Checkpoint = self.op  # type: ignore[assignment]
             if ctx.kind == "source":
                 ctx.ack({"offsets": encode_offsets(ctx.source_offsets())})
+                if op.final:
+                    ctx.halt_source()
             elif ctx.kind == "sink":
                 ctx.ack({"staged": ctx.sink_prepare(op.checkpoint_id, op.durable)})
             elif ctx.state is not None:
@@ -160,3 +166,18 @@ class Checkpoint(ControlOp):
                 self.commit_sources(source, self.checkpoint_id, merged)
         self.storage.retain(self.keep)
         return self.checkpoint_id
+
+
+class ResumeSources(ControlOp):
+    """The sources that a failed stop's final checkpoint (``Checkpoint(final=True)``) halted read on."""
+
+    blocking = False
+
+    def __init__(self, timeout_s: float | None = 60.0):
+        super().__init__()
+        self.timeout_s = timeout_s
+
+    class Instance(InstanceHandler):
+        def on_begin(self, ctx: Any) -> None:
+            if ctx.kind == "source":
+                ctx.halt_source(False)

@@ -120,6 +120,14 @@ def test_a_running_job(ray_session, tmp_path, kind):
         assert entry.to_json()["from"] == 1 and entry["state"] == "done"  # the dict form of before
         assert dict(job.info().operators)["count"] == 2
 
+        blocked = tmp_path / "blocked"
+        blocked.write_text("a file where the stop's savepoint directory would go")
+        with pytest.raises(chiray.CheckpointError):
+            job.stop(savepoint=str(blocked / "final"))
+        read = job.statistics().records_in("count")  # the stop failed: its halted sources read on
+        wait_for(lambda: job.statistics().records_in("count") >= read + 400, 30, "records after the failed stop")
+        assert job.status().state.value == "RUNNING"
+
         sp = job.savepoint(str(tmp_path / "sp"))
         assert sp.startswith(str(tmp_path / "sp")) and os.path.isdir(sp)
         stopped = job.stop(savepoint=str(tmp_path / "final"))

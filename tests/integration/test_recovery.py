@@ -20,6 +20,7 @@ import pytest
 import ray
 
 from chiray.actors import submit
+from chiray.actors.errors import JobFailedError
 from chiray.actors.storage import CheckpointError, CheckpointStorage
 from chiray.control.ops.checkpoint import decode_offsets
 from chiray.operators import Dataflow, Source, generate, to_parquet
@@ -285,6 +286,38 @@ def test_a_replaced_controller_keeps_the_job_history_and_its_restart_count(tmp_p
         job.cancel()
 
 
+def test_a_job_whose_controller_cannot_be_replaced_fails_within_the_recovery_budget(tmp_path):
+    """No new controller starts (as on a cluster out of room): the supervisor tries again, backing off, until
+    ``recovery_timeout_s``, then the job fails with that reason and its hosts go; never RECOVERING for ever."""
+    src = generate(None, rate=20_000, batch_size=1000, num_keys=10)
+    flow = Dataflow("no-controller")
+    flow.source(src, name="src").key_by("key").count(name="count").collect(name="out")
+    job = flow.submit(poll_interval_s=0.2, controller_process=True, recovery_timeout_s=1.5)
+    attempts = []
+
+    def cannot_start():
+        attempts.append(time.monotonic())
+        raise RuntimeError("no room for the controller")
+
+    try:
+        wait_for(lambda: job.statistics().records_out("src") > 0, 30, "the source's first records")
+        job._supervisor.make_controller = cannot_start
+        hosts, started = job.topology.hosts(), time.monotonic()
+        ray.kill(job.topology.controller, no_restart=True)
+        with pytest.raises(JobFailedError, match=r"no job controller could be started: \d+ attempts in 1.5 s "
+                                                 r"\(recovery_timeout_s\) failed, the last with RuntimeError"):
+            job.wait(timeout=60)
+        assert len(attempts) >= 2 and time.monotonic() - started < 30
+        assert job.status().state.value == "FAILED"
+        try:  # the hosts were stopped with it (or made bare for the next job: JobConfig.reuse_hosts)
+            left = ray.get(hosts[0].statistics.remote(), timeout=30)
+        except ray.exceptions.RayActorError:
+            left = []
+        assert left == [], "the failed job's instances still run"
+    finally:
+        job.cancel()
+
+
 @pytest.fixture(scope="module")
 def checkpoint_mid_run(tmp_path_factory) -> str:
     """The keyed count run on the input until 40 % of it (held there), checkpointed and cancelled: the
@@ -360,7 +393,8 @@ def test_a_job_restored_into_the_directory_it_came_from_adds_files_and_a_second_
     job that names the directory while the first runs is refused at submit, naming both jobs. The savepoint
     copies slowly (as to S3) while records trickle in and periodic checkpoints are due: none may start
     after the stop's cut (they committed output that the savepoint does not hold, and the restored job
-    wrote it again; with one checkpoint kept, retention deleted the savepoint's checkpoint mid-copy)."""
+    wrote it again; with one checkpoint kept, retention deleted the savepoint's checkpoint mid-copy), and
+    the sources read nothing after it."""
     from chiray.actors import job as job_module
 
     copy = job_module.copy_savepoint
@@ -387,6 +421,8 @@ def test_a_job_restored_into_the_directory_it_came_from_adds_files_and_a_second_
         second.cancel()
     mine, theirs = set(first.result("files")), set(second.result("files"))
     assert mine and theirs and not mine & theirs
+    # the sources halted at the cut: while the savepoint copied, records trickled in but none was read
+    assert first.statistics().records_out("src") == sum(parquet_rows(mine).values())
     assert mine | theirs == {os.path.join(out, n) for n in os.listdir(out) if n.startswith("part-")}
     assert parquet_rows(mine | theirs) == rows(source_batches(src))  # every record in one committed file
     assert_counts_equal(second.result("out"), key_counts(src))

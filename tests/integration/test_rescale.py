@@ -26,6 +26,7 @@ import pyarrow as pa
 import pytest
 import ray
 
+from chiray.actors import release_warm_actors
 from chiray.actors.rescale import RescaleError
 from chiray.operators import Dataflow, generate
 from tests.gate import Gate, Gated
@@ -275,7 +276,11 @@ def test_bad_calls_get_clear_errors():
     stream = flow.source(counted, name="src")
     stream.map(lambda b: b, name="pass").key_by("key", num_bins=BINS).count(name="count").collect(name="out")
     # The spare host is for the scale-out of 'pass' below; hosts of 40 % of the CPUs Ray has free leave no
-    # room for a third, so a scale-out of 'count' then finds none within the deploy timeout.
+    # room for a third, so a scale-out of 'count' then finds none within the deploy timeout. (Idle warm hosts
+    # would free their CPUs for it: there are none.)
+    release_warm_actors()
+    wait_for(lambda: ray.available_resources().get("CPU", 0) >= ray.cluster_resources()["CPU"] - 1e-6, 30,
+             "the warm hosts' CPUs to be free")
     cpus = round(0.4 * ray.available_resources().get("CPU", 0), 2)
     job = flow.submit(spare_hosts=1, host_num_cpus=cpus, deploy_timeout_s=8, max_restarts=0)
     try:

@@ -11,6 +11,7 @@ import pytest
 import ray
 
 from chiray.actors import JobCancelledError, OperatorError
+from chiray.actors.messages import Parcel
 from chiray.operators import Dataflow, Sink, SinkWriter, collect, from_items, generate
 from tests.waiting import wait_for
 
@@ -27,6 +28,15 @@ def actors_dead(actors) -> bool:
         except ray.exceptions.GetTimeoutError:
             return False
     return True
+
+
+def released(actors) -> bool:
+    """Each of a job's actors is gone, or a bare host again, idle in the warm pool (``JobConfig.reuse_hosts``)."""
+    from chiray.actors.pool import warm_pool
+
+    idle = {a._actor_id for v in warm_pool()._idle.values() for a in v}
+    return (actors_dead([a for a in actors if a._actor_id not in idle])
+            and all(ray.get(a.statistics.remote(), timeout=5) == [] for a in actors if a._actor_id in idle))
 
 
 class SlowWriter(SinkWriter):
@@ -105,7 +115,7 @@ def test_user_error_names_operator_instance_and_cause_and_cleans_up(p):
     assert err.index in range(p)
     assert isinstance(err.__cause__, ZeroDivisionError)
     assert "x must not be 77" in str(err) and "'checker'" in str(err)
-    assert wait_for(lambda: actors_dead(job.actors), 30, "the job's actors to go away")
+    assert wait_for(lambda: released(job.actors), 30, "the job's actors to go away")
     with pytest.raises(OperatorError):
         job.result()
 
@@ -120,7 +130,7 @@ def test_cancel_leaves_no_actor_behind():
     job.cancel()
     job.cancel()  # idempotent
     assert not os.path.exists(own_dir), "the job's own temporary directory outlived the cancel"
-    assert wait_for(lambda: actors_dead(job.actors), 30, "the job's actors to go away")
+    assert wait_for(lambda: released(job.actors), 30, "the job's actors to go away")
     with pytest.raises(JobCancelledError):
         job.wait()
     assert job.status().state.value == "CANCELLED"
@@ -205,7 +215,7 @@ def test_warm_hosts_serve_the_next_submit_and_are_released(controller_process):
     from chiray.actors.pool import warm_pool
     from chiray.actors.supervisor import CONTROLLER_POOL_KEY
 
-    def run(name: str, items: list[dict]) -> tuple[dict, list]:
+    def run(name: str, items: list[dict]) -> tuple[dict, list, set]:
         flow = Dataflow(name)
         flow.source(from_items(items, num_splits=2), parallelism=2).key_by("key").count(parallelism=2).collect()
         job = flow.submit(warm_hosts=2, host_num_cpus=0.25, controller_process=controller_process)
@@ -213,22 +223,28 @@ def test_warm_hosts_serve_the_next_submit_and_are_released(controller_process):
             table = job.result()
         finally:
             job.cancel()
-        return {r["key"]: r["count"] for r in table.to_pylist()}, [a._actor_id for a in job.actors]
+        return ({r["key"]: r["count"] for r in table.to_pylist()}, [a._actor_id for a in job.actors],
+                {h._actor_id for h in job.topology.hosts()})
 
     items = [{"key": f"k{i % 7}", "v": i} for i in range(500)]
     oracle: dict[str, int] = {}
     for item in items:
         oracle[item["key"]] = oracle.get(item["key"], 0) + 1
+    release_warm_actors()  # the session's warm hosts (tests/conftest.py): these jobs start from none
     try:
-        first, _ = run("warm-a", items)
+        first, _, first_hosts = run("warm-a", items)
         controllers = int(controller_process)  # else the job's controller runs in its first host
         assert wait_warm_actors(60) == 2 + controllers
         pool = warm_pool()
         host_key = ("host", (0.25, ()))
         assert pool.size(host_key) == 2 and pool.size(CONTROLLER_POOL_KEY) == controllers
         warm_ids = {a._actor_id for a in pool._idle[host_key] + pool._idle.get(CONTROLLER_POOL_KEY, [])}
+        assert first_hosts <= warm_ids, "the ended job's hosts (the controller's too) were not recycled"
+        recycled = next(a for a in pool._idle[host_key] if a._actor_id in first_hosts)
+        assert ray.get(recycled.statistics.remote(), timeout=30) == [], "a recycled host still holds instances"
+        ray.get(recycled.receive.remote(Parcel(), "r00000000"), timeout=30)  # a late parcel of the old job: dropped
         ray.kill(pool._idle[host_key][0], no_restart=True)  # a warm host that died is replaced, not used
-        second, used = run("warm-b", items)
+        second, used, _ = run("warm-b", items)
         assert first == oracle and second == oracle
         assert len(warm_ids & set(used)) == 1 + controllers, "the next job did not take the live warm actors"
         assert pool.size(host_key) == 2, "the pool was not refilled when the job ended"

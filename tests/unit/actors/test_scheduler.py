@@ -21,6 +21,7 @@ class Scripted:
         self.wake = wake
         self.is_source = is_source
         self.finished = False
+        self.halted = False
         self.asked = 0
 
     def runnable(self, now: float) -> bool:
@@ -85,6 +86,10 @@ def test_one_live_timer_per_instance_and_a_finished_or_forgotten_one_is_not_aske
     done.finished = True
     sched.wake(done)
     assert sched.next_runnable(1.0) is None and sched.pending_timers == 0, "a finished source gets no timer"
+    halted = Scripted("halted", [], is_source=True)
+    halted.halted = True  # a stop's cut passed it: it reads nothing until resumed (a control op wakes it)
+    sched.wake(halted)
+    assert sched.next_runnable(1.0) is None and sched.pending_timers == 0, "a halted source gets no timer"
 
 
 def test_injected_sources_are_handed_over_once():

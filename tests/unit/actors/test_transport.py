@@ -37,7 +37,7 @@ class FakeMethod:
     def __init__(self, calls: list) -> None:
         self.calls = calls
 
-    def remote(self, arg: Any) -> FakeRef:
+    def remote(self, arg: Any, run: str | None = None) -> FakeRef:  # run: the sender's job life
         ref = FakeRef()
         self.calls.append((arg, ref))
         return ref

@@ -78,3 +78,38 @@ def test_a_checkpoint_of_an_earlier_version_lists_one_value_per_instance():
     new = {"checkpoint_id": 4, "sink_staged": {"out/0": [["a"], ["a2"]], "out/1": [["b"]], "a/b/0": [["c"]]}}
     assert RestoreInfo(None, new).sink_staged("out") == [["a"], ["a2"], ["b"]]  # type: ignore[arg-type]
     assert RestoreInfo(None, new).sink_staged("a/b") == [["c"]]  # type: ignore[arg-type]
+
+
+class StateStore(Storage):
+    def write_state(self, checkpoint_id, operator, index, bins):
+        return f"{operator}-{index}"
+
+
+def test_a_stops_final_checkpoint_halts_the_sources_at_its_cut_and_a_resume_reads_on():
+    """The cut of ``Job.stop``: after its final checkpoint a source reads nothing (so the job's input ends where
+    the checkpoint's offsets do), until ``ResumeSources`` (the stop failed and the job runs on)."""
+    from chiray.actors.config import JobConfig
+    from chiray.actors.harness import LocalRun
+    from chiray.control.ops.checkpoint import ResumeSources
+    from chiray.control.oprun import OpState
+    from chiray.operators import Dataflow, collect, from_items
+    from tests.unit.control.support import ops_done, run_until
+
+    rows = [{"x": i} for i in range(2_000)]
+    flow = Dataflow("stopping")
+    flow.source(from_items(rows, batch_size=10), name="src").map(lambda b: b, name="m").sink(
+        collect(), name="out")
+    run = LocalRun(flow, JobConfig(num_hosts=2, channel_capacity=2))
+    sources = [run.instance(("src", 0))]
+    run_until(run, lambda: sum(s.records_out for s in sources) >= 200)
+    final = run.run_control(Checkpoint(1, StateStore(set()), final=True))
+    run_until(run, ops_done(final))
+    read = [s.records_out for s in sources]
+    assert 200 <= sum(read) < len(rows)
+    for _ in range(2_000):
+        run.step_all()
+    assert [s.records_out for s in sources] == read and not any(s.finished for s in sources)
+    resumed = run.run_control(ResumeSources())
+    out = run.run()["out"]
+    assert resumed.state is OpState.COMPLETE, resumed.error
+    assert sorted(out.column("x").to_pylist()) == [r["x"] for r in rows]  # nothing lost or read twice
