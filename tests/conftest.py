@@ -10,7 +10,7 @@ os.environ.setdefault("RAY_ENABLE_AUTO_CONNECT", "0")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 # Jobs hand their hosts to the next job (JobConfig.reuse_hosts): starting a host process costs more CPU
 # than most of these jobs' work.
-os.environ.setdefault("CHIRAY_REUSE_HOSTS", "4")
+os.environ.setdefault("CHIRAY_REUSE_HOSTS", "6")
 
 
 @pytest.fixture(scope="session")

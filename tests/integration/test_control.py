@@ -196,7 +196,7 @@ def test_monitor_through_trees_equals_the_sum_over_instances():
     src = flow.source(PausedSource(256, batches=3, rows=10), parallelism=256, name="src")
     src.key_by("key").count(parallelism=4, emit="updates", name="count").collect(name="out")
     pins = {"src": [i % 4 for i in range(256)], "count": [0, 1, 2, 3], "out": [0]}
-    job = flow.submit(num_hosts=4, control_fanout=4, placement=pins, host_num_cpus=0.25)
+    job = flow.submit(num_hosts=4, control_fanout=4, placement=pins)
     try:
         expected = 256 * 3 * 10
 
