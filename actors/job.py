@@ -471,7 +471,10 @@ class Job:
             sender.close()
         deployment = self._deployment
         config = deployment.config if deployment is not None else None
-        hosts = self.topology.hosts() if config is not None and (config.warm_hosts or config.reuse_hosts) else []
+        fed = any(n.source.fed_from_outside() for n in self.plan.graph.nodes.values()
+                  if n.kind is OperatorKind.SOURCE and n.source is not None)
+        reuse = config is not None and (config.warm_hosts or config.reuse_hosts) and not fed
+        hosts = self.topology.hosts() if reuse else []
         for actor in self.actors:
             if actor not in hosts:
                 try:

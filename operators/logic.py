@@ -217,6 +217,12 @@ class Source(abc.ABC):
         """
         return 0
 
+    def fed_from_outside(self) -> bool:
+        """Whether processes outside the dataflow send its readers data (``SplitReader.receive``, through
+        the host actor). A job with such a source never hands its hosts to the next job
+        (``JobConfig.reuse_hosts``): those senders hold the hosts' handles beyond the job."""
+        return False
+
     def driver_bound(self) -> str | None:
         """Why this source needs the process that submitted the job to stay alive (``None``: it does not).
 

@@ -211,6 +211,9 @@ class SparkSource(Source):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def fed_from_outside(self) -> bool:
+        return True  # Spark's tasks push to the readers
+
     def driver_bound(self) -> str | None:
         """Spark's executors push through the bridge's driver half, which lives in the submitting process."""
         return ("from_spark(df) pushes through the SparkSession of the submitting process, which a detached "
