@@ -85,11 +85,13 @@ class WarmPool:
             self.put(key, actors)
         return sum(len(a) for a in up.values())
 
-    def release(self, keep: Key | None = None) -> int:
-        """Kill every idle actor (but those of ``keep``); how many."""
+    def release(self, other_hosts_than: Key | None = None) -> int:
+        """Kill every idle actor, or with ``other_hosts_than`` only the idle hosts of other keys (they hold
+        CPUs; idle controllers hold none); how many."""
         with self._lock:
-            idle = [a for k, v in self._idle.items() if k != keep for a in v]
-            self._idle = {keep: self._idle[keep]} if keep in self._idle else {}
+            gone = [k for k in self._idle if other_hosts_than is None
+                    or (k[0] == "host" and k != other_hosts_than)]
+            idle = [a for k in gone for a in self._idle.pop(k)]
         kill(idle)
         return len(idle)
 

@@ -103,7 +103,7 @@ class Deployment:
         key = host_pool_key(self.config)
         warm = warm_pool().take(key, len(host_ids)) if key is not None else []
         if len(warm) < len(host_ids):  # idle hosts of another size must not hold the CPUs these need
-            warm_pool().release(keep=key)
+            warm_pool().release(other_hosts_than=key)
         return warm + [self._start_host(i) for i in host_ids[len(warm):]]
 
     def recycle_hosts(self, hosts: list[Any]) -> None:
