@@ -27,7 +27,7 @@ from typing import Sequence
 
 from chiray.cli_jobs import VERBS, add_job_verbs, run_verb
 
-__all__ = ["main"]
+__all__ = ["build_parser", "main"]
 
 
 def _progress(done: int, total: int, rate: float, width: int = 30) -> str:
@@ -110,8 +110,8 @@ def demo(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``chiray`` console script."""
+def build_parser() -> argparse.ArgumentParser:
+    """The ``chiray`` command line's parser: ``demo`` and the job verbs (the docs' CLI reference is made from it)."""
     parser = argparse.ArgumentParser(prog="chiray", description="Stream processing on Ray.")
     sub = parser.add_subparsers(dest="command", required=True)
     d = sub.add_parser("demo", help="run the demo job on a local (or given) Ray and check it")
@@ -126,7 +126,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="generated records on Ray only (default: the full pipeline, Spark preprocessing real "
                         "text files)")
     add_job_verbs(sub)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``chiray`` console script."""
+    args = build_parser().parse_args(argv)
     if args.command in VERBS:
         return run_verb(args)
     if args.command == "demo" and not args.generated:
