@@ -563,8 +563,10 @@ class Job:
         """Move bins among the existing instances of a keyed operator (load balancing).
 
         Args:
+            operator: a keyed operator.
             assignment: the new bin -> instance table (one entry per bin).
-            strategy, knobs: as for :meth:`rescale`.
+            strategy: as for :meth:`rescale`.
+            **knobs: as for :meth:`rescale`.
         """
         self._not_stopping("rescale")
         node = self.plan.graph.nodes.get(operator)
