@@ -14,7 +14,8 @@ from typing import Any, Callable
 
 import pyarrow as pa
 
-from .eventtime import check_time_field, ticks
+from .columns import check_time_column
+from .eventtime import show_duration, ticks
 from .graph import OperatorKind, OperatorNode, Partition, describe_callable
 from .handles import StreamLike
 from .hashing import check_num_bins
@@ -98,20 +99,21 @@ class KeyedConnectedStreams:
         times = (on, on) if isinstance(on, str) else tuple(on)
         if not isinstance(spec, WindowSpec) or spec.kind == "session":
             raise TypeError(f"operator {op_name!r}: window_join() takes tumbling(...) or sliding(...), got {spec!r}")
-        time_type = None
-        for stream, column in zip((self.left, self.right), times):
-            check_time_field(stream.schema, column, f"operator {op_name!r}")
-            if stream.schema is not None:
-                time_type = stream.schema.field(column).type
-        spec.resolve(time_type, f"operator {op_name!r}")
+        found = [check_time_column(stream.flow.graph, stream.node.name, stream.port, column, f"operator {op_name!r}")
+                 for stream, column in zip((self.left, self.right), times)]
+        known = [f for f in found if f.type is not None]
+        time_type = known[-1].type if known else None
+        note = known[-1].describe() if known else ""
+        spec.resolve(time_type, f"operator {op_name!r}", times[0])
         schema = self._join_schema()
         if schema is not None and time_type is not None:
             schema = window_output_schema(time_type, schema.field(0), list(schema)[1:])
-        ticks(allowed_lateness, time_type, f"operator {op_name!r}: allowed_lateness")  # checked at build time
+        ticks(allowed_lateness, time_type, f"operator {op_name!r}: allowed_lateness={show_duration(allowed_lateness)}",
+              times[0])  # checked at build time
         keys, bins, late = self.keys, self.num_bins, bool(late_side_output)
         pair: tuple[str, str] = (times[0], times[1])
         stream = self._add("window_join", lambda: WindowJoinLogic(
-            keys, pair, spec, bins, time_type, allowed_lateness, late), op_name, parallelism, schema)
+            keys, pair, spec, bins, time_type, allowed_lateness, late, note), op_name, parallelism, schema)
         stream.node.event_time = True
         if late:
             stream.node.side_outputs[LATE_PORTS[0]] = self.left.schema

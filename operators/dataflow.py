@@ -318,7 +318,8 @@ class Stream:
 
     def window(self, spec: Any, *, on: str, allowed_lateness: Any = 0,
                late_side_output: bool = False) -> WindowedStream:
-        """Event-time windows over the whole stream, without a key: ``window(tumbling(60), on="ts").agg(...)``.
+        """Event-time windows over the whole stream, without a key:
+        ``window(tumbling(timedelta(minutes=1)), on="ts").agg(...)``.
 
         As ``key_by(k).window(...)`` with one key for every row: ``agg`` emits
         ``window_start, window_end`` and the aggregates, ``apply`` calls
@@ -339,6 +340,7 @@ class Stream:
 
         Example: the top 3 products by revenue per minute::
 
+            minute = timedelta(minutes=1)  # "ts" is a timestamp column; on an integer column: ticks
             revenue = bids.key_by("product").window(tumbling(minute), on="ts").agg(revenue=("price", "sum"))
             top3 = revenue.top(3, by="revenue")
 
@@ -488,10 +490,13 @@ class KeyedStream:
 
     def window(self, spec: Any, *, on: str, allowed_lateness: Any = 0,
                late_side_output: bool = False) -> WindowedStream:
-        """Event-time windows: ``window(tumbling(10), on="ts")``, ``sliding(size, slide)``, ``session(gap)``.
+        """Event-time windows: ``window(tumbling(timedelta(seconds=10)), on="ts")``, ``sliding(size, slide)``,
+        ``session(gap)``.
 
-        Results are emitted when the watermark passes a window's end (sources
-        make watermarks: ``flow.source(..., watermarks=bounded_out_of_orderness("ts", 5))``).
+        Durations are ``timedelta``s on a timestamp column and ints (ticks) on an integer column; a bare
+        number on a timestamp column is refused, naming what it would have meant. Results are emitted
+        when the watermark passes a window's end (sources make watermarks:
+        ``flow.source(..., watermarks=bounded_out_of_orderness("ts", timedelta(seconds=5)))``).
         Late records are counted; with ``late_side_output=True`` they also go
         to ``result.side_output("late")``.
         """

@@ -20,6 +20,7 @@ class StreamLike(Protocol):
 
     flow: Any
     node: OperatorNode
+    port: str | None
 
     @property
     def name(self) -> str: ...

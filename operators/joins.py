@@ -28,7 +28,8 @@ import numpy as np
 import pyarrow as pa
 
 from .batch import merge_runs, to_batches
-from .eventtime import Duration, ticks, time_values
+from .columns import check_arrival
+from .eventtime import Duration, show_duration, ticks, time_values
 from .hashing import bins_of, check_num_bins
 from .keyindex import encode_keys
 from .logic import OperatorLogic, SideOutput
@@ -192,22 +193,33 @@ class WindowJoinLogic(_TwoInputKeyed):
             row is joined at once with the other side's rows of its key in that window (an update).
         late_side_output: also emit the rows that came after their every window expired, as they came,
             on side output ``"late_left"`` or ``"late_right"`` (by input).
+        time_note: where ``time_type`` came from, for the error about a time column of another type.
     """
 
     def __init__(self, keys: tuple[str, str], times: tuple[str, str], spec: WindowSpec, num_bins: int,
                  time_type: pa.DataType | None = None, allowed_lateness: Duration = 0,
-                 late_side_output: bool = False) -> None:
+                 late_side_output: bool = False, time_note: str = "") -> None:
         super().__init__(keys, num_bins)
         if spec.kind not in ("tumbling", "sliding"):
             raise ValueError(f"a window join takes tumbling or sliding windows, got {spec.kind!r}")
-        self.times = times
-        self._size, self._slide, _ = spec.resolve(time_type, "window join")
-        self._time_type = time_type
+        self.times, self.spec, self._lateness = times, spec, allowed_lateness
+        self._size, self._slide, lateness = self._resolve(time_type)
+        self._time_type, self._time_note = time_type, time_note
         self.late_records = 0
         self.late_side_output = late_side_output
-        lateness = ticks(allowed_lateness, time_type, "window join: allowed_lateness")
         self._state = WindowState(self.num_bins, lambda s, e: JoinPane(self.keys, self.num_bins), self._finalise,
                                   lateness)
+
+    def _where(self) -> str:
+        info = getattr(self, "info", None)
+        return f"operator {info.operator!r}" if info is not None else "window join"
+
+    def _resolve(self, time_type: pa.DataType | None) -> tuple[int, int, int]:
+        """Size, slide and allowed lateness in ticks of a time column of ``time_type``."""
+        where = self._where()
+        size, slide, _ = self.spec.resolve(time_type, where, self.times[0])
+        return size, slide, ticks(self._lateness, time_type,
+                                  f"{where}: allowed_lateness={show_duration(self._lateness)}", self.times[0])
 
     @property
     def state(self) -> WindowState:
@@ -232,8 +244,10 @@ class WindowJoinLogic(_TwoInputKeyed):
         if batch.num_rows == 0:
             return out
         self._key(batch, input_index)
-        if self._time_type is None:
+        if self._time_type is None and self.times[input_index] in batch.schema.names:
             self._time_type = batch.schema.field(self.times[input_index]).type
+            self._resolve(self._time_type)  # the durations were checked without the column's type
+        check_arrival(batch, self.times[input_index], self._time_type, self._time_note, self._where())
         times = time_values(batch, self.times[input_index], "window join")
         per_row = self._size // self._slide
         starts = ((times - np.mod(times, self._slide))[None, :] - self._slide * np.arange(per_row)[:, None]).ravel()

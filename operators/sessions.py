@@ -35,7 +35,8 @@ import pyarrow.compute as pc
 from . import codec
 from .aggregates import AggSpec, aggregate_output_schema
 from .batch import to_batches
-from .eventtime import Duration, ticks, time_values
+from .columns import check_arrival
+from .eventtime import Duration, show_duration, ticks, time_values
 from .hashing import bins_of
 from .keyed import _KeyedLogic
 from .keyindex import encode_keys
@@ -183,20 +184,31 @@ class SessionWindowLogic(_KeyedLogic):
     def __init__(self, key: str, time: str, spec: WindowSpec, num_bins: int, *,
                  aggs: Sequence[AggSpec] = (), fn: Callable[..., Any] | None = None,
                  allowed_lateness: Duration = 0, time_type: pa.DataType | None = None,
-                 late_side_output: bool = False) -> None:
+                 late_side_output: bool = False, time_note: str = "") -> None:
         super().__init__(key, num_bins)
         if spec.kind != "session":
             raise ValueError(f"SessionWindowLogic runs session windows, got {spec.kind!r}")
         if bool(aggs) == (fn is not None):
             raise ValueError("a window needs built-in aggregates or a function, not both")
         self.time, self.aggs, self.fn = time, tuple(aggs), fn
-        where = f"window on {time!r}"
-        _, _, self.gap = spec.resolve(time_type, where)
-        self._time_type = time_type
-        self._state = SessionState(num_bins, ticks(allowed_lateness, time_type, f"{where}: allowed_lateness"))
+        self.spec, self._lateness = spec, allowed_lateness
+        self.gap, lateness = self._resolve(time_type)
+        self._time_type, self._time_note = time_type, time_note
+        self._state = SessionState(num_bins, lateness)
         self._schema: pa.Schema | None = None
         self.late_records = 0
         self.late_side_output = late_side_output
+
+    def _where(self) -> str:
+        info = getattr(self, "info", None)
+        return f"operator {info.operator!r}" if info is not None else f"window on {self.time!r}"
+
+    def _resolve(self, time_type: pa.DataType | None) -> tuple[int, int]:
+        """The gap and the allowed lateness in ticks of a time column of ``time_type``."""
+        where = self._where()
+        _, _, gap = self.spec.resolve(time_type, where, self.time)
+        return gap, ticks(self._lateness, time_type, f"{where}: allowed_lateness={show_duration(self._lateness)}",
+                          self.time)
 
     @property
     def state(self) -> SessionState:
@@ -208,8 +220,10 @@ class SessionWindowLogic(_KeyedLogic):
         if batch.num_rows == 0:
             return out
         self._schema = batch.schema
-        if self._time_type is None:
+        if self._time_type is None and self.time in batch.schema.names:
             self._time_type = batch.schema.field(self.time).type
+            self._resolve(self._time_type)  # the durations were checked without the column's type
+        check_arrival(batch, self.time, self._time_type, self._time_note, self._where())
         times = time_values(batch, self.time, f"window on {self.time!r}")
         late = times + self.gap - 1 + self._state.allowed_lateness <= self._state.watermark
         if late.any():

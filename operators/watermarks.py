@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 import pyarrow as pa
 
-from .eventtime import Duration, check_time_field, ticks, time_values
+from .eventtime import Duration, check_time_field, show_duration, ticks, time_values
 from .logic import Source, SourceSplit, SplitAddress, SplitReader
 
 __all__ = ["WatermarkStrategy", "bounded_out_of_orderness", "watermarks_from", "WatermarkedSource"]
@@ -52,6 +52,12 @@ class WatermarkStrategy:
     fn: Callable[[pa.RecordBatch], Any] | None = None
     idle_after_s: float | None = None
 
+    def __str__(self) -> str:
+        """As the user wrote it: ``bounded_out_of_orderness('ts', timedelta(seconds=5))``."""
+        if self.fn is not None:
+            return f"watermarks_from({getattr(self.fn, '__qualname__', self.fn)!s})"
+        return f"bounded_out_of_orderness({self.column!r}, {show_duration(self.max_out_of_orderness)})"
+
     def check(self, schema: pa.Schema | None, where: str) -> None:
         """Raise a clear error if the strategy does not fit the source's schema (when known)."""
         if (self.column is None) == (self.fn is None):
@@ -63,7 +69,7 @@ class WatermarkStrategy:
         if self.column is not None:
             check_time_field(schema, self.column, where)
             t = schema.field(self.column).type if schema is not None else None
-            ticks(self.max_out_of_orderness, t, f"{where}: max_out_of_orderness")
+            ticks(self.max_out_of_orderness, t, f"{where}: {self}", self.column)
 
     def advance(self, watermark: int | None, batch: pa.RecordBatch) -> int | None:
         """The watermark after ``batch``, given the one before (never smaller)."""
@@ -75,7 +81,8 @@ class WatermarkStrategy:
         else:
             assert self.column is not None
             times = time_values(batch, self.column, "source watermarks")
-            delay = ticks(self.max_out_of_orderness, batch.schema.field(self.column).type, "max_out_of_orderness")
+            delay = ticks(self.max_out_of_orderness, batch.schema.field(self.column).type, f"source watermarks: {self}",
+                          self.column)
             new = int(times.max()) - delay - 1
         if new is None:
             return watermark
@@ -84,7 +91,11 @@ class WatermarkStrategy:
 
 def bounded_out_of_orderness(column: str, max_out_of_orderness: Duration, *,
                              idle_after_s: float | None = None) -> WatermarkStrategy:
-    """Watermark = largest ``column`` value read so far - ``max_out_of_orderness`` - 1."""
+    """Watermark = largest ``column`` value read so far - ``max_out_of_orderness`` - 1.
+
+    ``max_out_of_orderness`` is a ``timedelta`` on a timestamp column and an int (ticks) on an integer
+    column; a bare number on a timestamp column is refused when the source is added.
+    """
     return WatermarkStrategy(column, max_out_of_orderness, None, idle_after_s)
 
 

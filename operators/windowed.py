@@ -17,7 +17,8 @@ import numpy as np
 import pyarrow as pa
 
 from .aggregates import aggregate_output_schema
-from .eventtime import Duration, check_time_field, ticks
+from .columns import ColumnType, check_time_column
+from .eventtime import Duration, show_duration, ticks
 from .graph import describe_callable
 from .handles import KeyedStreamLike, StreamLike
 from .logic import InstanceInfo, OperatorLogic, SideOutput
@@ -100,14 +101,16 @@ class WindowedStream:
         self.late_side_output = bool(late_side_output)
         self.keyless = keyless  # a window over the whole stream: keyed by ALL_ROWS, which outputs drop
 
-    def _check(self, op_name: str) -> pa.DataType | None:
+    def _check(self, op_name: str) -> ColumnType:
+        """The event-time column (its type presumed through maps without a schema), durations checked."""
         where = f"operator {op_name!r}"
-        schema = self.keyed.stream.schema
-        check_time_field(schema, self.on, where)
-        time_type = schema.field(self.on).type if schema is not None else None
-        self.spec.resolve(time_type, where)
-        ticks(self.allowed_lateness, time_type, f"{where}: allowed_lateness")
-        return time_type
+        stream = self.keyed.stream
+        found = check_time_column(stream.flow.graph, stream.node.name, stream.port, self.on, where)
+        time_type = found.type
+        self.spec.resolve(time_type, where, self.on)
+        ticks(self.allowed_lateness, time_type, f"{where}: allowed_lateness={show_duration(self.allowed_lateness)}",
+              self.on)
+        return found
 
     def agg(self, *, name: str | None = None, parallelism: int | None = None,
             **aggregates: tuple[str | None, str]) -> "Stream":
@@ -116,7 +119,8 @@ class WindowedStream:
         Output columns: the key, ``window_start``, ``window_end``, then one per aggregate.
         """
         op_name = self.keyed.stream.flow._name("window", name)
-        time_type = self._check(op_name)
+        found = self._check(op_name)
+        time_type = found.type
         specs = self.keyed._agg_specs(op_name, aggregates)
         schema = None
         stream_schema = self.keyed.stream.schema
@@ -126,7 +130,7 @@ class WindowedStream:
             except (TypeError, ValueError) as exc:
                 raise type(exc)(f"operator {op_name!r}: {exc}") from None
             schema = self._output(window_output_schema(time_type, values.field(0), list(values)[1:]))
-        return self._add(op_name, parallelism, schema, dict(aggs=specs), time_type)
+        return self._add(op_name, parallelism, schema, dict(aggs=specs), found)
 
     def _output(self, schema: pa.Schema) -> pa.Schema:
         return schema.remove(0) if self.keyless else schema
@@ -137,14 +141,14 @@ class WindowedStream:
         op_name = self.keyed.stream.flow._name("window", name)
         if not callable(fn):
             raise TypeError(f"operator {op_name!r}: apply() needs a function, got {type(fn).__name__}")
-        time_type = self._check(op_name)
+        found = self._check(op_name)
         origin = describe_callable(fn)
         if self.keyless:
             user_fn = fn
 
             def fn(key: Any, start: Any, end: Any, rows: pa.Table) -> Any:
                 return user_fn(start, end, rows.drop_columns([ALL_ROWS]))
-        return self._add(op_name, parallelism, schema, dict(fn=fn), time_type, origin)
+        return self._add(op_name, parallelism, schema, dict(fn=fn), found, origin)
 
     def count(self, *, name: str | None = None, parallelism: int | None = None) -> "Stream":
         """Records per key and window: column ``count``."""
@@ -163,9 +167,10 @@ class WindowedStream:
         return self.agg(**kwargs, mean=(column, "mean"))
 
     def _add(self, op_name: str, parallelism: int | None, schema: pa.Schema | None, what: dict[str, Any],
-             time_type: pa.DataType | None, origin: str = "") -> "Stream":
+             found: ColumnType, origin: str = "") -> "Stream":
         key, on, spec, bins, lateness = self.keyed.key, self.on, self.spec, self.keyed.num_bins, self.allowed_lateness
-        what = dict(what, late_side_output=self.late_side_output)
+        time_type = found.type
+        what = dict(what, late_side_output=self.late_side_output, time_note=found.describe())
         if spec.kind == "session":
             from .sessions import SessionWindowLogic
 

@@ -34,7 +34,8 @@ import pyarrow as pa
 
 from .aggregates import AggSpec
 from .batch import to_batches
-from .eventtime import Duration, ticks, time_values
+from .columns import check_arrival
+from .eventtime import Duration, show_duration, ticks, time_values
 from .keyed import AggregateLogic, _KeyedLogic
 from .logic import SideOutput
 from .keyindex import encode_keys
@@ -66,15 +67,32 @@ class WindowSpec:
     slide: Duration = 0
     gap: Duration = 0
 
-    def resolve(self, t: pa.DataType | None, where: str) -> tuple[int, int, int]:
-        """``(size, slide, gap)`` in ticks of a time column of type ``t``, checked."""
+    def __str__(self) -> str:
+        """As the user wrote it: ``tumbling(60)``, ``sliding(timedelta(seconds=600), timedelta(seconds=60))``."""
         if self.kind == "session":
-            gap = ticks(self.gap, t, f"{where}: session gap")
+            return f"session({show_duration(self.gap)})"
+        if self.kind == "tumbling":
+            return f"tumbling({show_duration(self.size)})"
+        return f"{self.kind}({show_duration(self.size)}, {show_duration(self.slide)})"
+
+    def resolve(self, t: pa.DataType | None, where: str, column: str | None = None) -> tuple[int, int, int]:
+        """``(size, slide, gap)`` in ticks of a time column of type ``t`` (named ``column``), checked.
+
+        Raises:
+            DurationUnitError: a bare number on a timestamp column (or a timedelta on an integer one).
+            DurationRangeError: a duration too long for 64-bit ticks.
+            ValueError: a size, slide or gap that is not positive, or a size that is not a multiple of the slide.
+        """
+        if self.kind == "session":
+            gap = ticks(self.gap, t, f"{where}: {self}", column)
             if gap <= 0:
                 raise ValueError(f"{where}: session gap must be positive, got {self.gap!r}")
             return 0, 0, gap
-        size = ticks(self.size, t, f"{where}: window size")
-        slide = ticks(self.slide, t, f"{where}: window slide")
+        if self.kind == "tumbling":
+            size = slide = ticks(self.size, t, f"{where}: {self}", column)
+        else:
+            size = ticks(self.size, t, f"{where}: the size of {self}", column)
+            slide = ticks(self.slide, t, f"{where}: the slide of {self}", column)
         if size <= 0 or slide <= 0:
             raise ValueError(f"{where}: window size and slide must be positive, got {self.size!r}, {self.slide!r}")
         if size % slide:
@@ -84,17 +102,28 @@ class WindowSpec:
 
 
 def tumbling(size: Duration) -> WindowSpec:
-    """Back-to-back windows ``[k * size, (k + 1) * size)``."""
+    """Back-to-back windows ``[k * size, (k + 1) * size)``.
+
+    ``size`` is a ``timedelta`` on a timestamp column (``tumbling(timedelta(minutes=1))``) and an int on
+    an integer column (ticks of the column: ``tumbling(60)``); a bare number on a timestamp column is
+    refused when the window is added, naming what it would have meant.
+    """
     return WindowSpec("tumbling", size, size)
 
 
 def sliding(size: Duration, slide: Duration) -> WindowSpec:
-    """Windows of length ``size`` starting every ``slide`` (a record is in ``size / slide`` of them)."""
+    """Windows of length ``size`` starting every ``slide`` (a record is in ``size / slide`` of them).
+
+    Both are ``timedelta``s on a timestamp column, ints on an integer column (as for :func:`tumbling`).
+    """
     return WindowSpec("sliding", size, slide)
 
 
 def session(gap: Duration) -> WindowSpec:
-    """Per key, records closer than ``gap`` share a window ``[first, last + gap)``."""
+    """Per key, records closer than ``gap`` share a window ``[first, last + gap)``.
+
+    ``gap`` is a ``timedelta`` on a timestamp column, an int on an integer column (as for :func:`tumbling`).
+    """
     return WindowSpec("session", gap=gap)
 
 
@@ -221,14 +250,16 @@ class FixedWindowLogic(_KeyedLogic):
         aggs: built-in aggregates (the fast path), or
         fn: ``fn(key, window_start, window_end, rows) -> rows`` per key and window (slow path).
         allowed_lateness: how long (ticks or timedelta) a window accepts records after it fired.
-        time_type: the time column's type if known (needed for timedelta durations).
+        time_type: the time column's type if known (needed for timedelta durations); a batch whose time
+            column has another type is refused (``ColumnTypeError``).
         late_side_output: also emit late records, as they came, on side output ``"late"``.
+        time_note: where ``time_type`` came from, for that error (``ColumnType.describe()``).
     """
 
     def __init__(self, key: str, time: str, spec: WindowSpec, num_bins: int, *,
                  aggs: Sequence[AggSpec] = (), fn: Callable[..., Any] | None = None,
                  allowed_lateness: Duration = 0, time_type: pa.DataType | None = None,
-                 late_side_output: bool = False) -> None:
+                 late_side_output: bool = False, time_note: str = "") -> None:
         super().__init__(key, num_bins)
         if spec.kind not in ("tumbling", "sliding"):
             raise ValueError(f"FixedWindowLogic runs tumbling and sliding windows, got {spec.kind!r}")
@@ -237,11 +268,21 @@ class FixedWindowLogic(_KeyedLogic):
         self.time, self.spec, self.aggs, self.fn = time, spec, tuple(aggs), fn
         self.late_records = 0
         self.late_side_output = late_side_output
-        self._time_type = time_type
-        where = f"window on {time!r}"
-        self._size, self._slide, _ = spec.resolve(time_type, where)
-        lateness = ticks(allowed_lateness, time_type, f"{where}: allowed_lateness")
+        self._time_type, self._time_note = time_type, time_note
+        self._lateness = allowed_lateness
+        self._size, self._slide, lateness = self._resolve(time_type)
         self._state = WindowState(num_bins, self._new_pane, self._finalise, lateness)
+
+    def _where(self) -> str:
+        info = getattr(self, "info", None)
+        return f"operator {info.operator!r}" if info is not None else f"window on {self.time!r}"
+
+    def _resolve(self, time_type: pa.DataType | None) -> tuple[int, int, int]:
+        """Size, slide and allowed lateness in ticks of a time column of ``time_type``."""
+        where = self._where()
+        size, slide, _ = self.spec.resolve(time_type, where, self.time)
+        return size, slide, ticks(self._lateness, time_type,
+                                  f"{where}: allowed_lateness={show_duration(self._lateness)}", self.time)
 
     @property
     def state(self) -> WindowState:
@@ -261,8 +302,10 @@ class FixedWindowLogic(_KeyedLogic):
         out: list[Any] = self._state.take_pending()
         if batch.num_rows == 0:
             return out
-        if self._time_type is None:
-            self._time_type = batch.schema.field(self.time).type if self.time in batch.schema.names else None
+        if self._time_type is None and self.time in batch.schema.names:
+            self._time_type = batch.schema.field(self.time).type
+            self._resolve(self._time_type)  # the durations were checked without the column's type
+        check_arrival(batch, self.time, self._time_type, self._time_note, self._where())
         times = time_values(batch, self.time, f"window on {self.time!r}")
         per_row = self._size // self._slide
         last_start = times - np.mod(times, self._slide)

@@ -17,6 +17,7 @@ says how (the oracle follows chiray's form, so the comparison stays exact):
 
 from __future__ import annotations
 
+import datetime
 from typing import Any
 
 import numpy as np
@@ -30,7 +31,6 @@ from .stateful import _ms
 
 __all__ = ["MORE", "SIDE_KEYS", "side_input"]
 
-TEN_S_MS = 10_000
 DAY_MS = 86_400_000
 SIDE_KEYS = 10_000
 
@@ -270,7 +270,7 @@ def q11(events: Events, parallelism: int = 2) -> Dataflow:
     """User sessions: bids per bidder and session (a gap of 10 s ends one)."""
     flow = Dataflow("nexmark-q11")
     (events.stream(flow, "bid", parallelism).map(lambda b: b.select(["bidder", "date_time"]), name="project")
-     .key_by("bidder").window(session(TEN_S_MS), on="date_time")
+     .key_by("bidder").window(session(datetime.timedelta(seconds=10)), on="date_time")
      .agg(name="sessions", parallelism=parallelism, bid_count=(None, "count"))
      .map(lambda s: s.select(["bidder", "bid_count", "window_start", "window_end"])
           .rename_columns(["bidder", "bid_count", "starttime", "endtime"]), name="project_sessions")

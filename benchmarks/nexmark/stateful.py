@@ -10,6 +10,7 @@ replace those keyed process stages with one verb each.
 
 from __future__ import annotations
 
+import datetime
 from typing import Any
 
 import numpy as np
@@ -26,6 +27,7 @@ __all__ = ["q4", "q5", "q7", "q8", "HEAVIEST"]
 HEAVIEST = {"q3": "join", "q4": "winning_bids", "q5": "bids_per_window", "q7": "highest", "q8": "same_window"}
 
 TEN_S_MS = 10_000
+TEN_S, TWO_S = datetime.timedelta(seconds=10), datetime.timedelta(seconds=2)  # date_time is timestamp[ms]
 
 
 def _ms(rows: pa.RecordBatch, column: str) -> np.ndarray:
@@ -94,7 +96,7 @@ def q5(events: Events, parallelism: int = 2) -> Dataflow:
     flow = Dataflow("nexmark-q5")
     counts = (events.stream(flow, "bid", parallelism)
               .map(lambda b: b.select(["auction", "date_time"]), name="project")
-              .key_by("auction").window(sliding(TEN_S_MS, 2_000), on="date_time")
+              .key_by("auction").window(sliding(TEN_S, TWO_S), on="date_time")
               .agg(num=(None, "count"), name="bids_per_window", parallelism=parallelism))
     schema = pa.schema([("auction", pa.int64()), ("num", pa.int64()), ("window_start", pa.timestamp("ms"))])
     (counts.map(lambda c: c.append_column("start", pa.array(_ms(c, "window_start"))), name="start_of")
@@ -120,7 +122,7 @@ def q8(events: Events, parallelism: int = 2) -> Dataflow:
     sellers = events.stream(flow, "auction", parallelism).map(
         lambda a: a.select(["seller", "date_time"]), name="sellers")
     (persons.connect(sellers).key_by("id", "seller")
-     .window_join(tumbling(TEN_S_MS), on="date_time", name="same_window", parallelism=parallelism)
+     .window_join(tumbling(TEN_S), on="date_time", name="same_window", parallelism=parallelism)
      .map(_person_window_key, name="person_window")
      .key_by("person_window").reduce(lambda first, row: first, name="once", parallelism=parallelism)
      .map(lambda b: b.select(["id", "name", "starttime"]), name="project")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import random
 
 import numpy as np
@@ -9,6 +10,7 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
+from chiray.operators.eventtime import DurationUnitError
 from chiray.operators.hashing import bins_of
 from chiray.operators.joins import JoinLogic, WindowJoinLogic
 from chiray.operators.windows import tumbling
@@ -135,10 +137,19 @@ def test_a_new_window_join_instance_fires_handed_windows_with_the_inputs_time_ty
     ms = pa.timestamp("ms")
     left = pa.record_batch([pa.array(["u1", "u2"]), pa.array([5, 12], ms)], names=["user", "t"])
     right = pa.record_batch([pa.array(["u1", "u2"]), pa.array([7, 15], ms)], names=["id", "t"])
-    old, new = (WindowJoinLogic(("user", "id"), ("t", "t"), tumbling(30), NUM_BINS) for _ in range(2))
+    spec = tumbling(datetime.timedelta(milliseconds=30))
+    old, new = (WindowJoinLogic(("user", "id"), ("t", "t"), spec, NUM_BINS, ms) for _ in range(2))
     old.process(left, 0)
     old.process(right, 1)
     new.state.install_bins(old.state.extract_bins(range(NUM_BINS)))
     fired = new.on_watermark(100)
     assert sum(b.num_rows for b in fired) == 2
     assert {b.schema.field("window_start").type for b in fired} == {ms}
+
+
+def test_a_window_join_without_a_known_time_type_refuses_a_bare_number_at_its_first_timestamp_batch():
+    left = pa.record_batch([pa.array(["u1"]), pa.array([5], pa.timestamp("ms"))], names=["user", "t"])
+    logic = WindowJoinLogic(("user", "id"), ("t", "t"), tumbling(30), NUM_BINS)  # ints pass without a type
+    with pytest.raises(DurationUnitError, match=r"tumbling\(30\) on timestamp\[ms\] column 't' would be 30 ms; "
+                                                r"pass timedelta\(seconds=30\)"):
+        logic.process(left, 0)
