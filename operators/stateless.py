@@ -17,6 +17,7 @@ from .batch import to_batches
 from .logic import OperatorLogic
 
 __all__ = [
+    "keep_input_types",
     "MapLogic",
     "FilterLogic",
     "FlatMapLogic",
@@ -73,6 +74,42 @@ class _SteadySchema:
                                           schema=first)
 
 
+def _same_family(a: pa.DataType, b: pa.DataType) -> bool:
+    """Whether a column of type ``a`` may be the same values as one of type ``b`` in another width or unit."""
+    kinds = (pa.types.is_timestamp, pa.types.is_integer, pa.types.is_floating, pa.types.is_date,
+             lambda t: pa.types.is_string(t) or pa.types.is_large_string(t),
+             lambda t: pa.types.is_binary(t) or pa.types.is_large_binary(t))
+    return pa.types.is_null(a) or any(kind(a) and kind(b) for kind in kinds)
+
+
+def keep_input_types(batch: pa.RecordBatch, out: pa.RecordBatch) -> pa.RecordBatch:
+    """``out`` (a map's output for ``batch``) with each column it passes through unchanged in its input's type.
+
+    A function without a declared schema may change a column's type without meaning to: rows rebuilt from
+    dicts turn ``timestamp[ms]`` into ``timestamp[us]`` and ``int32`` into ``int64``. Where an output column
+    of an input's name holds the same values (row for row) in another type of the same kind, the input's
+    column is used, so the types that operators downstream were built for hold. A column whose values
+    changed keeps its new type.
+    """
+    if out.num_rows != batch.num_rows:
+        return out
+    names = batch.schema.names
+    arrays, fields, changed = list(out.columns), list(out.schema), False
+    for i, field in enumerate(out.schema):
+        if field.name not in names:
+            continue
+        before = batch.column(field.name)
+        if field.type == before.type or not _same_family(field.type, before.type):
+            continue
+        try:
+            same = out.column(i).cast(before.type, safe=True).equals(before)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+            same = False
+        if same:
+            arrays[i], fields[i], changed = before, batch.schema.field(field.name), True
+    return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields, out.schema.metadata)) if changed else out
+
+
 class _BatchFunction(OperatorLogic):
     """A logic around a batch-level user function, with optional parameters."""
 
@@ -97,7 +134,9 @@ class MapLogic(_BatchFunction):
         if batch.num_rows == 0:
             return ()
         out = to_batches(self.call(batch), self.schema)
-        return out if self.schema is not None else self._steady.check(out)
+        if self.schema is not None:
+            return out
+        return self._steady.check([keep_input_types(batch, b) for b in out])
 
 
 class FilterLogic(_BatchFunction):
@@ -172,7 +211,9 @@ class MapRecordsLogic(OperatorLogic):
                 raise TypeError(f"map_records function {_name(self.fn)} returned {type(row).__name__} "
                                 f"{_short(row)}; expected a dict (one output record: {{'column': value, ...}})")
         out = _rows_to_batches(rows, self.schema)
-        return out if self.schema is not None else self._steady.check(out)
+        if self.schema is not None:
+            return out
+        return self._steady.check([keep_input_types(batch, b) for b in out])
 
 
 class FilterRecordsLogic(OperatorLogic):

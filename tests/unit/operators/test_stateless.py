@@ -80,3 +80,22 @@ def test_a_declared_schema_is_what_every_batch_is_cast_to_without_the_drift_chec
     logic = MapRecordsLogic(lambda r: {"x": r["x"]}, schema)
     assert logic.process(pa.record_batch({"x": [1]}), 0)[0].schema == schema
     assert logic.process(pa.record_batch({"x": [1.5]}), 0)[0].schema == schema
+
+
+def test_a_map_without_schema_gives_columns_it_passes_through_unchanged_their_input_types():
+    from chiray.operators.stateless import MapLogic, MapRecordsLogic
+
+    batch = pa.record_batch({"ts": pa.array([1_000, 2_001], pa.timestamp("ms")), "n": pa.array([1, 2], pa.int32()),
+                             "s": ["a", "b"]})
+    assert pa.RecordBatch.from_pylist(batch.to_pylist()).schema.field("ts").type == pa.timestamp("us")  # the trap
+    (rows,) = MapLogic(lambda b: b.to_pylist()).process(batch, 0)
+    assert rows.schema == batch.schema and rows.equals(batch)
+    (changed,) = MapLogic(lambda b: [{**r, "n": r["n"] * 10} for r in b.to_pylist()]).process(batch, 0)
+    assert changed.schema.field("n").type == pa.int64() and changed.column("n").to_pylist() == [10, 20]
+    assert changed.schema.field("ts").type == pa.timestamp("ms")
+    (each,) = MapRecordsLogic(lambda r: {**r, "extra": 1}).process(batch, 0)
+    assert each.schema.field("ts").type == pa.timestamp("ms") and each.schema.field("n").type == pa.int32()
+    (declared,) = MapLogic(lambda b: b.to_pylist(), schema=pa.schema([("ts", pa.timestamp("us")),
+                                                                      ("n", pa.int64()), ("s", pa.string())])
+                           ).process(batch, 0)
+    assert declared.schema.field("ts").type == pa.timestamp("us")  # a declared schema is what it says
