@@ -35,3 +35,8 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache
+
+# The documentation site (MkDocs + mkdocstrings), built with warnings as errors into site/.
+.PHONY: docs
+docs: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict
