@@ -132,8 +132,8 @@ def submit(flow: Dataflow, *, config: JobConfig | None = None, restore_from: str
             (refused otherwise).
 
     Returns:
-        The running job's handle (with ``detached=True``: an ``AttachedJob``
-        on the job's manager actor, which outlives this process).
+        The running job's handle; with ``detached=True``, an ``AttachedJob``
+        on the job's manager actor, which outlives this process.
 
     Raises:
         ValueError, TypeError: the dataflow is invalid (naming the operator).
