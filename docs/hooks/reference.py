@@ -62,7 +62,7 @@ def cli_reference() -> str:
     from chiray.cli import build_parser
 
     columns = os.environ.get("COLUMNS")
-    os.environ["COLUMNS"] = "100"  # argparse wraps its help to the terminal's width
+    os.environ["COLUMNS"] = "88"  # argparse wraps its help to the terminal's width (and the page's)
     try:
         parser = build_parser()
         verbs = _verbs(parser)
