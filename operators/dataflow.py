@@ -33,6 +33,7 @@ from .graph import (
 from .hashing import DEFAULT_NUM_BINS, check_num_bins
 from .logic import Sink, Source
 from .connected import ConnectedStreams
+from .emission import check_final_only
 from .timers import TimerProcessLogic
 from .watermarks import WatermarkedSource, WatermarkStrategy
 from .validation import check_name
@@ -126,6 +127,8 @@ class Dataflow:
 
         Raises:
             ValueError: no source, no sink, or an operator whose output nobody consumes.
+            FinalOnUnboundedError: an aggregation left at ``emit="final"`` is fed by a source that never
+                ends (one that cannot tell: a ``FinalOnlyWarning``).
         """
         nodes = self.graph.nodes.values()
         if not any(n.kind is OperatorKind.SOURCE for n in nodes):
@@ -133,6 +136,7 @@ class Dataflow:
         if not any(n.kind is OperatorKind.SINK for n in nodes):
             raise ValueError(f"dataflow {self.name!r} has no sink; end a stream with .sink(...) or .collect()")
         self._check_watermarks()
+        check_final_only(self.graph)
         seen: dict[str, str] = {}
         for node in nodes:
             if node.state_id in seen:
@@ -410,6 +414,15 @@ class Stream:
                          parallelism=1)
 
 
+def _check_emit(op_name: str, emit: Any) -> tuple[str, bool]:
+    """``(emit, whether it was left at its default)``; ``None`` is the default, ``"final"``."""
+    if emit is None:
+        return "final", True
+    if emit not in ("final", "updates"):
+        raise ValueError(f"operator {op_name!r}: emit must be 'final' or 'updates', got {emit!r}")
+    return emit, False
+
+
 def _require_column(stream: Stream, column: str, what: str, operator: str | None = None) -> None:
     schema = stream.schema
     if schema is not None and column not in schema.names:
@@ -439,7 +452,7 @@ class KeyedStream:
         return flow._add(node)
 
     def agg(self, *, name: str | None = None, parallelism: int | None = None,
-            emit: str = "final", **aggregates: tuple[str | None, str]) -> Stream:
+            emit: str | None = None, **aggregates: tuple[str | None, str]) -> Stream:
         """Several aggregations at once: ``agg(n=(None, "count"), total=("v", "sum"))``.
 
         Functions (null values are skipped, as in SQL): ``count`` (rows, or a
@@ -451,12 +464,13 @@ class KeyedStream:
         ``("price", "arg_max")`` gives that whole row as a struct.
 
         Output columns: the key, then one per aggregate, in the order given.
-        ``emit="final"`` emits at end of input; ``"updates"`` emits the new
-        values of the keys each input batch touched.
+        ``emit="final"`` (the default) emits at end of input; ``"updates"``
+        emits the new values of the keys each input batch touched. On a
+        source that never ends, ``"final"`` would emit nothing: ``submit``
+        refuses the default there (pass ``emit`` to choose).
         """
         op_name = self.stream.flow._name("agg", name)
-        if emit not in ("final", "updates"):
-            raise ValueError(f"operator {op_name!r}: emit must be 'final' or 'updates', got {emit!r}")
+        emit, by_default = _check_emit(op_name, emit)
         specs = self._agg_specs(op_name, aggregates)
         schema = None
         if self.stream.schema is not None:
@@ -465,8 +479,10 @@ class KeyedStream:
             except (TypeError, ValueError) as exc:
                 raise type(exc)(f"operator {op_name!r}: {exc}") from None
         key, bins = self.key, self.num_bins
-        return self._keyed("agg", lambda: keyed.AggregateLogic(key, specs, bins, emit),
-                           name=op_name, parallelism=parallelism, schema=schema)
+        stream = self._keyed("agg", lambda: keyed.AggregateLogic(key, specs, bins, emit),
+                             name=op_name, parallelism=parallelism, schema=schema)
+        stream.node.final_by_default = by_default
+        return stream
 
     def _agg_specs(self, op_name: str, aggregates: dict[str, Any]) -> list[keyed.AggSpec]:
         if not aggregates:
@@ -503,7 +519,7 @@ class KeyedStream:
         return WindowedStream(self, spec, on, allowed_lateness, late_side_output)
 
     def count(self, *, name: str | None = None, parallelism: int | None = None,
-              emit: str = "final") -> Stream:
+              emit: str | None = None) -> Stream:
         """Records per key: columns (key, ``count``)."""
         return self.agg(name=name or self.stream.flow._name("count", None),
                         parallelism=parallelism, emit=emit, count=(None, "count"))
@@ -525,18 +541,25 @@ class KeyedStream:
         return self._one("mean", column, **kwargs)
 
     def _one(self, func: str, column: str, *, name: str | None = None,
-             parallelism: int | None = None, emit: str = "final") -> Stream:
+             parallelism: int | None = None, emit: str | None = None) -> Stream:
         return self.agg(name=name or self.stream.flow._name(func, None),
                         parallelism=parallelism, emit=emit, **{func: (column, func)})
 
     def reduce(self, fn: Callable[[dict, dict], dict], *, name: str | None = None,
-               parallelism: int | None = None, emit: str = "final") -> Stream:
-        """General keyed reduce (slow path): ``fn(acc: dict, row: dict) -> dict`` per record."""
+               parallelism: int | None = None, emit: str | None = None) -> Stream:
+        """General keyed reduce (slow path): ``fn(acc: dict, row: dict) -> dict`` per record.
+
+        ``emit`` as for :meth:`agg` (``"final"`` by default).
+        """
         _check_callable("reduce", fn)
+        op_name = self.stream.flow._name("reduce", name)
+        emit, by_default = _check_emit(op_name, emit)
         key, bins = self.key, self.num_bins
-        return self._keyed("reduce", lambda: keyed.ReduceLogic(key, fn, bins, emit), name=name,
-                           parallelism=parallelism, schema=self.stream.schema,
-                           origin=describe_callable(fn))
+        stream = self._keyed("reduce", lambda: keyed.ReduceLogic(key, fn, bins, emit), name=op_name,
+                             parallelism=parallelism, schema=self.stream.schema,
+                             origin=describe_callable(fn))
+        stream.node.final_by_default = by_default
+        return stream
 
     def process(self, fn: Callable[..., Any], *, name: str | None = None,
                 parallelism: int | None = None, schema: pa.Schema | None = None,

@@ -208,6 +208,10 @@ class GenerateSource(Source):
         ids = pc.cast(pa.array(np.arange(self.num_keys, dtype=np.int64)), pa.string())
         return pc.binary_join_element_wise("k", ids, "")
 
+    def bounded(self) -> bool:
+        """``generate(None)`` never ends."""
+        return self.num_records is not None
+
     def describe(self) -> str:
         return f"generate({self.dist})"
 

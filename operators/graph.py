@@ -87,6 +87,8 @@ class OperatorNode:
         uid: the operator's stable identity for checkpoints (``Stream.uid``); its name if not set.
         event_time: it acts on watermarks (windows, window joins, timers): every source upstream of it
             must make watermarks.
+        final_by_default: it emits only when its input ends because ``emit`` was left at its default
+            (``"final"``): ``submit`` refuses it downstream of a source that never ends (``emission.py``).
     """
 
     name: str
@@ -103,6 +105,7 @@ class OperatorNode:
     side_outputs: dict[str, pa.Schema | None] = dataclasses.field(default_factory=dict)
     uid: str | None = None
     event_time: bool = False
+    final_by_default: bool = False
 
     @property
     def state_id(self) -> str:

@@ -223,6 +223,16 @@ class Source(abc.ABC):
         (``JobConfig.reuse_hosts``): those senders hold the hosts' handles beyond the job."""
         return False
 
+    def bounded(self) -> bool | None:
+        """Whether the source ends by itself: ``True`` (a file, a table, ``generate(n)``), ``False`` (it never
+        does: ``generate(None)``) or ``None`` (it cannot tell; the default).
+
+        ``submit`` refuses an aggregation left to emit only at end of input (``emit="final"``, the
+        default) downstream of a source that answers ``False``, and warns where it answers ``None``.
+        A custom source that ends should answer ``True``.
+        """
+        return None
+
     def driver_bound(self) -> str | None:
         """Why this source needs the process that submitted the job to stay alive (``None``: it does not).
 

@@ -138,6 +138,9 @@ class ArrowSource(Source):
             )
         return _RowRangeReader(self, (start, stop), offset)
 
+    def bounded(self) -> bool:
+        return True
+
     def describe(self) -> str:
         return self._name
 
@@ -393,6 +396,9 @@ class ParquetSource(Source):
     def open_split(self, split: SourceSplit, offset: Any = None) -> SplitReader:
         path, row_group = split.payload
         return _ParquetReader(self, path, row_group, 0 if offset is None else int(offset))
+
+    def bounded(self) -> bool:
+        return True
 
     def describe(self) -> str:
         return "from_parquet"

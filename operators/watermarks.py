@@ -163,6 +163,9 @@ class WatermarkedSource(Source):
     def read_ahead(self) -> int:
         return self.source.read_ahead()
 
+    def bounded(self) -> bool | None:
+        return self.source.bounded()
+
     def for_parallelism(self, parallelism: int) -> Source:
         inner = self.source.for_parallelism(parallelism)
         return self if inner is self.source else WatermarkedSource(inner, self.strategy)

@@ -214,6 +214,9 @@ class SparkSource(Source):
     def fed_from_outside(self) -> bool:
         return True  # Spark's tasks push to the readers
 
+    def bounded(self) -> bool:
+        return True  # a batch DataFrame
+
     def driver_bound(self) -> str | None:
         """Spark's executors push through the bridge's driver half, which lives in the submitting process."""
         return ("from_spark(df) pushes through the SparkSession of the submitting process, which a detached "

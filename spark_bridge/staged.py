@@ -147,6 +147,9 @@ class StagedSource(Source):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def bounded(self) -> bool:
+        return True
+
     def describe(self) -> str:
         return str(self._manifest["name"])
 

@@ -106,6 +106,8 @@ class SparkStreamSource(Source):
                  retain_epochs: int, checkpoint_location: str, trigger: dict[str, Any] | None,
                  until_terminated: bool) -> None:
         self._schema, self._name, self._lanes = target.schema, name, lanes
+        ending = bool(trigger) and any(trigger.get(k) for k in ("availableNow", "once"))  # type: ignore[union-attr]
+        self._ends = until_terminated and ending
         self._coordinator = target.coordinator
         self._driver: _StreamDriver | None = _StreamDriver(
             sdf, target, max_epochs, retain_epochs, checkpoint_location, trigger, until_terminated
@@ -238,6 +240,11 @@ class SparkStreamSource(Source):
 
     def fed_from_outside(self) -> bool:
         return True  # Spark's tasks push to the readers
+
+    def bounded(self) -> bool | None:
+        """``True`` when an ``availableNow`` / ``once`` trigger stops the query and the source ends with it;
+        else it cannot tell (``end()`` may end it)."""
+        return True if getattr(self, "_ends", False) else None
 
     def driver_bound(self) -> str | None:
         """Spark's executors push through the bridge's driver half, which lives in the submitting process."""

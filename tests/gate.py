@@ -157,6 +157,9 @@ class Gated(Source):
     def open_split(self, split: SourceSplit, offset: Any = None) -> SplitReader:
         return _GatedReader(self.inner.open_split(split, offset), self, split.split_id)
 
+    def bounded(self) -> bool | None:
+        return True if self.end_at_open else self.inner.bounded()
+
     def emitted(self) -> list[pa.RecordBatch]:
         """After the job: the batches its splits emitted before they ended at the gate, each split read
         from its start up to the offset it reported (``end_at_open`` with ``report``).
@@ -268,6 +271,9 @@ class Dialed(Source):
 
     def open_split(self, split: SourceSplit, offset: Any = None) -> SplitReader:
         return _DialedReader(self.inner.open_split(split, offset), self)
+
+    def bounded(self) -> bool:
+        return True  # the test's last turn of the dial ends it
 
     def describe(self) -> str:
         return f"dialed({self.inner.describe()})"

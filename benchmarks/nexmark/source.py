@@ -107,6 +107,9 @@ class NexmarkSource(Source):
             raise ValueError(f"nexmark source: offset {position} outside split {split.split_id} [{first}, {end})")
         return _NexmarkReader(self, (first, end), position)
 
+    def bounded(self) -> bool:
+        return True  # events [0, num_events)
+
     def describe(self) -> str:
         return f"nexmark({self.kind})"
 

@@ -38,7 +38,7 @@ def _running_flow() -> chiray.Dataflow:
     """A keyed count over a paced input that runs until the test stops it."""
     flow = chiray.Dataflow(_name("running"))
     (flow.source(chiray.generate(None, rate=2_000, batch_size=200, num_keys=50, seed=3), name="events")
-         .key_by("key").count(name="count").sink(chiray.collect(), name="out"))
+         .key_by("key").count(name="count", emit="final").sink(chiray.collect(), name="out"))
     return flow
 
 

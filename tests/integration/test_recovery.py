@@ -207,7 +207,7 @@ def test_a_failed_checkpoint_s_output_is_committed_by_the_next_and_an_unreadable
 def test_max_restarts_exceeded_fails_clearly(tmp_path):
     src = generate(None, rate=20_000, batch_size=1000, num_keys=10)
     flow = Dataflow("gives-up")
-    flow.source(src, name="src").key_by("key").count(name="count").collect(name="out")
+    flow.source(src, name="src").key_by("key").count(name="count", emit="final").collect(name="out")
     job = flow.submit(max_restarts=0, poll_interval_s=0.2)
     wait_for(lambda: job.statistics().records_out("src") > 0, 30, "the source's first records")
     ray.kill(job.actors[0], no_restart=True)
@@ -291,7 +291,7 @@ def test_a_job_whose_controller_cannot_be_replaced_fails_within_the_recovery_bud
     ``recovery_timeout_s``, then the job fails with that reason and its hosts go; never RECOVERING for ever."""
     src = generate(None, rate=20_000, batch_size=1000, num_keys=10)
     flow = Dataflow("no-controller")
-    flow.source(src, name="src").key_by("key").count(name="count").collect(name="out")
+    flow.source(src, name="src").key_by("key").count(name="count", emit="final").collect(name="out")
     job = flow.submit(poll_interval_s=0.2, controller_process=True, recovery_timeout_s=1.5)
     attempts = []
 

@@ -274,7 +274,8 @@ def test_bad_calls_get_clear_errors():
     counted = generate(None, rate=1_000, batch_size=100, num_keys=10, seed=1)
     flow = Dataflow("rescale-errors")
     stream = flow.source(counted, name="src")
-    stream.map(lambda b: b, name="pass").key_by("key", num_bins=BINS).count(name="count").collect(name="out")
+    stream.map(lambda b: b, name="pass").key_by("key", num_bins=BINS).count(name="count", emit="final").collect(
+        name="out")  # the input never ends: final only, knowingly
     # The spare host is for the scale-out of 'pass' below; hosts of 40 % of the CPUs Ray has free leave no
     # room for a third, so a scale-out of 'count' then finds none within the deploy timeout. (Idle warm hosts
     # would free their CPUs for it: there are none.)

@@ -122,7 +122,7 @@ def test_user_error_names_operator_instance_and_cause_and_cleans_up(p):
 
 def test_cancel_leaves_no_actor_behind():
     flow = Dataflow("endless")
-    flow.source(generate(None, rate=20_000, batch_size=1000)).key_by("key").count().collect()
+    flow.source(generate(None, rate=20_000, batch_size=1000)).key_by("key").count(emit="final").collect()
     job = flow.submit()
     wait_for(lambda: job.statistics().records_in("source-1") > 0, 30, "records to flow")
     own_dir = job.checkpoint_dir
