@@ -3,6 +3,7 @@
 Pure Python over pyarrow and NumPy; nothing here imports Ray.
 """
 
+from .callsinks import to_callable
 from .connected import ConnectedStreams, KeyedConnectedStreams
 from .dataflow import Dataflow, KeyedStream, Stream
 from .generator import generate
@@ -25,6 +26,7 @@ __all__ = [
     "generate",
     "collect",
     "to_parquet",
+    "to_callable",
     "Source",
     "SourceSplit",
     "SplitAddress",

@@ -406,6 +406,21 @@ class Stream:
         )
         return self.flow._add(node)
 
+    def print(self, *, name: str | None = None, max_rows: int = 20) -> "Stream":
+        """Print each batch as it arrives: a table of up to ``max_rows`` rows headed by the sink's name.
+
+        At-least-once (after a recovery the batches since the last checkpoint print again), in one
+        instance; it prints in that host's process, whose output Ray forwards to the driver's terminal
+        (a detached job's goes to the host's log). ``job.tail()`` reads the newest rows instead.
+
+        Example::
+
+            flow.source(src).key_by("word").count(emit="updates").print()
+        """
+        from .callsinks import PrintSink
+
+        return self.sink(PrintSink(max_rows), name=self.flow._name("print", name), parallelism=1)
+
     def collect(self, *, name: str | None = None) -> "Stream":
         """Sugar for ``sink(collect())``: the job's ``result()`` returns the records."""
         from .sinks import collect
