@@ -246,6 +246,10 @@ class AttachedJob:
         self.wait()
         return self._call(self._manager.result, "result", sink)
 
+    def tail(self, sink: str | None = None, n: int = 10) -> Any:
+        """The newest ``n`` rows (up to 1,000) that reached ``sink`` of the running job (as ``Job.tail``)."""
+        return self._call(self._manager.tail, "tail", sink, n)
+
 
 class RemoteRescale:
     """A rescale the job manager runs: ``progress()``, ``done()``, ``result(timeout)``."""

@@ -147,6 +147,10 @@ class JobHandle(Protocol):
         """A finished job's sink result (``collect()``: a table); waits for the end first."""
         ...
 
+    def tail(self, sink: str | None = None, n: int = 10) -> Any:
+        """The newest ``n`` rows (up to 1,000) that reached ``sink`` of the running job: a ``pyarrow.Table``."""
+        ...
+
     def run_control(self, op: Any, controller: str | None = None) -> Any:
         """Start a control op on the running job; returns its ``OpHandle`` (``result(timeout)``)."""
         ...
@@ -164,6 +168,6 @@ VERBS: tuple[str, ...] = tuple(name for name, value in vars(JobHandle).items()
                                if callable(value) and not name.startswith("_"))
 """Every verb of a job, in the protocol's order: what the job manager answers and the CLI offers."""
 
-READING_VERBS = frozenset({"status", "info", "statistics", "rescales", "wait", "result", "rescale_progress",
-                           "rescale_result"})
+READING_VERBS = frozenset({"status", "info", "statistics", "rescales", "wait", "result", "tail",
+                           "rescale_progress", "rescale_result"})
 """The verbs that change nothing: a client retries them while a job manager restarts."""

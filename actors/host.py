@@ -27,7 +27,7 @@ from typing import Any
 import pyarrow as pa
 import ray
 
-from chiray.operators.endpoints import SourceLogic
+from chiray.operators.endpoints import SinkLogic, SourceLogic
 
 from .config import JobConfig
 from .controller import Controller
@@ -240,6 +240,13 @@ class OperatorHost:
 
     async def statistics(self) -> list:
         return self.core.statistics() if self.core is not None else []
+
+    async def tail(self, operator: str, n: int) -> list:
+        """The newest ``n`` rows (at most) that reached each instance of sink ``operator`` here, as
+        ``(arrival time, batch)`` (``job.tail``)."""
+        instances = self.core.instances if self.core is not None else []
+        return [part for inst in instances if inst.info.operator == operator and isinstance(inst.logic, SinkLogic)
+                for part in inst.logic.recent.last(n)]
 
     async def abort(self) -> None:
         """Stop the loop and abort unfinished sinks. Idempotent."""

@@ -36,6 +36,7 @@ from .jobfiles import RescaleOutcome, commit_stopped, copy_savepoint
 from .jobtopology import JobTopology
 from .jobvalues import CheckpointInfo, EventKind, JobEvent, JobInfo, RescaleRecord
 from .statistics import InstanceStatistics
+from .tail import sink_node, tail_rows
 from .ophandle import OpHandle, OpSender
 from .pool import kill, warm_pool
 from .rescale import RescaleHandle, start_rescale
@@ -312,17 +313,30 @@ class Job:
         if self._final is None:
             self.wait()
         self._raise_if_failed()
-        sinks = [n for n in self.plan.graph.nodes.values() if n.kind is OperatorKind.SINK]
-        if sink is None:
-            if len(sinks) != 1:
-                raise ValueError(f"job {self.name!r} has sinks {[s.name for s in sinks]}; name one")
-            node = sinks[0]
-        else:
-            matches = [s for s in sinks if s.name == sink]
-            if not matches:
-                raise ValueError(f"job {self.name!r} has no sink {sink!r}; sinks: {[s.name for s in sinks]}")
-            node = matches[0]
-        return self._results[node.name]
+        return self._results[sink_node(self.name, self.plan.graph, sink).name]
+
+    def tail(self, sink: str | None = None, n: int = 10) -> Any:
+        """The newest ``n`` rows that reached ``sink`` of the running job, oldest first (a ``pyarrow.Table``).
+
+        A look at the output as it flows, whatever the sink (``collect()``, ``to_parquet``, ``print()``...):
+        the rows are counted as they reach the sink, before a checkpoint commits them. Each sink instance
+        keeps its newest 1,000 rows.
+
+        Args:
+            sink: the sink operator's name; may be omitted when there is one sink.
+            n: how many rows, 1 to 1,000.
+
+        Raises:
+            ValueError: no such sink (or several and none named), or ``n`` out of range.
+            JobEndedError: the job has ended (its output is in ``result()``).
+
+        Example::
+
+            job = chiray.submit(flow)
+            print(job.tail("out", 5).to_pandas())
+        """
+        self._running("tail")
+        return tail_rows(self.name, self.plan.graph, self.topology.hosts(), sink, n)
 
     # -- control ---------------------------------------------------------------------
 

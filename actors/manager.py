@@ -503,6 +503,10 @@ class JobManagerCore:
             raise ValueError(f"job {self.name!r} has no sink {sink!r}; sinks: {sorted(results)}")
         return results[sink]
 
+    def tail(self, sink: str | None = None, n: int = 10) -> Any:
+        """The newest rows that reached ``sink`` (``Job.tail``)."""
+        return self._running("tail").tail(sink, n)
+
     def forget(self) -> None:
         """Drop a finished job's record; the caller then removes the manager actor."""
         if not self.record.terminal:

@@ -262,6 +262,15 @@ def do_cancel(args: argparse.Namespace) -> int:
                  lambda: f"cancelled {job.name}" if state == "CANCELLED" else f"{job.name} had ended ({state})")
 
 
+def do_tail(args: argparse.Namespace) -> int:
+    from chiray.operators.callsinks import format_batch
+
+    job = _attach(args)
+    table = job.tail(args.sink, args.n)
+    title = f"{job.name}: the newest rows of {args.sink or 'its sink'}"
+    return _emit(args, table.to_pylist(), lambda: format_batch(table, title, max_rows=args.n))
+
+
 def do_forget(args: argparse.Namespace) -> int:
     job = _attach(args)
     job.forget()
@@ -321,6 +330,9 @@ def add_job_verbs(sub: Any) -> None:
     verb("stop", "stop gracefully (final checkpoint, output committed)").add_argument(
         "--savepoint", default=None, metavar="DIR", help="keep the final checkpoint in DIR")
     verb("cancel", "stop now; output since the last checkpoint is discarded")
+    p = verb("tail", "the newest rows that reached a sink of the running job")
+    p.add_argument("sink", nargs="?", default=None, help="the sink's name (may be omitted when there is one)")
+    p.add_argument("-n", type=int, default=10, help="how many rows, 1 to 1000 (default 10)")
     verb("forget", "drop an ended job's record and results")
 
 

@@ -24,6 +24,7 @@ from .logic import (
     SplitAddress,
     SplitReader,
 )
+from .recent import RecentRows
 from .watermarks import _WatermarkedReader
 
 __all__ = ["SourceLogic", "SinkLogic", "assign_splits"]
@@ -132,10 +133,14 @@ class SourceLogic:
 
 
 class SinkLogic(OperatorLogic):
-    """Writes every batch to the sink's writer; ``finish()`` yields the writer's result."""
+    """Writes every batch to the sink's writer; ``finish()`` yields the writer's result.
+
+    ``recent`` keeps the newest rows written, for ``job.tail()`` (read by the host between steps).
+    """
 
     def __init__(self, sink: Sink):
         self.sink = sink
+        self.recent = RecentRows()
         self.writer: SinkWriter | None = None
         self.result: Any = None
         self.finished = False
@@ -149,6 +154,7 @@ class SinkLogic(OperatorLogic):
         assert self.writer is not None, "bug in SinkLogic: process() before open()"
         if batch.num_rows:
             self.writer.write(batch)
+            self.recent.add(batch)
         return ()
 
     def stage(self, epoch: int, durable: int) -> list[Any]:

@@ -35,10 +35,11 @@ def _counts(table: pa.Table) -> dict[str, int]:
 
 
 def _running_flow() -> chiray.Dataflow:
-    """A keyed count over a paced input that runs until the test stops it."""
+    """A keyed count (each key's new count as batches arrive) over a paced input that runs until the test stops
+    it."""
     flow = chiray.Dataflow(_name("running"))
     (flow.source(chiray.generate(None, rate=2_000, batch_size=200, num_keys=50, seed=3), name="events")
-         .key_by("key").count(name="count", emit="final").sink(chiray.collect(), name="out"))
+         .key_by("key").count(name="count", emit="updates").sink(chiray.collect(), name="out"))
     return flow
 
 
@@ -52,7 +53,7 @@ def _ended_verbs(job: JobHandle, state: str) -> None:
     calls = {"checkpoint": lambda: job.checkpoint(), "checkpoint_info": lambda: job.checkpoint_info(),
              "savepoint": lambda: job.savepoint("/nonexistent"), "stop": lambda: job.stop(),
              "rescale": lambda: job.rescale("count", 2), "migrate": lambda: job.migrate("count", [0]),
-             "metrics": lambda: job.metrics(), "autoscale": lambda: job.autoscale(),
+             "metrics": lambda: job.metrics(), "autoscale": lambda: job.autoscale(), "tail": lambda: job.tail("out"),
              "run_control": lambda: job.run_control(object())}
     for call in calls.values():
         with pytest.raises(chiray.JobEndedError, match=rf"job '{job.name}' has ended \({state}\); there is "
@@ -64,7 +65,8 @@ def _ended_verbs(job: JobHandle, state: str) -> None:
 
 def test_the_protocol_lists_every_verb_and_both_handles_have_them():
     assert set(VERBS) >= {"status", "statistics", "metrics", "rescale", "rescales", "checkpoint", "savepoint", "stop",
-                          "cancel", "wait", "result", "run_control", "autoscale", "forget", "info", "migrate"}
+                          "cancel", "wait", "result", "run_control", "autoscale", "forget", "info", "migrate",
+                          "tail"}
     for cls in (chiray.Job, chiray.AttachedJob):
         assert all(callable(getattr(cls, verb, None)) for verb in VERBS), cls
 
@@ -107,6 +109,14 @@ def test_a_running_job(ray_session, tmp_path, kind):
             job.forget()
         assert job.status().state.value == "RUNNING" and job.info().state.value == "RUNNING"
         wait_for(lambda: job.statistics().records_in("count") > 0, 30, "records to reach the count")
+        tail = wait_for(lambda: (t := job.tail("out", 40)).num_rows == 40 and t, 30, "40 rows to reach the sink")
+        assert tail.column_names == ["key", "count"] and job.tail(n=3).num_rows == 3
+        with pytest.raises(ValueError, match="has no sink 'nope'"):
+            job.tail("nope")
+        newest: dict[str, int] = {}
+        for key, count in zip(tail.column("key").to_pylist(), tail.column("count").to_pylist()):
+            assert count > newest.get(key, 0), "a key's updates come in order"
+            newest[key] = count
         assert job.metrics(timeout=30).instances
         assert job.checkpoint() >= 1
         taken = job.checkpoint_info()
@@ -134,7 +144,10 @@ def test_a_running_job(ray_session, tmp_path, kind):
         assert isinstance(stopped, chiray.CheckpointInfo) and stopped.path.startswith(str(tmp_path / "final"))
         job.wait(timeout=30)  # stopped: finished
         assert job.status().state.value == "FINISHED"
-        assert set(job.result().column_names) >= {"key", "count"}  # what the final checkpoint committed
+        committed = job.result()  # what the final checkpoint committed: every row the tail saw, and more
+        assert set(committed.column_names) >= {"key", "count"}
+        assert set(zip(tail.column("key").to_pylist(), tail.column("count").to_pylist())) <= set(
+            zip(committed.column("key").to_pylist(), committed.column("count").to_pylist()))
         _ended_verbs(job, "finished")
     finally:
         _forget(job)

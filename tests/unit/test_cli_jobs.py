@@ -71,3 +71,26 @@ def test_autoscale_verb_maps_its_flags_to_the_options(monkeypatch, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["autoscale", "wc", "sometimes"])
     assert exit_.value.code == 2
+
+
+def test_tail_verb_prints_the_newest_rows_as_a_table_or_json(monkeypatch, capsys):
+    import pyarrow as pa
+
+    import chiray.cli_jobs as cli_jobs
+
+    calls = []
+
+    class FakeJob:
+        name = "wc"
+
+        def tail(self, sink, n):
+            calls.append((sink, n))
+            return pa.table({"word": ["a", "be"], "count": [4, 12]})
+
+    monkeypatch.setattr(cli_jobs, "_attach", lambda args: FakeJob())
+    assert main(["tail", "wc", "out", "-n", "2"]) == 0
+    assert calls[-1] == ("out", 2)
+    assert capsys.readouterr().out.splitlines() == ["wc: the newest rows of out: 2 rows", "word  count",
+                                                    "a         4", "be       12"]
+    assert main(["tail", "wc", "--json"]) == 0 and calls[-1] == (None, 10)
+    assert json.loads(capsys.readouterr().out) == [{"word": "a", "count": 4}, {"word": "be", "count": 12}]
