@@ -26,14 +26,16 @@ import time
 from typing import Sequence
 
 from chiray.cli_jobs import VERBS, add_job_verbs, run_verb
+from chiray.progress import Progress
 
 __all__ = ["build_parser", "main"]
 
 
-def _progress(done: int, total: int, rate: float, width: int = 30) -> str:
+def _progress(done: int, total: int, rate: float, width: int = 30) -> tuple[str, str]:
+    """The demo's bar and its state, each tenth of the records (a log gets a line per tenth)."""
     filled = int(width * done / total) if total else width
-    return (f"\r  [{'#' * filled}{'.' * (width - filled)}] {done:>12,}/{total:,} records"
-            f"  {rate / 1e6:6.2f} M records/s")
+    return (f"  [{'#' * filled}{'.' * (width - filled)}] {done:>12,}/{total:,} records"
+            f"  {rate / 1e6:6.2f} M records/s"), f"{10 * done // max(total, 1)}/10"
 
 
 def _oracle(source, num_records: int):
@@ -75,20 +77,21 @@ def demo(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     checkpointed = None
     rescale = None
+    shown = Progress()
     while True:
         try:
             job.wait(timeout=0.5)
             break
         except TimeoutError:
             done = job.statistics().records_in("count")
-            print(_progress(done, args.records, done / (time.perf_counter() - t0)), end="", flush=True)
+            shown.update(*_progress(done, args.records, done / (time.perf_counter() - t0)))
             if rescale is None and done > args.records // 10:  # live, no record lost or counted twice
                 rescale = job.rescale("count", args.parallelism + 1, strategy="non_disruptive", chunk_bins=64)
             if checkpointed is None and rescale is not None and rescale.done() and done > args.records // 3:
                 c0 = time.perf_counter()
                 checkpointed = (job.checkpoint(timeout=60), time.perf_counter() - c0)  # in-band, aligned
     elapsed = time.perf_counter() - t0
-    print(_progress(args.records, args.records, args.records / elapsed))
+    shown.end(*_progress(args.records, args.records, args.records / elapsed))
     result = job.result().to_pandas().set_index("key").sort_index()
     expected = _oracle(source, args.records).sort_index()
     ok = result[["count", "total"]].astype("int64").equals(expected.astype("int64"))

@@ -19,6 +19,7 @@ import time
 from typing import Any, Callable
 
 from chiray.operators.errors import ChirayError
+from chiray.progress import Progress
 
 __all__ = ["add_job_verbs", "run_verb"]
 
@@ -177,12 +178,13 @@ def _options(pairs: list[str]) -> dict[str, Any]:
     return out
 
 
-def _bar(p: Any, width: int = 30) -> str:
-    """A progress bar for a ``RescaleProgress``."""
+def _bar(p: Any, width: int = 30) -> tuple[str, str]:
+    """A progress bar for a ``RescaleProgress``, and its state (a terminal redraws the bar; a log gets a line
+    per state)."""
     filled = int(width * p.bins_moved / p.bins) if p.bins else (width if p.done else 0)
-    state = getattr(p.state, "value", p.state)
-    return (f"\r  [{'#' * filled}{'.' * (width - filled)}] steps {p.steps_done}/{p.steps}"
-            f"  bins {p.bins_moved}/{p.bins}  {p.bytes_moved / 2**20:.1f} MiB  {state}")
+    state = str(getattr(p.state, "value", p.state))
+    return (f"  [{'#' * filled}{'.' * (width - filled)}] steps {p.steps_done}/{p.steps}"
+            f"  bins {p.bins_moved}/{p.bins}  {p.bytes_moved / 2**20:.1f} MiB  {state}"), state
 
 
 def do_rescale(args: argparse.Namespace) -> int:
@@ -191,13 +193,14 @@ def do_rescale(args: argparse.Namespace) -> int:
     if not args.wait:
         return _emit(args, {"id": handle.id, "operator": args.operator, "parallelism": args.parallelism},
                      lambda: f"rescale {handle.id} of {args.operator!r} to {args.parallelism} started")
+    shown = Progress()
     while not (progress := handle.progress()).done:
         if not args.json:
-            print(_bar(progress), end="", flush=True)
+            shown.update(*_bar(progress))
         time.sleep(0.2)
     final = handle.result(0)
     if not args.json:
-        print(_bar(final))
+        shown.end(*_bar(final))
     return _emit(args, final, lambda: f"rescaled {args.operator!r} {final.from_} -> {final.to} "
                                       f"in {final.duration_s or 0:.2f} s, {final.bins_moved} bins, "
                                       f"{final.bytes_moved / 2**20:.2f} MiB moved")

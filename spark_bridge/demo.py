@@ -17,6 +17,7 @@ import argparse
 import glob
 import logging
 import os
+import sys
 import sysconfig
 import time
 import warnings
@@ -85,7 +86,8 @@ def run(args: argparse.Namespace) -> int:
                     break
                 except TimeoutError:
                     done = job.statistics().records_out("words")
-                    print(f"\r  {done:>12,} words into the dataflow", end="", flush=True)
+                    if sys.stdout.isatty():  # redrawn in place; a log gets only the summary below
+                        print(f"\r  {done:>12,} words into the dataflow", end="", flush=True)
                     if rescale is None:  # live, while Spark pushes: no word lost or counted twice
                         rescale = job.rescale("count", args.parallelism + 1, strategy="non_disruptive", chunks=3)
                     if checkpointed is None and rescale is not None and rescale.done():
@@ -104,8 +106,9 @@ def run(args: argparse.Namespace) -> int:
     finally:
         spark.stop()
     total = sum(got.values())
+    redraw = "\r" if sys.stdout.isatty() else ""  # ends the counter's line on a terminal
     print(
-        f"\r  {total:,} words, {len(got):,} distinct, in {elapsed:.1f} s "
+        f"{redraw}  {total:,} words, {len(got):,} distinct, in {elapsed:.1f} s "
         f"({stats.committed_units} Spark partitions pushed by the executors)"
     )
     if rescale is not None:

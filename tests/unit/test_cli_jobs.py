@@ -94,3 +94,37 @@ def test_tail_verb_prints_the_newest_rows_as_a_table_or_json(monkeypatch, capsys
                                                     "a         4", "be       12"]
     assert main(["tail", "wc", "--json"]) == 0 and calls[-1] == (None, 10)
     assert json.loads(capsys.readouterr().out) == [{"word": "a", "count": 4}, {"word": "be", "count": 12}]
+
+
+def test_rescale_wait_prints_one_line_per_state_when_not_on_a_terminal(monkeypatch, capsys):
+    import chiray.cli_jobs as cli_jobs
+    from chiray.actors.jobvalues import RescaleOutcome, RescaleProgress, RescaleState
+
+    states = [RescaleState.WAITING] * 5 + [RescaleState.PLANNING] * 5 + [RescaleState.MIGRATING] * 90
+    polls = [RescaleProgress("count", "fluid", s, steps_done=i // 10, steps=10, bins_moved=i, bins=100)
+             for i, s in enumerate(states)]
+
+    class Handle:
+        id = "r1"
+
+        def progress(self):
+            return polls.pop(0) if polls else RescaleProgress("count", "fluid", RescaleOutcome.DONE, done=True)
+
+        def result(self, timeout):
+            return RescaleProgress("count", "fluid", RescaleOutcome.DONE, steps_done=10, steps=10, bins_moved=100,
+                                   bins=100, done=True, from_=1, to=2, duration_s=1.5)
+
+    class FakeJob:
+        name = "wc"
+
+        def rescale(self, operator, parallelism, strategy, **knobs):
+            return Handle()
+
+    monkeypatch.setattr(cli_jobs, "_attach", lambda args: FakeJob())
+    monkeypatch.setattr(cli_jobs.time, "sleep", lambda s: None)
+    assert main(["rescale", "wc", "count", "2", "--wait"]) == 0
+    out = capsys.readouterr().out
+    assert "\r" not in out
+    lines = out.splitlines()
+    assert [line.split()[-1] for line in lines[:-1]] == ["WAITING", "PLANNING", "MIGRATING", "done"]
+    assert lines[-1] == "rescaled 'count' 1 -> 2 in 1.50 s, 100 bins, 0.00 MiB moved"
