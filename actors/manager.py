@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import shutil
 import tempfile
 import threading
 import time
@@ -109,6 +110,10 @@ class JobManagerCore:
     @property
     def storage(self) -> CheckpointStorage:
         return CheckpointStorage(self.record.checkpoint_dir)
+
+    def _temporary_dir(self) -> str | None:
+        """The checkpoint directory this manager made for the job (none was given): ``forget`` removes it."""
+        return self.record.checkpoint_dir if self.record.config.checkpoint_dir is None else None
 
     # -- deploying ---------------------------------------------------------------------
 
@@ -449,8 +454,17 @@ class JobManagerCore:
         return self.savepoint_info(dir, timeout).path
 
     def savepoint_info(self, dir: str | None = None, timeout: float | None = 120.0) -> CheckpointInfo:
-        """A checkpoint copied to ``dir`` (default ``<checkpoint_dir>/savepoints``), kept until deleted."""
-        taken = self._running("savepoint").savepoint_info(dir, timeout)
+        """A checkpoint copied to ``dir`` (default ``<checkpoint_dir>/savepoints``), kept until deleted.
+
+        Raises:
+            ValueError: no ``dir`` for a job whose checkpoints go to a temporary directory (removed when the
+                job is forgotten).
+        """
+        job = self._running("savepoint")
+        if dir is None and self._temporary_dir() is not None:
+            raise ValueError(f"job {self.name!r} keeps its checkpoints in a temporary directory, removed when it "
+                             f"is forgotten: give savepoint a directory (or submit with checkpoint_dir=...)")
+        taken = job.savepoint_info(dir, timeout)
         self._noted_checkpoint(taken)
         self._update(JobEvent.of(EventKind.SAVEPOINT, path=taken.path))
         return taken
@@ -508,7 +522,11 @@ class JobManagerCore:
         return self._running("tail").tail(sink, n)
 
     def forget(self) -> None:
-        """Drop a finished job's record; the caller then removes the manager actor."""
+        """Drop an ended job's record and the temporary checkpoint directory made for it (when no
+        ``checkpoint_dir`` was given); the caller then removes the manager actor."""
         if not self.record.terminal:
             raise ChirayError(f"job {self.name!r} is {self.record.state.value.lower()}: stop or cancel it first")
         jobstore.delete(self.name)
+        temporary = self._temporary_dir()
+        if temporary is not None:
+            shutil.rmtree(temporary, ignore_errors=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import pytest
 
@@ -125,3 +126,29 @@ def test_config_checks_the_recovery_options(field, bad, why):
         chiray.JobConfig(**{field: bad})
     config = chiray.JobConfig(liveness_timeout_s=2.5, restore_checkpoint_s=None, run_id="r0123abcd")
     assert (config.liveness_timeout_s, config.restore_checkpoint_s, config.run_id) == (2.5, None, "r0123abcd")
+
+
+@pytest.mark.parametrize("given", [False, True], ids=["temporary", "given checkpoint_dir"])
+def test_forgetting_an_ended_job_removes_the_temporary_directory_made_for_it(monkeypatch, tmp_path, given):
+    from chiray.actors import jobstore
+
+    stored: dict[str, JobRecord] = {}
+    monkeypatch.setattr(jobstore, "save", lambda record: stored.__setitem__(record.name, record))
+    monkeypatch.setattr(jobstore, "delete", lambda name: stored.pop(name))
+    config = chiray.JobConfig(checkpoint_dir=str(tmp_path / "chk") if given else None)
+    core = JobManagerCore("wc", b"", config, None, reconstructed=False)
+    root = core.record.checkpoint_dir
+    os.makedirs(os.path.join(root, "chk-1"), exist_ok=True)  # what the job left there
+    assert given or os.path.basename(root).startswith("chiray-wc-")
+    with pytest.raises(chiray.ChirayError, match="stop or cancel it first"):
+        core.forget()  # a running job keeps everything
+    if not given:  # a savepoint would go under the temporary directory, and go with it
+        core._job = object()  # type: ignore[assignment]  # running
+        with pytest.raises(ValueError, match="temporary directory, removed when it is forgotten: give savepoint a "
+                                             "directory"):
+            core.savepoint_info(None)
+        core._job = None
+    core.record = dataclasses.replace(core.record, state=JobState.FINISHED)
+    core.forget()
+    assert "wc" not in stored
+    assert os.path.exists(root) == given  # a directory the user gave is theirs
