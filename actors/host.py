@@ -60,6 +60,14 @@ to each peer leave in one call."""
 CONTROLLER_CONCURRENCY = 1000
 """Calls the controller hosted here may have under way at once (long polls among them)."""
 
+STATISTICS_WAIT_S = 0.2
+"""How long :meth:`OperatorHost.statistics` waits for the loop to be between steps before it answers with the
+snapshot taken last (a long step of user code is running)."""
+
+STATISTICS_REFRESH_S = 0.5
+"""The loop takes a statistics snapshot at least this often while it runs, so the one a long step leaves
+is at most this much older than the step."""
+
 
 def use_memory_pool(name: str | None) -> None:
     """Allocate this process's Arrow buffers from pool ``name`` from now on (see ``JobConfig.memory_pool``)."""
@@ -74,7 +82,7 @@ def use_memory_pool(name: str | None) -> None:
 
 
 @ray.remote(concurrency_groups={"feed": 1, "control": CONTROLLER_CONCURRENCY,  # type: ignore[call-overload]
-                                "liveness": 1})
+                                "liveness": 1, "statistics": 1})
 class OperatorHost:
     """Hosts operator instances of one job (the Orleans "silo"; instances are its grains).
 
@@ -93,6 +101,8 @@ class OperatorHost:
         self._feed: collections.deque[tuple[str, int, str, Any]] = collections.deque()  # see feed_reader
         self._loop: asyncio.AbstractEventLoop | None = None
         self._controller: Controller | None = None  # the job's controller, where it runs here
+        self._statistics: list = []  # the last snapshot the loop took (see statistics())
+        self._statistics_at = 0.0  # when (time.monotonic())
 
     async def setup(self, plan: Any, placement: dict, config: JobConfig, peers: dict,
                     controller: Any, restore: Any = None, incarnation: int = 0,
@@ -114,6 +124,7 @@ class OperatorHost:
             self.core = HostCore(self.host_id, plan, placement, config, restore)
         except OperatorFailure as failure:
             return self._operator_error(failure)
+        self._statistics = self.core.statistics()
         return None
 
     @ray.method(concurrency_group="control")
@@ -238,8 +249,25 @@ class OperatorHost:
         """The host's process id (for tooling that measures memory)."""
         return os.getpid()
 
+    @ray.method(concurrency_group="statistics")
     async def statistics(self) -> list:
-        return self.core.statistics() if self.core is not None else []
+        """Each instance's ``InstanceStatistics``, from a thread of its own so that a long step of user code
+        never holds the answer up: taken by the loop between two steps if it gets there within
+        ``STATISTICS_WAIT_S``, else the snapshot it took last (as old as the step running now)."""
+        loop = self._loop
+        if self.core is None or loop is None:
+            return []
+        taken = asyncio.run_coroutine_threadsafe(self._take_statistics(), loop)
+        try:
+            return await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(taken)), STATISTICS_WAIT_S)
+        except asyncio.TimeoutError:  # the snapshot is taken all the same, once the step ends
+            return self._statistics
+
+    async def _take_statistics(self) -> list:
+        """On the loop, between two steps: a new snapshot (kept for :meth:`statistics`)."""
+        self._statistics = self.core.statistics() if self.core is not None else []
+        self._statistics_at = time.monotonic()
+        return self._statistics
 
     async def tail(self, operator: str, n: int) -> list:
         """The newest ``n`` rows (at most) that reached each instance of sink ``operator`` here, as
@@ -302,6 +330,8 @@ class OperatorHost:
                 log.exception("host %s failed", self.host_id)
                 return
             self._report_finished()
+            if time.monotonic() - self._statistics_at > STATISTICS_REFRESH_S:
+                await self._take_statistics()
             outbox = core.take_outbox()
             if outbox:
                 self.transport.send(outbox)

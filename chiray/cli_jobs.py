@@ -11,6 +11,7 @@ or, with ``--json``, one JSON document (the values' ``to_json()``). Failures pri
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import os
 import socket
@@ -109,15 +110,24 @@ def do_status(args: argparse.Namespace) -> int:
     return _emit(args, data, human)
 
 
+MONITOR_WAIT_S = 2.0
+"""How long ``metrics`` waits for the in-band monitor (state sizes, keys): it waits its turn behind the records
+in the channels, so a busy job answers late; the rows come without those columns then."""
+
+
 def _metrics_rows(job: Any) -> list[dict[str, Any]]:
-    first = job.statistics()
-    time.sleep(1.0)  # two snapshots a second apart give the rates
-    second = job.statistics()
+    """Per instance: counters and their rates over a second (snapshots the hosts answer at once, even during a
+    long step of user code), and what the in-band monitor says within ``MONITOR_WAIT_S``."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        monitor = pool.submit(job.metrics, MONITOR_WAIT_S)
+        first = job.statistics()
+        time.sleep(1.0)  # two snapshots a second apart give the rates
+        second = job.statistics()
+        try:
+            monitored = monitor.result().instances
+        except Exception:  # it did not come in time, or the job ended meanwhile
+            monitored = {}
     before = {(s.operator, s.index): s for s in first.instances}
-    try:
-        monitored = job.metrics(timeout=10).instances
-    except Exception:  # the job ended meanwhile: no in-band monitor
-        monitored = {}
     span = max(second.taken_at - first.taken_at, 1e-6)
     marks = [s.watermark for s in second.instances if s.watermark is not None]
     order = {op: i for i, op in enumerate(dict.fromkeys(s.operator for s in second.instances))}

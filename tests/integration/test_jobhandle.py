@@ -4,6 +4,7 @@ answers and raises the same errors."""
 from __future__ import annotations
 
 import os
+import time
 import uuid
 
 import pyarrow as pa
@@ -183,5 +184,44 @@ def test_a_failed_job(ray_session, tmp_path, kind):
         assert job.status().state.value == "FAILED"
         assert "ZeroDivisionError" in job.info().error
         _ended_verbs(job, "failed")
+    finally:
+        _forget(job)
+
+
+def _held(entered: str, gate: str):
+    """A map whose first step signals ``entered`` and then runs until ``gate`` exists (a long step of user code)."""
+
+    def hold(batch: pa.RecordBatch) -> pa.RecordBatch:
+        open(entered, "w").close()
+        deadline = time.monotonic() + 120
+        while not os.path.exists(gate) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return batch
+
+    return hold
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_reading_verbs_answer_while_a_step_of_user_code_runs(ray_session, tmp_path, kind):
+    """status, info and statistics (what ``chiray status``, ``list`` and ``metrics`` show) do not wait for a
+    host that runs a long step: they answer with the statistics it last took."""
+    entered, gate = str(tmp_path / "entered"), str(tmp_path / "gate")
+    flow = chiray.Dataflow(_name("held"))
+    (flow.source(chiray.from_items(WORDS), name="words").map(_held(entered, gate), name="held")
+         .key_by("word").count(name="count").sink(chiray.collect(), name="out"))
+    job = _submit(flow, kind, tmp_path)
+    try:
+        wait_for(lambda: os.path.exists(entered), 60, "the held step to start")
+        for verb in (job.status, job.info, job.statistics):
+            started = time.monotonic()
+            answer = verb()
+            assert time.monotonic() - started < 5, f"{verb.__name__} waited for the held step"
+            assert answer is not None
+        assert {s.operator for s in job.statistics().instances} >= {"words", "held", "count", "out"}
+        assert job.status().state.value == "RUNNING"
+        open(gate, "w").close()
+        job.wait(timeout=60)
+        assert _counts(job.result()) == {"a": 4, "b": 2, "c": 1, "d": 1}
+        assert job.statistics().records_in("held") == len(WORDS)  # the last snapshot, once ended, is exact
     finally:
         _forget(job)

@@ -128,3 +128,38 @@ def test_rescale_wait_prints_one_line_per_state_when_not_on_a_terminal(monkeypat
     lines = out.splitlines()
     assert [line.split()[-1] for line in lines[:-1]] == ["WAITING", "PLANNING", "MIGRATING", "done"]
     assert lines[-1] == "rescaled 'count' 1 -> 2 in 1.50 s, 100 bins, 0.00 MiB moved"
+
+
+def test_metrics_waits_for_the_in_band_monitor_briefly_and_shows_the_rest(monkeypatch, capsys):
+    """A busy job answers the in-band monitor late: the rows (rates from the hosts' snapshots) come at once,
+    without state sizes, instead of waiting for it."""
+    import threading
+
+    import chiray.cli_jobs as cli_jobs
+    from chiray.actors.job import JobStatistics
+    from chiray.actors.statistics import InstanceStatistics
+
+    asked: list[float] = []
+    released = threading.Event()
+
+    class FakeJob:
+        name = "wc"
+        polls = 0
+
+        def statistics(self):
+            FakeJob.polls += 1
+            return JobStatistics((InstanceStatistics("count", 0, 0, 100 * FakeJob.polls, 0, 1, 0, 0, 0, 0, 0.0,
+                                                     0.0, False),), float(FakeJob.polls))
+
+        def metrics(self, timeout):
+            asked.append(timeout)
+            released.wait(timeout)  # the monitor is stuck behind a long step
+            raise TimeoutError("monitor")
+
+    monkeypatch.setattr(cli_jobs, "_attach", lambda args: FakeJob())
+    monkeypatch.setattr(cli_jobs.time, "sleep", lambda s: None)
+    monkeypatch.setattr(cli_jobs, "MONITOR_WAIT_S", 0.05)
+    assert main(["metrics", "wc", "--json"]) == 0
+    released.set()
+    (row,) = json.loads(capsys.readouterr().out)
+    assert asked == [0.05] and row["in_per_s"] == 100.0 and row["state_bytes"] is None
