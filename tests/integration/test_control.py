@@ -377,7 +377,7 @@ def test_a_side_controller_still_runs_ops_after_a_recovery(victim):
     """A recovery gives the job a new controller (the old one moved, or died with host 0) and new hosts:
     a side controller injects through the new one, and the new hosts return its ops to it."""
     flow = Dataflow("side-after-recovery")
-    _endless(flow).key_by("key").count(parallelism=2, name="count").collect(name="out")
+    _endless(flow).key_by("key").count(parallelism=2, emit="final", name="count").collect(name="out")
     job = flow.submit(poll_interval_s=0.2)
     try:
         job.add_controller("second")
