@@ -315,6 +315,9 @@ class OperatorHost:
     async def _run(self) -> None:
         core = self.core
         assert core is not None
+        # start() answers first: its reply is queued behind this task's first step, and a step of user code
+        # can be long (a source and its consumers on one host have work at once, as a warm host's do)
+        await asyncio.sleep(0)
         while not self._stopped:
             self._wake.clear()
             self._take_feed()
