@@ -59,15 +59,19 @@ def restore_point(restore_from: str, plan: PhysicalPlan, allow_non_restored_stat
     """
     path = str(restore_from).rstrip("/")
     match = re.match(r"^chk-(\d+)$", posixpath.basename(path))
-    if match:
-        storage = CheckpointStorage(posixpath.dirname(path) or ".", create=False)
-        manifest = storage.load(int(match.group(1)))
-    else:
+    try:  # a root that holds checkpoints, even one named like a checkpoint ("chk-0")
         storage = CheckpointStorage(path, create=False)
         latest = storage.latest()
-        if latest is None:  # a savepoint directory: one job life's savepoints per subdirectory
-            storage, latest = _only_savepoints(storage, path)
-        manifest = latest
+    except CheckpointError:
+        if not match:
+            raise
+        latest = None
+    if latest is None and match:  # a checkpoint's own directory
+        storage = CheckpointStorage(posixpath.dirname(path) or ".", create=False)
+        latest = storage.load(int(match.group(1)))
+    elif latest is None:  # a savepoint directory: one job life's savepoints per subdirectory
+        storage, latest = _only_savepoints(storage, path)
+    manifest = latest
     nodes = plan.graph.nodes
     renames, orphans, empty = match_operators(manifest, nodes)
     saved = manifest.get("job", {}).get("operators", {})

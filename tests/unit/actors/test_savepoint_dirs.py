@@ -37,3 +37,16 @@ def test_one_life_in_the_directory_restores_its_newest_and_two_are_refused(tmp_p
     (tmp_path / "empty").mkdir()
     with pytest.raises(CheckpointError, match="no complete checkpoint under"):
         restore_point(str(tmp_path / "empty"), plan())
+
+
+def test_a_root_named_like_a_checkpoint_restores_its_newest(tmp_path):
+    """A checkpoint root may be called ``chk-0`` (a job manager that restarts restores from its job's root):
+    a directory that holds checkpoints is a root, whatever its name; one that holds none and is named
+    ``chk-N`` is that checkpoint."""
+    root = str(tmp_path / "chk-0")
+    save(root, 1, "a")
+    save(root, 2, "a")
+    assert restore_point(root, plan()).checkpoint_id == 2
+    assert restore_point(f"{root}/chk-000001", plan()).checkpoint_id == 1
+    with pytest.raises(CheckpointError, match="incomplete or missing"):
+        restore_point(f"{root}/chk-000007", plan())
