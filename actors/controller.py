@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
+import os
 import time
 from typing import Any
 
@@ -66,6 +67,10 @@ class Controller(ControllerOps):
     async def configure(self, *args: Any, **kwargs: Any) -> None:
         """A warm controller (started bare, see ``pool.py``) takes its job: the constructor's arguments."""
         self._configure(*args, **kwargs)
+
+    async def pid(self) -> int:
+        """The process id this controller runs in (for fault tests that kill it as a crash would)."""
+        return os.getpid()
 
     async def ping(self) -> bool:
         return True

@@ -42,6 +42,7 @@ from .config import JobConfig
 from .errors import ChirayError, JobCancelledError, portable
 from .handle import VERBS as JOB_VERBS, ended_error
 from .job import Job, JobStatus
+from .controller import controller_host
 from .jobfiles import RescaleOutcome, dir_bytes, interrupted, plain, recover_sinks
 from .jobfiles import sink_names, with_parallelism
 from .jobvalues import CheckpointInfo, EventKind, JobEvent, JobInfo, RescaleProgress, RescaleRecord, RescaleState
@@ -56,7 +57,7 @@ __all__ = ["JobManagerCore", "VERBS"]
 log = logging.getLogger(__name__)
 
 VERBS: tuple[str, ...] = (*JOB_VERBS, "savepoint_info", "rescale_progress", "rescale_result", "host_pids",
-                          "failure")
+                          "controller_pid", "failure")
 """The manager methods a client may call: every ``JobHandle`` verb, and what ``RemoteRescale`` and tests ask."""
 
 POLL_S = 0.5
@@ -86,6 +87,7 @@ class JobManagerCore:
         self._exporter = MetricsExporter(name)
         self._seen_checkpoint = 0
         self._seen_autoscale = 0
+        self._run_events = 0  # the events of the running job's run already in the record
         stored = jobstore.load(name) if reconstructed else None
         self._restarted = stored is not None
         if stored is not None:
@@ -155,6 +157,7 @@ class JobManagerCore:
         self._job = submit(flow, config=config, restore_from=restore_from)
         self._seen_checkpoint = max(self.storage.checkpoint_ids(), default=0)
         self._seen_autoscale = 0
+        self._run_events = 0  # the events of this run already in the record (see _keep_run_events)
         if record.autoscale is not None:  # it was on before the manager restarted
             self._job.autoscale(True, **dict(record.autoscale))
 
@@ -180,11 +183,12 @@ class JobManagerCore:
                 ended = self._poll_end(job)
             if ended:
                 return
+            events = self._keep_run_events(job)
             interval = self.record.config.metrics_interval_s
             if interval is not None:
                 try:
                     self._exporter.export(job.statistics())
-                    seen_recoveries = self._note_recoveries(job, seen_recoveries)
+                    seen_recoveries = self._note_recoveries(events, seen_recoveries)
                     self._note_checkpoints()
                     if time.monotonic() - last_sizes > STATE_SIZE_INTERVAL_S:
                         last_sizes = time.monotonic()
@@ -214,6 +218,7 @@ class JobManagerCore:
         job = self._job
         results: dict[str, Any] = {}
         stats = None
+        self._keep_run_events(job)
         if job is not None:
             try:
                 stats = job.statistics()
@@ -233,8 +238,27 @@ class JobManagerCore:
                      statistics=stats, ended_at=time.time())
         self._ended.set()
 
-    def _note_recoveries(self, job: Job, seen: int) -> int:
-        recoveries = sum(1 for e in job.status().events if "recover" in e.lower())
+    def _keep_run_events(self, job: Job | None) -> tuple[str, ...]:
+        """Store the events of the job's current run that the record lacks (its recoveries, slow steps,
+        ...), so that the job's history keeps them after it ended and after this manager restarted;
+        returns the run's events (none if its controller did not answer)."""
+        try:
+            events = job.status().events if job is not None else ()
+        except Exception as exc:  # a recovery is replacing the controller: next time
+            log.debug("job %s: no events from its run: %r", self.name, exc)
+            return ()
+        with self._lock:
+            new = events[self._run_events:]
+            if new:
+                self._run_events = len(events)
+                run = self.record.restarts
+                self.record = dataclasses.replace(self.record, events=(
+                    *self.record.events, *(JobEvent.of(EventKind.RUN, run=run, text=e) for e in new)))
+                self._save()
+        return events
+
+    def _note_recoveries(self, events: tuple[str, ...], seen: int) -> int:
+        recoveries = sum(1 for e in events if "recover" in e.lower())
         for _ in range(recoveries - seen):
             self._exporter.recovery()
         return max(recoveries, seen)
@@ -326,7 +350,8 @@ class JobManagerCore:
     def status(self) -> JobStatus:
         job = self._job
         live = job.status() if job is not None and not self.record.terminal else None
-        run = tuple(JobEvent.of(EventKind.RUN, run=self.record.restarts, text=e) for e in live.events) if live else ()
+        run = tuple(JobEvent.of(EventKind.RUN, run=self.record.restarts, text=e)
+                    for e in live.events[self._run_events:]) if live else ()
         history = (*self.record.events, *run)
         state = live.state if live is not None else self.record.state
         return JobStatus(self.name, state, live.finished_instances if live else (), tuple(str(e) for e in history),
@@ -366,6 +391,14 @@ class JobManagerCore:
         job = self._running("list the hosts of")
         hosts = job.topology.peers()
         return {host_id: ray.get(host.pid.remote(), timeout=30) for host_id, host in hosts.items()}
+
+    def controller_pid(self) -> int | None:
+        """The process id of the job controller where it runs in an actor of its own (None: it runs in a
+        host's process, see ``JobConfig.controller_process``), for fault tests that kill it."""
+        controller = self._running("find the controller of").topology.controller
+        if controller is None or controller_host(controller) is not None:
+            return None
+        return ray.get(controller.pid.remote(), timeout=30)
 
     def statistics(self) -> Any:
         if self.record.terminal:
@@ -475,6 +508,7 @@ class JobManagerCore:
             job = self._running("stop")
             taken = job.stop(savepoint, timeout)
             self._noted_checkpoint(taken)
+            self._keep_run_events(job)
             self._job = None
             stats = job.statistics()
             results = {sink: job.result(sink) for sink in sink_names(job.plan.graph)}
@@ -490,6 +524,7 @@ class JobManagerCore:
         with self._lock:
             if self.record.terminal or self._job is None:
                 return  # an ended job stays as it ended
+            self._keep_run_events(self._job)
             self._job.cancel()
             self._job = None
             self._update(JobEvent.of(EventKind.CANCELLED), state=JobState.CANCELLED, ended_at=time.time())

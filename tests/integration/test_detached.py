@@ -6,6 +6,8 @@ left half-changed, and its result equals the oracle exactly.
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 
 import pytest
@@ -61,10 +63,27 @@ def _check_exact(job: chiray.AttachedJob) -> None:
     job.forget()
 
 
+def _kill_a_host(name: str) -> None:
+    """SIGKILL the process of one of the job's hosts, whose id its manager tells."""
+    import ray
+
+    pids = ray.get(ray.get_actor(name, namespace="chiray").host_pids.remote())
+    os.kill(pids[max(pids)], signal.SIGKILL)
+
+
+def _run_events(job: chiray.AttachedJob, run: int, starting: str) -> list[str]:
+    return [e for e in job.status().events if e.startswith(f"run {run}: {starting}")]
+
+
 def test_manager_dies_during_a_rescale_and_then_during_a_checkpoint(ray_session, tmp_path):
     gate = Gate(tmp_path)
     job = _submit("manager-kills", tmp_path, gate)
     job.checkpoint()
+    # A host dies first: its recovery is an event of the job's first run, which the history keeps
+    # across the manager's restarts and after the job's end.
+    _kill_a_host(job.name)
+    wait_for(lambda: _run_events(job, 0, "recovered from checkpoint"), 60, "the recovery from the killed host",
+             detail=lambda: job.status().events)
     # A rescale: interrupted, and the job rolled back to the checkpoint at the old parallelism.
     handle = job.rescale("count", 3, strategy="fluid", gap_s=0.05)  # 1024 one-bin steps: still running below
     wait_for(lambda: handle.progress().get("steps_done", 0) >= 2, 30, "the rescale's first two steps",
@@ -98,4 +117,6 @@ def test_manager_dies_during_a_rescale_and_then_during_a_checkpoint(ray_session,
     _wait_restarted(job, restarts=2)
     assert job.checkpoint() >= 1
     gate.open()
+    job.wait(timeout=120)
+    assert len(_run_events(job, 0, "recovered from checkpoint")) == 1, job.status().events
     _check_exact(job)
