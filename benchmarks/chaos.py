@@ -20,7 +20,11 @@ key the last position per split, the positions it skipped and its count.
 Fault kinds (``--kinds``, default all), drawn per run without replacement
 until each was drawn once, then again, each after a pause of 0.6-1.4 s once
 the job runs again: ``host_kill`` (``ray.kill`` a host), ``controller_kill``
-(the job then runs its controller in an actor of its own), ``kill_during_checkpoint``
+(the job then runs its controller in an actor of its own), ``manager_kill`` (a run
+with one submits its jobs detached, ``submit(detached=True)``, and kills the job's manager
+actor as a crash would: Ray restarts it and the job rolls back to its last checkpoint; in such
+a run hosts and controllers die by ``SIGKILL`` of their process, whose id the manager tells),
+``kill_during_checkpoint``
 (a checkpoint started in a thread, a host killed right after),
 ``rescale`` (``check`` or ``count`` up or down by one, within 1-3, with a
 random strategy; waits for its result), ``rescale_kill`` (a host killed
@@ -64,6 +68,7 @@ import os
 import random
 import re
 import shutil
+import signal
 import tempfile
 import threading
 import time
@@ -74,13 +79,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import ray
 
+from chiray.actors.jobstore import NAMESPACE
+from chiray.actors.jobvalues import EventKind
 from chiray.actors.storage import CheckpointStorage
 from chiray.control.coordination import JobState
 from chiray.operators import Dataflow, generate, to_parquet
 from benchmarks.common import emit, start_ray, stop_ray
 
-KINDS = ("host_kill", "controller_kill", "kill_during_checkpoint", "rescale", "rescale_kill", "savepoint",
-         "stop_restore", "stop_restore_same_dir", "storage_error", "slow_step")
+KINDS = ("host_kill", "controller_kill", "manager_kill", "kill_during_checkpoint", "rescale", "rescale_kill",
+         "savepoint", "stop_restore", "stop_restore_same_dir", "storage_error", "slow_step")
 QUICK_KINDS = ("host_kill", "rescale", "stop_restore_same_dir", "storage_error")
 STRATEGIES = ("all_at_once", "batched", "fluid", "non_disruptive")
 KEYED = ("check", "count")
@@ -183,8 +190,9 @@ class Run:
     """One seed's chain of jobs (a stop/restore adds one): the job now running, every job with its output
     and checkpoint directories, and the time the run started. Only the campaign's thread touches it."""
 
-    def __init__(self, seed: int, source: Any, tmp: str, num_hosts: int | None, controller_process: bool):
-        self.seed, self.source, self.tmp = seed, source, tmp
+    def __init__(self, seed: int, source: Any, tmp: str, num_hosts: int | None, controller_process: bool,
+                 detached: bool = False):
+        self.seed, self.source, self.tmp, self.detached = seed, source, tmp, detached
         self.options = {"checkpoint_interval_s": 1.0, "poll_interval_s": 0.2, "step_warning_s": 1.0,
                         "max_restarts": 1000, "num_hosts": num_hosts, "controller_process": controller_process}
         self.jobs: list[tuple[Any, dict[str, str], str]] = []
@@ -207,8 +215,15 @@ class Run:
                                                  for s in SINKS}
         chk = os.path.join(self.tmp, f"chk-{len(self.jobs)}")
         flow = build_flow(f"chaos-{self.seed}", self.source, out, self.slow_dir)
-        self.jobs.append((flow.submit(checkpoint_dir=chk, restore_from=restore_from, **self.options), out, chk))
+        named = {"detached": True, "name": f"chaos-{self.seed}-{len(self.jobs)}-{os.getpid()}"} if self.detached \
+            else {}
+        self.jobs.append((flow.submit(checkpoint_dir=chk, restore_from=restore_from, **self.options, **named),
+                          out, chk))
         return self.job
+
+    def manager(self) -> Any:
+        """The running job's manager actor (a detached run's)."""
+        return ray.get_actor(self.job.name, namespace=NAMESPACE)
 
     def now(self) -> float:
         return round(time.monotonic() - self.t0, 2)
@@ -216,8 +231,14 @@ class Run:
 
 # -- waiting on the job -------------------------------------------------------------------------------------
 
+def texts(status: Any) -> list[str]:
+    """A ``JobStatus``'s events in words, without their times, and a run's events without the "run N: " a
+    detached job's manager puts before them."""
+    return [dict(e.fields).get("text", e.text) if e.kind is EventKind.RUN else e.text for e in status.history]
+
+
 def recoveries(job: Any) -> list[str]:
-    return [e for e in job.status().events if e.startswith("recovered from")]
+    return [e for e in texts(job.status()) if e.startswith("recovered from")]
 
 
 def wait_until(condition: Callable[[], Any], timeout: float = WAIT_S) -> Any:
@@ -242,11 +263,11 @@ def wait_recovered(job: Any, before: int, t: float) -> dict[str, Any]:
         status = job.status()
         if status.state.terminal:
             return ("ended", status)
-        seen = [e for e in status.events if e.startswith("recovered from")]
+        seen = [e for e in texts(status) if e.startswith("recovered from")]
         return len(seen) > before and status.state is JobState.RUNNING and ("running", status)
 
     what, status = wait_until(done) or ("timeout", None)
-    new = [] if status is None else [e for e in status.events if e.startswith("recovered from")][before:]
+    new = [] if status is None else [e for e in texts(status) if e.startswith("recovered from")][before:]
     return {"back_s": round(time.monotonic() - t, 2) if what == "running" else None,
             "recovered": [float(m.group(2)) for e in new if (m := RECOVERED.match(e))],
             **({} if what == "running" else {"note": f"no recovery seen: {what}"})}
@@ -254,14 +275,22 @@ def wait_recovered(job: Any, before: int, t: float) -> dict[str, Any]:
 
 def kill_host(run: Run, rng: random.Random) -> tuple[int, int]:
     """Kill a random host (never restarted by Ray); the recoveries seen before and the host's index."""
-    before, hosts = len(recoveries(run.job)), run.job.topology.hosts()
+    before = len(recoveries(run.job))
+    if run.detached:  # a crash of its process: SIGKILL
+        pids = ray.get(run.manager().host_pids.remote(), timeout=30)
+        i = rng.randrange(len(pids))
+        os.kill(pids[sorted(pids)[i]], signal.SIGKILL)
+        return before, i
+    hosts = run.job.topology.hosts()
     i = rng.randrange(len(hosts))
     ray.kill(hosts[i], no_restart=True)
     return before, i
 
 
-def parallelism(job: Any, operator: str) -> int:
-    return int(job.plan.graph.nodes[operator].parallelism)
+def parallelism(run: Run, operator: str) -> int:
+    if run.detached:
+        return dict(run.job.info().operators)[operator]
+    return int(run.job.plan.graph.nodes[operator].parallelism)
 
 
 def committed_ids(chk: str) -> list[int]:
@@ -279,8 +308,30 @@ def fault_host_kill(run: Run, rng: random.Random) -> dict[str, Any]:
 
 def fault_controller_kill(run: Run, rng: random.Random) -> dict[str, Any]:
     before, t = len(recoveries(run.job)), time.monotonic()
-    ray.kill(run.job.topology.controller, no_restart=True)
+    if run.detached:
+        pid = ray.get(run.manager().controller_pid.remote(), timeout=30)
+        assert pid is not None, "a controller_kill run's controller has no process of its own"
+        os.kill(pid, signal.SIGKILL)
+    else:
+        ray.kill(run.job.topology.controller, no_restart=True)
     return wait_recovered(run.job, before, t)
+
+
+def fault_manager_kill(run: Run, rng: random.Random) -> dict[str, Any]:
+    """Kill the job's manager actor (Ray restarts it; the job rolls back to its last checkpoint)."""
+    job = run.job
+    restarts, t = job.info().restarts, time.monotonic()
+    ray.kill(run.manager(), no_restart=False)
+
+    def back() -> Any:
+        info = job.info()
+        if info.state.terminal:
+            return "ended"
+        return info.restarts > restarts and info.state is JobState.RUNNING and not info.restarting and "running"
+
+    what = wait_until(back) or "timeout"
+    return {"back_s": round(time.monotonic() - t, 2) if what == "running" else None,
+            **({} if what == "running" else {"note": f"the manager did not come back: {what}"})}
 
 
 def fault_kill_during_checkpoint(run: Run, rng: random.Random) -> dict[str, Any]:
@@ -303,7 +354,7 @@ def fault_kill_during_checkpoint(run: Run, rng: random.Random) -> dict[str, Any]
 
 def start_rescale(run: Run, rng: random.Random) -> tuple[Any, dict[str, Any]]:
     operator = rng.choice(KEYED)
-    p = parallelism(run.job, operator)
+    p = parallelism(run, operator)
     new = p + 1 if p == 1 or (p < MAX_PARALLELISM and rng.random() < 0.5) else p - 1
     strategy = rng.choice(STRATEGIES)
     return run.job.rescale(operator, new, strategy=strategy), {"operator": operator, "from": p, "to": new,
@@ -343,7 +394,7 @@ def fault_savepoint(run: Run, rng: random.Random) -> dict[str, Any]:
 def stop_and_restore(run: Run, same_dir: bool) -> dict[str, Any]:
     t, old = time.monotonic(), run.job
     info = old.stop(savepoint=os.path.join(run.tmp, "savepoints"), timeout=WAIT_S)
-    if not any(e.startswith("stopped at checkpoint") for e in old.status().events):
+    if not any(e.startswith("stopped at checkpoint") for e in texts(old.status())):
         return {"note": "the input ended before the stop: nothing to restore", "back_s": None}
     new = run.submit(same_dir=same_dir, restore_from=info.path)
     running = wait_until(lambda: new.status().state in (JobState.RUNNING, JobState.FINISHED))
@@ -403,12 +454,12 @@ def fault_slow_step(run: Run, rng: random.Random) -> dict[str, Any]:
     if not started or not os.path.exists(base + ".done"):
         return {"note": "no batch came through the map", "back_s": None}
     began = os.stat(base + ".done").st_mtime
-    warned = wait_until(lambda: any(e.startswith("slow step") for e in run.job.status().events), SLOW_S + 3)
+    warned = wait_until(lambda: any(e.startswith("slow step") for e in texts(run.job.status())), SLOW_S + 3)
     return {"warned": bool(warned), "back_s": round(began + SLOW_S - t, 2)}
 
 
 FAULTS: dict[str, Callable[[Run, random.Random], dict[str, Any]]] = {
-    "host_kill": fault_host_kill, "controller_kill": fault_controller_kill,
+    "host_kill": fault_host_kill, "controller_kill": fault_controller_kill, "manager_kill": fault_manager_kill,
     "kill_during_checkpoint": fault_kill_during_checkpoint, "rescale": fault_rescale,
     "rescale_kill": fault_rescale_kill, "savepoint": fault_savepoint, "stop_restore": fault_stop_restore,
     "stop_restore_same_dir": fault_stop_restore_same_dir, "storage_error": fault_storage_error,
@@ -455,7 +506,9 @@ def run_seed(seed: int, kinds: list[str], args: argparse.Namespace) -> dict[str,
     source = generate(args.records, rate=args.rate, batch_size=args.batch_size, num_keys=args.keys,
                       num_splits=SPLITS, seed=seed)
     tmp = tempfile.mkdtemp(prefix=f"chiray-chaos-{seed}-")
-    run = Run(seed, source, tmp, args.num_hosts, controller_process=any(k == "controller_kill" for k, _ in plan))
+    kinds_drawn = {k for k, _ in plan}
+    run = Run(seed, source, tmp, args.num_hosts, controller_process="controller_kill" in kinds_drawn,
+              detached="manager_kill" in kinds_drawn)
     print(f"seed {seed}: {args.records:,} records at {args.rate:,.0f}/s; faults {[k for k, _ in plan]}", flush=True)
     faults: list[dict[str, Any]] = []
     error = None
@@ -468,8 +521,14 @@ def run_seed(seed: int, kinds: list[str], args: argparse.Namespace) -> dict[str,
     finally:
         for job, _, _ in run.jobs:
             job.cancel()
-    result = {"seed": seed, "faults": faults, "recoveries": chain_recoveries(run), "jobs": len(run.jobs),
-              "wall_s": run.now(), **verify(run, error)}
+    result = {"seed": seed, "detached": run.detached, "faults": faults, "recoveries": chain_recoveries(run),
+              "jobs": len(run.jobs), "wall_s": run.now(), **verify(run, error)}
+    if run.detached:  # their managers and records go
+        for job, _, _ in run.jobs:
+            try:
+                job.forget()
+            except Exception as exc:
+                result.setdefault("not_forgotten", []).append(f"{job.name}: {type(exc).__name__}: {exc}"[:200])
     if result["exact"] and not args.keep:
         shutil.rmtree(tmp, ignore_errors=True)
     else:
@@ -482,7 +541,7 @@ def chain_recoveries(run: Run) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for i, (job, _, _) in enumerate(run.jobs):
         try:
-            events = job.status().events
+            events = texts(job.status())
         except Exception:
             continue
         out.extend({"job": i, "from": m.group(1)[:160], "s": float(m.group(2))}
