@@ -4,9 +4,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.chiray-installed
 
-# One run of two workers: one runs every integration test in order, on one Ray and one SparkSession (see
-# tests/conftest.py), the other the unit tests (no Ray), which take the CPU that the integration tests leave
-# while they wait. (Two workers each with its own Ray, Spark and clusters were no faster on two cores.)
+# The unit tests (no Ray) run on two workers; the integration tests share one Ray and one SparkSession
+# in one process (two workers, each with its own Ray, Spark and clusters, were no faster on two cores).
 # `test-fast` skips the tests marked slow and runs only a few integration files.
 PYTEST := $(PY) -m pytest -q
 FAST_INTEGRATION := tests/integration/test_runtime.py
@@ -24,7 +23,8 @@ demo: $(STAMP)
 	$(VENV)/bin/chiray demo
 
 test: $(STAMP)
-	$(PYTEST) -n 2 --dist loadgroup tests/unit tests/integration
+	$(PYTEST) -n 2 tests/unit
+	$(PYTEST) tests/integration
 
 test-fast: $(STAMP)
 	$(PYTEST) -n 2 -m "not slow" tests/unit

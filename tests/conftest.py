@@ -28,14 +28,3 @@ def ray_session():
         )
     yield ray
     ray.shutdown()
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config, items):
-    """Under ``pytest -n N --dist loadgroup`` (``make test``), the integration tests are one unit of work:
-    one worker runs them in order on its one Ray and SparkSession, while the others run the unit tests in
-    the gaps where the integration tests wait (on a process starting, a deadline, a gate)."""
-    group = pytest.mark.xdist_group("integration")
-    for item in items:
-        if "integration" in item.path.parts:
-            item.add_marker(group)
