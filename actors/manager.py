@@ -88,6 +88,7 @@ class JobManagerCore:
         self._seen_checkpoint = 0
         self._seen_autoscale = 0
         self._run_events = 0  # the events of the running job's run already in the record
+        self._submitted: dict[str, int] | None = None  # see _submitted_parallelism
         stored = jobstore.load(name) if reconstructed else None
         self._restarted = stored is not None
         if stored is not None:
@@ -362,17 +363,29 @@ class JobManagerCore:
         """A summary for listings: state, uptime, operators and parallelism, last checkpoint."""
         record = self.record
         job = self._job
-        operators: dict[str, int] = {}
         if job is not None:  # the deployed plan is the current one (a rescale step updates it)
             deployed = job.deployment.plan if job.deployment is not None else None
             plan = deployed if deployed is not None else job.plan
             operators = {n.name: n.parallelism for n in plan.graph.nodes.values()}
+        else:  # stopped, cancelled or not deployed: as submitted, then as its completed rescales left it
+            operators = dict(self._submitted_parallelism())
         operators.update(dict(record.parallelism))
         ids = self.storage.committed() if not record.terminal else self.storage.checkpoint_ids()
         last = CheckpointInfo(ids[-1], self.storage.chk_dir(ids[-1])) if ids else None
         return JobInfo(self.name, self.status().state, record.submitted_at, record.ended_at,
                        (record.ended_at or time.time()) - record.submitted_at, tuple(operators.items()),
                        record.restarts, record.error, record.checkpoint_dir, last, self._rate())
+
+    def _submitted_parallelism(self) -> dict[str, int]:
+        """Each operator's parallelism in the submitted flow (unpickled once: it holds the user's code)."""
+        if self._submitted is None:
+            try:
+                graph = cloudpickle.loads(self.record.flow).graph
+                self._submitted = {n.name: n.parallelism for n in graph.nodes.values()}
+            except Exception as exc:  # its code no longer imports here: the rescaled operators only
+                log.warning("job %s: cannot read the submitted flow: %r", self.name, exc)
+                self._submitted = {}
+        return self._submitted
 
     def _rate(self) -> float | None:
         job = self._job

@@ -145,6 +145,7 @@ def test_a_running_job(ray_session, tmp_path, kind):
         assert isinstance(stopped, chiray.CheckpointInfo) and stopped.path.startswith(str(tmp_path / "final"))
         job.wait(timeout=30)  # stopped: finished
         assert job.status().state.value == "FINISHED"
+        assert dict(job.info().operators) == {"events": 1, "count": 2, "out": 1}  # every operator, as it ended
         committed = job.result()  # what the final checkpoint committed: every row the tail saw, and more
         assert set(committed.column_names) >= {"key", "count"}
         assert set(zip(tail.column("key").to_pylist(), tail.column("count").to_pylist())) <= set(
