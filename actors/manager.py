@@ -103,11 +103,11 @@ class JobManagerCore:
     def _save(self) -> None:
         jobstore.save(self.record)
 
-    def _update(self, event: JobEvent | None = None, **changes: Any) -> None:
-        """Change the record (and add ``event``) and store it."""
+    def _update(self, *events: JobEvent, **changes: Any) -> None:
+        """Change the record (and add ``events``) and store it."""
         with self._lock:
             record = dataclasses.replace(self.record, **changes) if changes else self.record
-            self.record = dataclasses.replace(record, events=(*record.events, event)) if event else record
+            self.record = dataclasses.replace(record, events=(*record.events, *events)) if events else record
             self._save()
 
     @property
@@ -252,10 +252,7 @@ class JobManagerCore:
             new = events[self._run_events:]
             if new:
                 self._run_events = len(events)
-                run = self.record.restarts
-                self.record = dataclasses.replace(self.record, events=(
-                    *self.record.events, *(JobEvent.of(EventKind.RUN, run=run, text=e) for e in new)))
-                self._save()
+                self._update(*(JobEvent.of(EventKind.RUN, run=self.record.restarts, text=e) for e in new))
         return events
 
     def _note_recoveries(self, events: tuple[str, ...], seen: int) -> int:
