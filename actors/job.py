@@ -41,6 +41,7 @@ from .ophandle import OpHandle, OpSender
 from .pool import kill, warm_pool
 from .rescale import RescaleHandle, start_rescale
 from .restore import RestoreInfo
+from .savepoints import life_dir, savepoint_root
 from .supervisor import CONTROLLER_POOL_KEY, Deployment, Supervisor, release_outputs
 
 __all__ = ["Job", "JobStatus", "JobStatistics"]
@@ -127,6 +128,7 @@ class Job:
         self._stopped: CheckpointInfo | None = None  # the checkpoint stop() ended the job at
         self._stopping = False  # stop() is taking its final checkpoint: other changes are refused
         self._forgotten = False
+        self._savepoints_taken: list[str] = []  # the savepoints this handle took (savepoints() lists them)
 
     def launch(self, deployment: Deployment, restore: RestoreInfo | None,
                make_controller: Callable[..., Any]) -> None:
@@ -697,9 +699,10 @@ class Job:
                              f"ends: give savepoint a directory (or submit with checkpoint_dir=...)")
         assert self._deployment is not None
         storage = self._deployment.storage
-        root = dir or f"{storage.root_uri.rstrip('/')}/savepoints"
-        life = "-".join(filter(None, (self.name, self._deployment.config.run_id)))  # never another job's
-        return copy_savepoint(storage, self.checkpoint_info(timeout), f"{root.rstrip('/')}/{life}")
+        life = life_dir(savepoint_root(storage.root_uri, dir), self.name, self._deployment.config.run_id)
+        taken = copy_savepoint(storage, self.checkpoint_info(timeout), life)  # never over another job's
+        self._savepoints_taken.append(taken.path)
+        return taken
 
     def metrics(self, timeout: float | None = 60.0) -> Any:
         """Run a non-blocking ``Monitor`` op in-band and return its result.

@@ -17,7 +17,7 @@ from chiray.operators.graph import OperatorKind
 
 from .jobvalues import CheckpointInfo, RescaleOutcome, RescaleProgress, RescaleRecord
 from .restore import RestoreInfo
-from .storage import CheckpointError, CheckpointStorage
+from .storage import CheckpointError, CheckpointStorage, child_uri
 
 __all__ = ["RescaleOutcome", "sink_names", "recover_sinks", "with_parallelism", "dir_bytes", "committed_results",
            "interrupted", "plain", "copy_savepoint", "commit_stopped"]
@@ -94,8 +94,7 @@ def copy_savepoint(storage: CheckpointStorage, taken: CheckpointInfo, directory:
         raise CheckpointError(f"could not copy checkpoint {taken.id} to the savepoint directory {directory}: "
                               f"{exc}") from exc
     target.load(taken.id)  # raises if the copy is incomplete
-    path = target.chk_dir(taken.id) if "://" not in directory else f"{directory.rstrip('/')}/chk-{taken.id:06d}"
-    return dataclasses.replace(taken, path=path, root=directory)
+    return dataclasses.replace(taken, path=child_uri(directory, f"chk-{taken.id:06d}"), root=directory)
 
 
 def commit_stopped(graph: Any, storage: CheckpointStorage, checkpoint_id: int, run: str) -> dict[str, Any]:

@@ -25,6 +25,7 @@ import logging
 import os
 import posixpath
 import re
+import urllib.parse
 import uuid
 from typing import Any
 
@@ -35,7 +36,7 @@ import pyarrow.ipc as ipc
 from chiray.operators.errors import ChirayError
 from chiray.operators.staging import fsync_dir
 
-__all__ = ["CheckpointStorage", "CheckpointError", "MANIFEST"]
+__all__ = ["CheckpointStorage", "CheckpointError", "MANIFEST", "child_uri"]
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,25 @@ _BINS_SCHEMA = pa.schema([("bin", pa.int32()), ("data", pa.large_binary())])
 
 class CheckpointError(ChirayError, RuntimeError):
     """A checkpoint is missing, incomplete or corrupt."""
+
+
+def child_uri(root: str, *parts: str) -> str:
+    """The path or URI of ``parts`` under ``root`` (a local directory or a ``pyarrow.fs`` URI).
+
+    A URI's query string stays at its end: ``child_uri("s3://b/chk?scheme=http", "savepoints")`` is
+    ``"s3://b/chk/savepoints?scheme=http"``, where appending to the text would put the path into the query.
+
+    Example:
+        >>> child_uri("s3://bucket/chk?endpoint_override=127.0.0.1:9000", "savepoints", "wc-r0123abcd")
+        's3://bucket/chk/savepoints/wc-r0123abcd?endpoint_override=127.0.0.1:9000'
+        >>> child_uri("/data/chk/", "savepoints")
+        '/data/chk/savepoints'
+    """
+    tail = "/".join(p.strip("/") for p in parts)
+    if "://" not in root:
+        return f"{root.rstrip('/')}/{tail}"
+    uri = urllib.parse.urlsplit(root)
+    return urllib.parse.urlunsplit(uri._replace(path=f"{uri.path.rstrip('/')}/{tail}"))
 
 
 class CheckpointStorage:
