@@ -10,6 +10,7 @@ from .generator import generate
 from .logic import InstanceInfo, OperatorLogic, Sink, SinkWriter, Source, SourceSplit, SplitAddress, SplitReader
 from .sinks import collect, to_parquet
 from .sources import from_arrow, from_items, from_parquet
+from .textsources import from_csv, from_json
 from .watermarks import WatermarkStrategy, bounded_out_of_orderness, watermarks_from
 from .windowed import WindowedStream
 from .windows import session, sliding, tumbling
@@ -23,6 +24,8 @@ __all__ = [
     "from_items",
     "from_arrow",
     "from_parquet",
+    "from_csv",
+    "from_json",
     "generate",
     "collect",
     "to_parquet",

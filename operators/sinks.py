@@ -31,6 +31,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from chiray.operators.fspaths import resolve
 from chiray.operators.logic import InstanceInfo, Sink, SinkWriter
 from chiray.operators.staging import RUN_PATTERN, StagingArea, check_run_id
 
@@ -404,19 +405,24 @@ def to_parquet(
     own hidden ones, which its recovery or the next run ignores.
 
     Args:
-        directory: the output directory (created if needed).
-        filesystem: a ``pyarrow.fs`` filesystem; ``None``: local paths.
+        directory: the output directory (created if needed): a local path, a
+            path in ``filesystem``, or a ``pyarrow.fs`` URI
+            (``file:///data/out``, ``s3://bucket/out?region=eu-west-1``).
+        filesystem: a ``pyarrow.fs`` filesystem for a plain path; ``None``:
+            the local one (or the one a URI names).
         max_rows_per_file: rows per file before a writer starts the next one.
 
     Returns:
         A :class:`ParquetSink`.
 
     Raises:
-        ValueError: ``max_rows_per_file`` is not a positive int.
+        ValueError: ``max_rows_per_file`` is not a positive int, or a URI was
+            given with ``filesystem=``.
 
     Example:
-        >>> sink = to_parquet("/tmp/out")  # doctest: +SKIP
+        >>> sink = to_parquet("s3://my-bucket/counts")  # doctest: +SKIP
     """
     if isinstance(max_rows_per_file, bool) or not isinstance(max_rows_per_file, int) or max_rows_per_file <= 0:
         raise ValueError(f"to_parquet: max_rows_per_file must be a positive int, got {max_rows_per_file!r}")
-    return ParquetSink(directory, filesystem, max_rows_per_file)
+    fs, path = resolve("to_parquet", directory, filesystem)
+    return ParquetSink(path, fs, max_rows_per_file)

@@ -8,6 +8,7 @@ Offsets, per source (each counts what the reader has already emitted):
 
 - ``from_items`` / ``from_arrow``: rows of the split;
 - ``from_parquet``: batches of the row group;
+- ``from_csv`` / ``from_json`` (``textsources``): the byte position of the next line;
 - ``generate``: batches of the split.
 
 Example:
@@ -21,13 +22,13 @@ from __future__ import annotations
 
 import bisect
 import itertools
-import os
 from typing import Any, Iterable, Iterator, Sequence
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from chiray.operators.fspaths import list_files, resolve_all
 from chiray.operators.generator import GenerateSource, generate
 from chiray.operators.logic import Source, SourceSplit, SplitReader
 from chiray.operators.validation import _require
@@ -327,29 +328,6 @@ class _ParquetReader(SplitReader):
             self._file = None
 
 
-def _list_parquet(fs: pafs.FileSystem, paths: Sequence[str]) -> list[str]:
-    """Expand files and directories (recursively, ``*.parquet``, sorted) into file paths."""
-    files: list[str] = []
-    for path in paths:
-        info = fs.get_file_info(path)
-        if info.type == pafs.FileType.NotFound:
-            raise FileNotFoundError(f"from_parquet: no such file or directory: {path!r}")
-        if info.type == pafs.FileType.Directory:
-            found = sorted(
-                f.path
-                for f in fs.get_file_info(pafs.FileSelector(path, recursive=True))
-                if f.type == pafs.FileType.File
-                and f.base_name.endswith(".parquet")
-                and not f.base_name.startswith((".", "_"))
-            )
-            if not found:
-                raise ValueError(f"from_parquet: directory {path!r} contains no *.parquet files")
-            files.extend(found)
-        else:
-            files.append(path)
-    return files
-
-
 class ParquetSource(Source):
     """Parquet files; a split is one row group of one file (``"{file}#{row_group}"``)."""
 
@@ -415,9 +393,12 @@ def from_parquet(
 
     Args:
         path: a file, a directory (searched recursively for ``*.parquet``,
-            skipping names starting with ``.`` or ``_``), or a list of them.
+            skipping names starting with ``.`` or ``_``), or a list of them;
+            each a local path, a path in ``filesystem``, or a ``pyarrow.fs``
+            URI (``file:///data/in``, ``s3://bucket/in?region=eu-west-1``).
         columns: read only these columns.
-        filesystem: a ``pyarrow.fs`` filesystem; ``None``: the local one.
+        filesystem: a ``pyarrow.fs`` filesystem for plain paths; ``None``:
+            the local one (or the one a URI names).
         batch_size: rows per emitted batch; ``None``: a row group per batch.
 
     Returns:
@@ -425,15 +406,12 @@ def from_parquet(
 
     Raises:
         FileNotFoundError: a path does not exist (naming it).
-        ValueError: a directory holds no Parquet file.
+        ValueError: a directory holds no Parquet file, a URI was given with
+            ``filesystem=``, or the paths lie on different filesystems.
 
     Example:
-        >>> src = from_parquet("data/")  # doctest: +SKIP
+        >>> src = from_parquet("s3://my-bucket/clicks/")  # doctest: +SKIP
     """
     _require("from_parquet: batch_size", batch_size, allow_none=True)
-    fs = filesystem if filesystem is not None else pafs.LocalFileSystem()
-    paths = [path] if isinstance(path, (str, os.PathLike)) else list(path)
-    if not paths:
-        raise ValueError("from_parquet: expected at least one path, got none")
-    files = _list_parquet(fs, [os.fspath(p) for p in paths])
-    return ParquetSource(files, columns, fs, batch_size)
+    fs, paths = resolve_all("from_parquet", path, filesystem)
+    return ParquetSource(list_files("from_parquet", fs, paths, (".parquet",)), columns, fs, batch_size)
