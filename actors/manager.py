@@ -109,6 +109,8 @@ class JobManagerCore:
             record = dataclasses.replace(self.record, **changes) if changes else self.record
             self.record = dataclasses.replace(record, events=(*record.events, *events)) if events else record
             self._save()
+        if "state" in changes:
+            self._exporter.job_state(changes["state"])
 
     @property
     def storage(self) -> CheckpointStorage:
@@ -140,6 +142,7 @@ class JobManagerCore:
     def _deploy(self) -> None:
         record = self.record
         flow = with_parallelism(cloudpickle.loads(record.flow), dict(record.parallelism))
+        self._exporter.describe(flow.graph)
         restore_from = record.restore_from
         if self._restarted:
             storage = self.storage
@@ -189,6 +192,7 @@ class JobManagerCore:
             if interval is not None:
                 try:
                     self._exporter.export(job.statistics())
+                    self._exporter.job_state(self.status().state)  # RECOVERING shows only here
                     seen_recoveries = self._note_recoveries(events, seen_recoveries)
                     self._note_checkpoints()
                     if time.monotonic() - last_sizes > STATE_SIZE_INTERVAL_S:

@@ -5,20 +5,27 @@ with the ``JobStatistics`` the hosts keep anyway, so the data path pays
 nothing. Counters grow by the difference to the previous snapshot (a new
 host after a recovery starts from zero: its counters are added again, so a
 replay counts as work done). Every metric is tagged ``job``, ``operator``
-and ``instance`` (the instance's index; ``""`` for job-wide ones).
+and ``instance`` (the instance's index; ``""`` for job-wide ones), except
+``chiray_job_state``, tagged ``job`` and ``state``.
 
 Names (Ray's exporter may add a ``ray_`` prefix and, for counters, a
 ``_total`` suffix): ``chiray_records_in``, ``chiray_records_out``,
 ``chiray_batches_in``, ``chiray_batches_out``,
-``chiray_backpressured_seconds``, ``chiray_busy_seconds`` (counters);
-``chiray_records_per_second``, ``chiray_queued_batches``,
-``chiray_queued_bytes``, ``chiray_pending_out``,
-``chiray_watermark_lag`` (behind the job's most advanced watermark, in
-event-time ticks), ``chiray_keyed_state_bytes``, ``chiray_keyed_state_keys``
-(gauges); job-wide ``chiray_checkpoints``, ``chiray_recoveries``,
+``chiray_backpressured_seconds``, ``chiray_busy_seconds``,
+``chiray_late_records`` (counters); ``chiray_records_per_second``,
+``chiray_queued_batches``, ``chiray_queued_bytes``, ``chiray_pending_out``,
+``chiray_input_wait_seconds``, ``chiray_source_backlog``,
+``chiray_watermark_lag_seconds`` and ``chiray_event_time_latency_seconds``
+(timestamp event time), ``chiray_watermark_lag`` (integer event time, in its
+ticks), ``chiray_keyed_state_bytes``, ``chiray_keyed_state_keys`` (gauges);
+job-wide ``chiray_checkpoints``, ``chiray_recoveries``,
 ``chiray_rescale_bytes_moved`` (counters), ``chiray_checkpoint_duration_seconds``,
-``chiray_checkpoint_bytes``, ``chiray_checkpoint_age_seconds`` and
-``chiray_rescale_progress`` (gauges).
+``chiray_checkpoint_bytes``, ``chiray_checkpoint_age_seconds``,
+``chiray_rescale_progress`` and ``chiray_job_state`` (gauges).
+
+Event time is in ticks of the sources' time column: a ``timestamp`` column's
+unit (``tick_seconds``), or whatever an integer column counts, which the
+metrics cannot turn into seconds.
 """
 
 from __future__ import annotations
@@ -26,11 +33,17 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import pyarrow as pa
 from ray.util import metrics
 
-__all__ = ["MetricsExporter", "COUNTERS", "GAUGES"]
+from chiray.control.coordination import JobState
+from chiray.operators.graph import OperatorKind
+from chiray.operators.watermarks import WatermarkedSource
+
+__all__ = ["MetricsExporter", "COUNTERS", "GAUGES", "JOB_COUNTERS", "metric_name", "endpoint_names", "tick_seconds"]
 
 TAGS = ("job", "operator", "instance")
+STATE_TAGS = ("job", "state")
 
 COUNTERS = {
     "records_in": "records an instance consumed",
@@ -39,6 +52,7 @@ COUNTERS = {
     "batches_out": "batches an instance emitted",
     "backpressured_s": "seconds an instance held output waiting for credit",
     "busy_s": "seconds an instance spent processing",
+    "late_records": "records an instance's operator dropped as too late for their event-time window",
 }
 _COUNTER_NAMES = {"backpressured_s": "backpressured_seconds", "busy_s": "busy_seconds"}
 
@@ -47,13 +61,24 @@ GAUGES = {
     "queued_batches": "batches buffered in an instance's input channels",
     "queued_bytes": "bytes buffered in an instance's input channels",
     "pending_out": "messages waiting for credit on an instance's outputs",
-    "watermark_lag": "event-time ticks an instance's watermark is behind the job's most advanced one",
+    "input_wait_seconds": "estimated seconds a batch waits in an instance's input channels: its queued batches "
+                          "over the batches it consumed per second in the last interval (while it consumes none: "
+                          "the time since it last did)",
+    "source_backlog": "records offered to a source instance that it has not read yet (where its readers can say)",
+    "watermark_lag_seconds": "seconds an instance's watermark is behind the job's most advanced one (timestamp "
+                             "event time)",
+    "event_time_latency_seconds": "seconds an instance's watermark is behind the wall clock (timestamp event "
+                                  "time; at a sink: how late its output is, allowed disorder included)",
+    "watermark_lag": "ticks an instance's watermark is behind the job's most advanced one, for integer event time "
+                     "(its ticks count what the time column counts; timestamp event time: watermark_lag_seconds)",
     "keyed_state_bytes": "bytes of an instance's keyed state",
     "keyed_state_keys": "keys in an instance's keyed state",
     "checkpoint_duration_seconds": "how long the last on-demand checkpoint took",
     "checkpoint_bytes": "size of the newest complete checkpoint",
     "checkpoint_age_seconds": "seconds since the newest complete checkpoint",
     "rescale_progress": "fraction of the running rescale's bins moved (1 when none runs)",
+    "job_state": "1 for the state the job is in (tag state: RUNNING, RECOVERING, FINISHED, FAILED or CANCELLED), "
+                 "0 for the others",
 }
 JOB_COUNTERS = {
     "checkpoints": "checkpoints the job manager saw complete",
@@ -67,16 +92,68 @@ def metric_name(field: str) -> str:
     return f"chiray_{_COUNTER_NAMES.get(field, field)}"
 
 
-class MetricsExporter:
-    """Exports one job's statistics; create it in the process that exports (the job manager)."""
+def endpoint_names() -> dict[str, str]:
+    """Every metric by its name on Ray's Prometheus endpoint (``ray_`` prefix, ``_total`` for counters) -> its
+    kind, ``counter`` or ``gauge``: what the dashboard may query."""
+    names = {f"ray_{metric_name(f)}_total": "counter" for f in (*COUNTERS, *JOB_COUNTERS)}
+    return {**names, **{f"ray_{metric_name(f)}": "gauge" for f in GAUGES}}
 
-    def __init__(self, job: str):
+
+_TICKS_PER_SECOND = {"s": 1, "ms": 10**3, "us": 10**6, "ns": 10**9}
+
+
+def tick_seconds(graph: Any) -> float | None:
+    """The length of an event-time tick in seconds, where it has one.
+
+    Each source that makes watermarks takes them from a time column; where every such column is a
+    ``timestamp`` of one unit, a tick is that unit. ``None`` (ticks stay ticks) where a source takes them from
+    an integer column or a function, where their units differ, or where no source makes watermarks.
+
+    Args:
+        graph: the dataflow's (logical or physical) graph.
+    """
+    units = set()
+    for node in graph.nodes.values():
+        source = node.source if node.kind is OperatorKind.SOURCE else None
+        if not isinstance(source, WatermarkedSource):
+            continue
+        column, schema = source.strategy.column, source.schema()
+        if column is None or schema is None or column not in schema.names:
+            return None
+        kind = schema.field(column).type
+        if not pa.types.is_timestamp(kind):
+            return None
+        units.add(kind.unit)
+    return 1 / _TICKS_PER_SECOND[units.pop()] if len(units) == 1 else None
+
+
+class MetricsExporter:
+    """Exports one job's statistics; create it in the process that exports (the job manager).
+
+    Args:
+        job: the job's name (the ``job`` tag).
+        graph: the job's dataflow graph, which says which operators are sources and what an event-time tick is
+            (``tick_seconds``); set later with :meth:`describe`.
+    """
+
+    def __init__(self, job: str, graph: Any = None):
         self.job = job
         self._counters = {f: metrics.Counter(metric_name(f), d, tag_keys=TAGS) for f, d in COUNTERS.items()}
         self._counters.update({f: metrics.Counter(metric_name(f), d, tag_keys=TAGS) for f, d in JOB_COUNTERS.items()})
-        self._gauges = {f: metrics.Gauge(metric_name(f), d, tag_keys=TAGS) for f, d in GAUGES.items()}
+        self._gauges = {f: metrics.Gauge(metric_name(f), d, tag_keys=STATE_TAGS if f == "job_state" else TAGS)
+                        for f, d in GAUGES.items()}
         self._last: dict[tuple[str, int, str], float] = {}
         self._last_at: float | None = None
+        self._consumed_at: dict[tuple[str, int], float] = {}  # when an instance last consumed (or had nothing queued)
+        self.tick_s: float | None = None
+        self.sources: frozenset[str] = frozenset()
+        if graph is not None:
+            self.describe(graph)
+
+    def describe(self, graph: Any) -> None:
+        """The job's dataflow graph: its sources, and the length of its event-time tick."""
+        self.tick_s = tick_seconds(graph)
+        self.sources = frozenset(n.name for n in graph.nodes.values() if n.kind is OperatorKind.SOURCE)
 
     def _tags(self, operator: str = "", index: int | None = None) -> dict[str, str]:
         return {"job": self.job, "operator": operator, "instance": "" if index is None else str(index)}
@@ -95,10 +172,37 @@ class MetricsExporter:
                     self._counters[field].inc(delta, tags)
             if interval is not None:
                 self._gauges["records_per_second"].set(growth["records_in"] / interval, tags)
+                self._gauges["input_wait_seconds"].set(self._input_wait(s, growth["batches_in"], interval,
+                                                                        stats.taken_at), tags)
             for field in ("queued_batches", "queued_bytes", "pending_out"):
                 self._gauges[field].set(float(getattr(s, field)), tags)
+            if s.operator in self.sources:
+                self._gauges["source_backlog"].set(float(s.backlog), tags)
             if top is not None and s.watermark is not None:
-                self._gauges["watermark_lag"].set(float(top - s.watermark), tags)
+                self._event_time(s.watermark, top, stats.taken_at, tags)
+
+    def _input_wait(self, s: Any, consumed: float, interval: float, now: float) -> float:
+        """Little's law: queued batches over batches consumed per second; while it consumes none, the time since
+        it last did (a lower bound on its oldest batch's wait)."""
+        key = (s.operator, s.index)
+        if consumed > 0 or not s.queued_batches:
+            self._consumed_at[key] = now
+            return s.queued_batches * interval / consumed if s.queued_batches else 0.0
+        return now - self._consumed_at.setdefault(key, now - interval)
+
+    def _event_time(self, watermark: int, top: int, now: float, tags: dict[str, str]) -> None:
+        """An instance's watermark lag (in seconds where a tick has a length, else in ticks) and its event-time
+        latency (where it has)."""
+        if self.tick_s is None:
+            self._gauges["watermark_lag"].set(float(top - watermark), tags)
+            return
+        self._gauges["watermark_lag_seconds"].set((top - watermark) * self.tick_s, tags)
+        self._gauges["event_time_latency_seconds"].set(now - watermark * self.tick_s, tags)
+
+    def job_state(self, state: JobState) -> None:
+        """The job is in ``state``: its series is 1, the other states' 0."""
+        for each in JobState:
+            self._gauges["job_state"].set(1.0 if each == state else 0.0, {"job": self.job, "state": each.value})
 
     def _grow(self, s: Any, field: str) -> float:
         key = (s.operator, s.index, field)

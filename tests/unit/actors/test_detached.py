@@ -13,7 +13,6 @@ from chiray.actors.jobvalues import EventKind
 from chiray.control.coordination import JobState
 from chiray.actors.detached import refuse_driver_bound
 from chiray.actors.manager import VERBS, JobManagerCore
-from chiray.actors.metrics import COUNTERS, metric_name
 from chiray.spark_bridge.source import SparkSource
 from chiray.spark_bridge.streaming import SparkStreamSource
 
@@ -96,26 +95,6 @@ def test_every_client_verb_is_a_manager_method_and_an_actor_method():
         assert callable(getattr(JobManagerCore, verb)), verb
         assert callable(getattr(shell, verb)), verb
     assert not hasattr(shell, "call")  # no verb dispatched by its name
-
-
-def test_metric_names():
-    assert metric_name("busy_s") == "chiray_busy_seconds"
-    assert metric_name("records_in") == "chiray_records_in"
-    assert all(metric_name(f).startswith("chiray_") for f in COUNTERS)
-
-
-def test_the_grafana_dashboard_queries_only_exported_metrics():
-    import importlib.resources
-    import re
-
-    from chiray.actors.metrics import GAUGES, JOB_COUNTERS
-
-    text = importlib.resources.files("chiray").joinpath("grafana/chiray_dashboard.json").read_text()
-    dashboard = __import__("json").loads(text)
-    queried = {m for p in dashboard["panels"] for t in p["targets"] for m in re.findall(r"ray_chiray_\w+", t["expr"])}
-    exported = {f"ray_{metric_name(f)}_total" for f in (*COUNTERS, *JOB_COUNTERS)}
-    exported |= {f"ray_{metric_name(f)}" for f in GAUGES}
-    assert queried and queried <= exported, queried - exported
 
 
 @pytest.mark.parametrize("field, bad, why", [("liveness_timeout_s", 0, "must be positive"),
