@@ -24,7 +24,9 @@ from . import jobstore
 from .errors import ChirayError, JobCancelledError, JobFailedError
 from .handle import READING_VERBS, JobNotFoundError, check_timeout
 from .jobstore import NAMESPACE
+from .joblogs import JobLogs
 from .jobvalues import CheckpointInfo, JobInfo, RescaleProgress, RescaleRecord
+from .savepoints import SavepointInfo
 
 __all__ = ["attach", "jobs", "AttachedJob", "RemoteRescale", "JobNotFoundError", "ManagerRestartedError",
            "connect", "find_manager"]
@@ -156,6 +158,14 @@ class AttachedJob:
         """The rescale history: when, operator, from -> to, strategy, duration, bytes, outcome."""
         return self._call(self._manager.rescales, "rescales")
 
+    def logs(self, lines: int = 100, since: Any = None) -> JobLogs:
+        """The log lines of the job's manager, hosts and controller (as ``JobHandle.logs``)."""
+        return self._call(self._manager.logs, "logs", lines, since)
+
+    def savepoints(self) -> tuple[SavepointInfo, ...]:
+        """The job's savepoints, oldest first (as ``JobHandle.savepoints``)."""
+        return self._call(self._manager.savepoints, "savepoints")
+
     def rescale_progress(self, rescale_id: str) -> RescaleProgress:
         """The progress of rescale ``rescale_id`` (as ``RemoteRescale.progress``)."""
         return self._call(self._manager.rescale_progress, "rescale_progress", rescale_id)
@@ -193,6 +203,10 @@ class AttachedJob:
     def savepoint(self, dir: str | None = None, timeout: float | None = 120.0) -> str:
         """A checkpoint kept in ``dir`` (default: under the job's checkpoint dir) until deleted; its path."""
         return self._call(self._manager.savepoint, "savepoint", dir, timeout)
+
+    def delete_savepoint(self, path: str) -> SavepointInfo:
+        """Delete one of the job's savepoints (as ``JobHandle.delete_savepoint``); the job's events note it."""
+        return self._call(self._manager.delete_savepoint, "delete_savepoint", path)
 
     def stop(self, savepoint: str | None = None, timeout: float | None = 120.0) -> CheckpointInfo:
         """Stop gracefully: a final checkpoint (into ``savepoint`` if given), its output committed, the job

@@ -30,8 +30,10 @@ from typing import Any, Protocol, runtime_checkable
 from chiray.control.oprun import OpFailedError
 
 from .errors import ChirayError
+from .joblogs import JobLogs
 from .jobvalues import CheckpointInfo, JobInfo, RescaleProgress, RescaleRecord
 from .rescale import RescaleError
+from .savepoints import SavepointInfo
 
 __all__ = ["JobHandle", "RescaleControl", "VERBS", "READING_VERBS", "JobEndedError", "JobNotFoundError",
            "check_timeout", "ended_error"]
@@ -130,6 +132,17 @@ class JobHandle(Protocol):
         """A checkpoint copied to ``dir`` (default ``<checkpoint_dir>/savepoints``), kept until deleted; its path."""
         ...
 
+    def savepoints(self) -> tuple[SavepointInfo, ...]:
+        """The job's savepoints, oldest first: path, checkpoint id, time, size and the run that took each (those
+        under ``<checkpoint_dir>/savepoints``, and those it took into other directories)."""
+        ...
+
+    def delete_savepoint(self, path: str) -> SavepointInfo:
+        """Delete one of the job's savepoints (``path``: its ``chk-N`` directory); returns it. Refused
+        (``SavepointError``) for a path that is not one of its savepoints and for one that a running job was
+        restored from."""
+        ...
+
     def stop(self, savepoint: str | None = None, timeout: float | None = 120.0) -> CheckpointInfo:
         """Stop gracefully: a final checkpoint (a savepoint into ``savepoint`` if given), the sinks commit it,
         later output is discarded, the hosts stop; the job ends ``FINISHED``. Returns that checkpoint."""
@@ -151,6 +164,12 @@ class JobHandle(Protocol):
         """The newest ``n`` rows (up to 1,000) that reached ``sink`` of the running job: a ``pyarrow.Table``."""
         ...
 
+    def logs(self, lines: int = 100, since: Any = None) -> JobLogs:
+        """The log lines Ray keeps of the job's actors (a detached job's manager, the hosts, the controller),
+        each with its actor: the last ``lines`` of each, or only those after ``since`` (an earlier answer's
+        ``cursor``). An ended job's: those of the actors it ran on last."""
+        ...
+
     def run_control(self, op: Any, controller: str | None = None) -> Any:
         """Start a control op on the running job; returns its ``OpHandle`` (``result(timeout)``)."""
         ...
@@ -168,6 +187,6 @@ VERBS: tuple[str, ...] = tuple(name for name, value in vars(JobHandle).items()
                                if callable(value) and not name.startswith("_"))
 """Every verb of a job, in the protocol's order: what the job manager answers and the CLI offers."""
 
-READING_VERBS = frozenset({"status", "info", "statistics", "rescales", "wait", "result", "tail",
-                           "rescale_progress", "rescale_result"})
+READING_VERBS = frozenset({"status", "info", "statistics", "rescales", "wait", "result", "tail", "logs",
+                           "savepoints", "rescale_progress", "rescale_result"})
 """The verbs that change nothing: a client retries them while a job manager restarts."""

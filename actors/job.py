@@ -36,12 +36,14 @@ from .jobfiles import RescaleOutcome, commit_stopped, copy_savepoint
 from .jobtopology import JobTopology
 from .jobvalues import CheckpointInfo, EventKind, JobEvent, JobInfo, RescaleRecord
 from .statistics import InstanceStatistics
+from .storage import child_uri
 from .tail import sink_node, tail_rows
 from .ophandle import OpHandle, OpSender
 from .pool import kill, warm_pool
 from .rescale import RescaleHandle, start_rescale
 from .restore import RestoreInfo
-from .savepoints import life_dir, savepoint_root
+from .joblogs import JobLogs, job_log_actors, job_logs
+from .savepoints import SavepointInfo, delete_savepoint, find_savepoints, life_dir, running_restores, savepoint_root
 from .supervisor import CONTROLLER_POOL_KEY, Deployment, Supervisor, release_outputs
 
 __all__ = ["Job", "JobStatus", "JobStatistics"]
@@ -703,6 +705,30 @@ class Job:
         taken = copy_savepoint(storage, self.checkpoint_info(timeout), life)  # never over another job's
         self._savepoints_taken.append(taken.path)
         return taken
+
+    def savepoints(self) -> tuple[SavepointInfo, ...]:
+        """The job's savepoints, oldest first: those under ``<checkpoint_dir>/savepoints`` and those this handle
+        took into other directories (see ``chiray.actors.savepoints``)."""
+        self._known()
+        roots = [savepoint_root(self.checkpoint_dir)] if self.checkpoint_dir is not None else []
+        return find_savepoints(self.name, roots, self._savepoints_taken)
+
+    def delete_savepoint(self, path: str) -> SavepointInfo:
+        """Delete savepoint ``path`` (its ``chk-N`` directory) of this job; returns it.
+
+        Raises:
+            SavepointError: not a savepoint of this job, or a running job was restored from it.
+        """
+        restores = running_restores()
+        fallback = self._deployment.fallback if self._deployment is not None and self._final is None else None
+        if fallback is not None:  # this job started from it: its recovery may still need it
+            restores[self.name] = child_uri(fallback.storage.root_uri, f"chk-{fallback.checkpoint_id:06d}")
+        return delete_savepoint(self.name, path, self.savepoints(), restores)
+
+    def logs(self, lines: int = 100, since: Any = None) -> JobLogs:
+        """The log lines Ray keeps of the job's hosts and controller (see ``chiray.actors.joblogs``)."""
+        self._known()
+        return job_logs(job_log_actors(self), lines, since)
 
     def metrics(self, timeout: float | None = 60.0) -> Any:
         """Run a non-blocking ``Monitor`` op in-band and return its result.

@@ -143,6 +143,7 @@ class EventKind(str, enum.Enum):
     AUTOSCALE_SWITCHED = "autoscale_switched"
     CHECKPOINT = "checkpoint"
     SAVEPOINT = "savepoint"
+    SAVEPOINT_DELETED = "savepoint_deleted"
     STOPPED = "stopped"
     CANCELLED = "cancelled"
     ENDED = "ended"
@@ -167,6 +168,7 @@ def _text(kind: EventKind, f: Mapping[str, Any]) -> str:
                                                f"autoscale on {f.get('options')}"),
         EventKind.CHECKPOINT: lambda: f"checkpoint {f.get('id')} ({f.get('duration_s', 0.0):.2f} s)",
         EventKind.SAVEPOINT: lambda: f"savepoint {f.get('path')}",
+        EventKind.SAVEPOINT_DELETED: lambda: f"savepoint {f.get('path')} deleted",
         EventKind.STOPPED: lambda: (f"stopped at checkpoint {f.get('id')}"
                                     + (f" (savepoint {f['savepoint']})" if f.get("savepoint") else "")),
         EventKind.CANCELLED: lambda: "cancelled",

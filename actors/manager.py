@@ -48,8 +48,10 @@ from .jobfiles import sink_names, with_parallelism
 from .jobvalues import CheckpointInfo, EventKind, JobEvent, JobInfo, RescaleProgress, RescaleRecord, RescaleState
 from .submit import submit
 from .jobstore import JobRecord
+from .joblogs import JobLogs, job_log_actors, job_logs
 from .metrics import MetricsExporter
 from .restore import RestoreInfo
+from .savepoints import SavepointInfo, delete_savepoint, find_savepoints, running_restores, savepoint_root, taken_in
 from .storage import CheckpointStorage
 
 __all__ = ["JobManagerCore", "VERBS"]
@@ -83,6 +85,7 @@ class JobManagerCore:
         self._ended = threading.Event()
         self._start_error: BaseException | None = None
         self._job: Job | None = None
+        self._ran: Job | None = None  # the job's last run, also once stopped or cancelled (its actors' logs)
         self._rescales: dict[str, Any] = {}  # rescale id -> RescaleHandle (this incarnation's)
         self._exporter = MetricsExporter(name)
         self._seen_checkpoint = 0
@@ -158,7 +161,7 @@ class JobManagerCore:
                          rescales=tuple(interrupted(r) for r in record.rescales))
         config = dataclasses.replace(record.config, detached=False, name=None,
                                      checkpoint_dir=record.checkpoint_dir)
-        self._job = submit(flow, config=config, restore_from=restore_from)
+        self._job = self._ran = submit(flow, config=config, restore_from=restore_from)
         self._seen_checkpoint = max(self.storage.checkpoint_ids(), default=0)
         self._seen_autoscale = 0
         self._run_events = 0  # the events of this run already in the record (see _keep_run_events)
@@ -515,6 +518,22 @@ class JobManagerCore:
         self._noted_checkpoint(taken)
         self._update(JobEvent.of(EventKind.SAVEPOINT, path=taken.path))
         return taken
+
+    def savepoints(self) -> tuple[SavepointInfo, ...]:
+        """Those under ``<checkpoint_dir>/savepoints`` and those the record's events name."""
+        return find_savepoints(self.name, [savepoint_root(self.record.checkpoint_dir)], taken_in(self.record.events))
+
+    def delete_savepoint(self, path: str) -> SavepointInfo:
+        """Refused while a running detached job's record says it was restored from it; the record notes it."""
+        deleted = delete_savepoint(self.name, path, self.savepoints(), running_restores())
+        self._update(JobEvent.of(EventKind.SAVEPOINT_DELETED, path=deleted.path))
+        return deleted
+
+    def logs(self, lines: int = 100, since: Any = None) -> JobLogs:
+        """This manager's lines, then those of the hosts and controller of the job's last run."""
+        me = ray.get_runtime_context().get_actor_id()
+        return job_logs({**({"manager": me} if me else {}), **(job_log_actors(self._ran) if self._ran else {})},
+                        lines, since)
 
     def stop(self, savepoint: str | None = None, timeout: float | None = 120.0) -> CheckpointInfo:
         """Graceful stop (``Job.stop``); the record notes the checkpoint, the results and the end."""

@@ -27,10 +27,11 @@ from chiray.operators.staging import RUN_PATTERN
 
 from .errors import ChirayError
 from .jobfiles import dir_bytes
+from .jobvalues import EventKind
 from .storage import CheckpointError, CheckpointStorage, child_uri
 
 __all__ = ["SavepointInfo", "SavepointError", "savepoint_root", "life_dir", "find_savepoints", "delete_savepoint",
-           "running_restores"]
+           "running_restores", "taken_in"]
 
 _CHK = re.compile(r"^chk-(\d+)$")
 
@@ -156,6 +157,12 @@ def find_savepoints(job: str, roots: Iterable[str], taken: Iterable[str] = ()) -
         places.setdefault(_key(path), _split(path))
     found = [sp for life, name in places.values() if (sp := _read(job, life, name)) is not None]
     return tuple(sorted(found, key=lambda sp: (sp.created_at or 0.0, sp.path)))
+
+
+def taken_in(events: Iterable[Any]) -> list[str]:
+    """The savepoints a job manager's ``JobEvent``s name: ``savepoint`` verbs and stops with a savepoint."""
+    fields = {EventKind.SAVEPOINT: "path", EventKind.STOPPED: "savepoint"}
+    return [path for e in events if e.kind in fields and (path := e.field(fields[e.kind]))]
 
 
 def running_restores() -> dict[str, str]:
