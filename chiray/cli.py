@@ -2,7 +2,9 @@
 
 The verbs that operate detached jobs on a cluster (``list``, ``status``,
 ``metrics``, ``rescale``, ``rescales``, ``checkpoint``, ``savepoint``,
-``stop``, ``cancel``, ``forget``) are in ``chiray/cli_jobs.py``.
+``savepoints``, ``stop``, ``cancel``, ``logs``, ``forget``, ...) are in
+``chiray/cli_jobs.py``. ``chiray --version`` prints the versions of chiray,
+Ray, pyarrow and Python (``--version --json``: as one JSON document).
 
 ``demo`` is the full pipeline (``chiray.spark_bridge.demo``): Spark reads and
 preprocesses real text files, its executors push the words into a keyed
@@ -19,7 +21,10 @@ result against pandas over the same records.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
+import json
 import logging
+import platform
 import os
 import sys
 import time
@@ -113,10 +118,27 @@ def demo(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+def versions() -> dict[str, str]:
+    """The versions of chiray and of what it runs on (read from the installed distributions, nothing imported)."""
+    from chiray import __version__
+
+    found = {"chiray": __version__}
+    for dist in ("ray", "pyarrow"):
+        try:
+            found[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            found[dist] = "not installed"
+    return {**found, "python": platform.python_version()}
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``chiray`` command line's parser: ``demo`` and the job verbs (the docs' CLI reference is made from it)."""
     parser = argparse.ArgumentParser(prog="chiray", description="Stream processing on Ray.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--version", action="store_true", help="print the versions of chiray, Ray, pyarrow and "
+                                                               "Python, and exit")
+    parser.add_argument("--json", dest="version_json", action="store_true",
+                        help="with --version: print them as one JSON document")
+    sub = parser.add_subparsers(dest="command")
     d = sub.add_parser("demo", help="run the demo job on a local (or given) Ray and check it")
     d.add_argument("--records", type=int, default=5_000_000)
     d.add_argument("--keys", type=int, default=100_000)
@@ -134,7 +156,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``chiray`` console script."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.version:
+        found = versions()
+        print(json.dumps(found) if args.version_json else "\n".join(f"{k} {v}" for k, v in found.items()))
+        return 0
+    if args.command is None:
+        parser.error("a command is required (or --version)")
     if args.command in VERBS:
         return run_verb(args)
     if args.command == "demo" and not args.generated:

@@ -261,6 +261,23 @@ def do_savepoint(args: argparse.Namespace) -> int:
     return _emit(args, {"path": path}, lambda: path)
 
 
+def do_savepoints(args: argparse.Namespace) -> int:
+    job = _attach(args)
+    if args.delete is not None:  # a local path as the user means it, from where they are
+        gone = job.delete_savepoint(args.delete if "://" in args.delete else os.path.abspath(args.delete))
+        return _emit(args, gone, lambda: f"deleted savepoint {gone.path}")
+    found = job.savepoints()
+
+    def human() -> str:
+        rows = [f"{'CHECKPOINT':>10}  {'TAKEN':<19}  {'SIZE':>9}  {'RUN':<9}  PATH"]
+        for sp in found:
+            taken = "-" if sp.created_at is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(sp.created_at))
+            rows.append(f"{sp.checkpoint_id:>10}  {taken:<19}  {_size(sp.size_bytes):>9}  {sp.run or '-':<9}  "
+                        f"{sp.path}")
+        return "\n".join(rows) if found else f"job {job.name} has no savepoints"
+    return _emit(args, found, human)
+
+
 def do_stop(args: argparse.Namespace) -> int:
     taken = _attach(args).stop(savepoint=args.savepoint)
     return _emit(args, taken, lambda: f"stopped at checkpoint {taken.id}"
@@ -282,6 +299,29 @@ def do_tail(args: argparse.Namespace) -> int:
     table = job.tail(args.sink, args.n)
     title = f"{job.name}: the newest rows of {args.sink or 'its sink'}"
     return _emit(args, table.to_pylist(), lambda: format_batch(table, title, max_rows=args.n))
+
+
+FOLLOW_S = 1.0
+"""How often ``logs --follow`` reads the new lines."""
+
+
+def do_logs(args: argparse.Namespace) -> int:
+    job = _attach(args)
+    logs = job.logs(args.lines)
+    for source, why in logs.missing:
+        print(f"chiray logs: no log of {source}: {why}", file=sys.stderr)
+    if not args.follow:
+        return _emit(args, logs, lambda: "\n".join(map(str, logs.lines)) or f"no log lines of job {job.name}")
+    ended = False
+    while True:
+        if logs.lines:  # with --json: one document per read that found lines
+            _emit(args, logs, lambda: "\n".join(map(str, logs.lines)))
+            sys.stdout.flush()
+        if ended:
+            return 0
+        ended = job.info().state.terminal  # one more read after the end: its last lines
+        time.sleep(FOLLOW_S)
+        logs = job.logs(args.lines, since=logs.cursor)
 
 
 def do_forget(args: argparse.Namespace) -> int:
@@ -340,12 +380,20 @@ def add_job_verbs(sub: Any) -> None:
                    help="another autoscale option (scale_down_stable_s=30, cooldown_s=10, ...)")
     verb("checkpoint", "take a checkpoint; prints its id and path once durable")
     verb("savepoint", "take a savepoint; prints its path").add_argument("dir", nargs="?", default=None)
+    verb("savepoints", "the job's savepoints: path, checkpoint, time, size, the run that took each").add_argument(
+        "--delete", default=None, metavar="PATH",
+        help="delete this savepoint (a chk-N directory of the list; refused while a running job was restored "
+             "from it)")
     verb("stop", "stop gracefully (final checkpoint, output committed)").add_argument(
         "--savepoint", default=None, metavar="DIR", help="keep the final checkpoint in DIR")
     verb("cancel", "stop now; output since the last checkpoint is discarded")
     p = verb("tail", "the newest rows that reached a sink of the running job")
     p.add_argument("sink", nargs="?", default=None, help="the sink's name (may be omitted when there is one)")
     p.add_argument("-n", type=int, default=10, help="how many rows, 1 to 1000 (default 10)")
+    p = verb("logs", "the log lines of the job's manager, hosts and controller, as Ray keeps them")
+    p.add_argument("--lines", type=int, default=100, metavar="N", help="the last N lines of each (default 100)")
+    p.add_argument("--follow", action="store_true", help="then print new lines as they come, until the job ends "
+                                                         "(Ctrl-C stops)")
     verb("forget", "drop an ended job's record and results")
 
 

@@ -3,15 +3,20 @@ answers and raises the same errors."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
 import uuid
 
 import pyarrow as pa
 import pytest
+import ray
 
 import chiray
 from chiray.actors.handle import VERBS, JobHandle
+from chiray.actors.joblogs import JobLogs, LogLine
+from chiray.actors.savepoints import SavepointError
+from chiray.cli import main
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.ray
@@ -64,10 +69,26 @@ def _ended_verbs(job: JobHandle, state: str) -> None:
     assert job.status().state.value == state.upper()
 
 
+def _saved(root) -> set[str]:
+    """Oracle: the complete checkpoints (a manifest in a chk-N directory) under ``root`` on disk."""
+    return {os.path.dirname(str(m)) for m in root.glob("*/chk-*/_MANIFEST.json")}
+
+
+def _savepoint_verbs(job: JobHandle, tmp_path, sp: str, final: str, checkpoint: str) -> None:
+    """On a stopped job: ``savepoints()`` lists what is on disk; deleting one removes it, a checkpoint is refused."""
+    on_disk = _saved(tmp_path / "sp") | _saved(tmp_path / "final")
+    assert {s.path for s in job.savepoints()} == on_disk == {sp, final}
+    assert [s.path for s in job.savepoints()] == [sp, final]  # oldest first
+    with pytest.raises(SavepointError, match=f"is not a savepoint of job '{job.name}'"):
+        job.delete_savepoint(checkpoint)
+    assert job.delete_savepoint(sp).path == sp and not os.path.exists(sp)
+    assert [s.path for s in job.savepoints()] == [final] and _saved(tmp_path / "sp") == set()
+
+
 def test_the_protocol_lists_every_verb_and_both_handles_have_them():
     assert set(VERBS) >= {"status", "statistics", "metrics", "rescale", "rescales", "checkpoint", "savepoint", "stop",
                           "cancel", "wait", "result", "run_control", "autoscale", "forget", "info", "migrate",
-                          "tail"}
+                          "tail", "savepoints", "delete_savepoint", "logs"}
     for cls in (chiray.Job, chiray.AttachedJob):
         assert all(callable(getattr(cls, verb, None)) for verb in VERBS), cls
 
@@ -151,6 +172,52 @@ def test_a_running_job(ray_session, tmp_path, kind):
         assert set(zip(tail.column("key").to_pylist(), tail.column("count").to_pylist())) <= set(
             zip(committed.column("key").to_pylist(), committed.column("count").to_pylist()))
         _ended_verbs(job, "finished")
+        _savepoint_verbs(job, tmp_path, sp, stopped.path, taken.path)
+    finally:
+        _forget(job)
+
+
+def _shout(token: str):
+    """A map that prints ``token`` and its process id for each batch (what ``logs`` should show)."""
+
+    def shout(batch: pa.RecordBatch) -> pa.RecordBatch:
+        print(f"{token} pid={os.getpid()}", flush=True)
+        return batch
+
+    return shout
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_logs_show_what_a_user_function_printed_under_its_host(ray_session, tmp_path, kind, capsys):
+    token = f"shout-{uuid.uuid4().hex[:8]}"
+    flow = chiray.Dataflow(_name("logs"))
+    (flow.source(chiray.generate(None, rate=200, batch_size=100, num_keys=5), name="events")
+         .map(_shout(token), name="shout").sink(chiray.collect(), name="out"))
+    job = _submit(flow, kind, tmp_path)
+    try:
+        if kind == "driver":
+            pids = {h: ray.get(a.pid.remote()) for h, a in job.topology.peers().items()}
+            read = job.logs
+        else:  # through the command line, in this process
+            pids = ray.get(ray.get_actor(job.name, namespace="chiray").host_pids.remote())
+
+            def read(lines):
+                assert main(["logs", job.name, "--lines", str(lines), "--json"]) == 0
+                return JobLogs(tuple(LogLine(**line) for line in json.loads(capsys.readouterr().out)["lines"]))
+
+        def shouted():
+            return [line for line in read(20).lines if line.text.startswith(token)]
+
+        lines = wait_for(shouted, 30, "the printed line in the job's logs")
+        printed = {int(line.text.rsplit("=", 1)[1]) for line in lines}
+        assert {(line.source, line.stream) for line in lines} == {(f"host-{h}", "out") for h, pid in pids.items()
+                                                                   if pid in printed}
+        assert len(printed) == 1 and printed <= set(pids.values())
+        if kind == "attached":
+            assert "manager" not in dict(job.logs(0).missing)  # its own log is read too
+            assert main(["logs", "no-such-job"]) == 1
+            err = capsys.readouterr().err.strip().splitlines()
+            assert len(err) == 1 and "no job named 'no-such-job'" in err[0]
     finally:
         _forget(job)
 
