@@ -6,6 +6,7 @@ Pure Python over pyarrow and NumPy; nothing here imports Ray.
 from .callsinks import to_callable
 from .connected import ConnectedStreams, KeyedConnectedStreams
 from .dataflow import Dataflow, KeyedStream, Stream
+from .delta import to_delta
 from .generator import generate
 from .logic import InstanceInfo, OperatorLogic, Sink, SinkWriter, Source, SourceSplit, SplitAddress, SplitReader
 from .sinks import collect, to_parquet
@@ -29,6 +30,7 @@ __all__ = [
     "generate",
     "collect",
     "to_parquet",
+    "to_delta",
     "to_callable",
     "Source",
     "SourceSplit",

@@ -28,8 +28,10 @@ def test_wheel_holds_only_chiray(tmp_path):
 
 
 def test_import_chiray_imports_neither_pyspark_nor_the_dashboard(tmp_path):
+    """Nor deltalake, which only ``to_delta`` imports."""
     code = ("import sys, chiray\n"
-            "heavy = sorted(m for m in sys.modules if m.split('.')[0] == 'pyspark' or m.startswith('ray.dashboard'))\n"
+            "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('pyspark', 'deltalake')\n"
+            "               or m.startswith('ray.dashboard'))\n"
             "print(heavy)\n"
             "assert chiray.Dataflow is chiray.operators.Dataflow\n")
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
