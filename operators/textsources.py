@@ -443,8 +443,8 @@ def from_json(
             ``filesystem``, or a ``pyarrow.fs`` URI.
         schema: the fields to read and their types; ``None``: inferred by
             pyarrow, at this call, from the first MiB of the first file.
-        unexpected_fields: a field the schema does not have is an ``"error"``
-            or ``"ignore"``\\ d.
+        unexpected_fields: what a field the schema lacks does: ``"error"``
+            (the default) or ``"ignore"`` (it is dropped).
         filesystem: a ``pyarrow.fs`` filesystem for plain paths; ``None``: the
             local one (or the one a URI names).
         block_size: bytes of text per batch (a longer line makes a longer one).
