@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, Sequence
+from typing import Any, Literal, Sequence, TypeAlias, get_args
 
 import numpy as np
 import pyarrow as pa
@@ -29,6 +29,8 @@ from .state import Accumulator, object_array
 
 __all__ = [
     "AGG_FUNCS",
+    "AggregateFunction",
+    "Aggregate",
     "AggSpec",
     "Recipe",
     "aggregate_output_schema",
@@ -37,10 +39,27 @@ __all__ = [
     "state_columns",
 ]
 
-AGG_FUNCS = ("count", "sum", "min", "max", "mean", "first", "last", "arg_min", "arg_max", "count_distinct")
+ArgFunction: TypeAlias = Literal["arg_min", "arg_max"]
+"""The aggregates that give a value from the row where another column is least / greatest."""
+
+AggregateFunction: TypeAlias = Literal["count", "sum", "min", "max", "mean", "first", "last", ArgFunction,
+                                      "count_distinct"]
+"""The name of a built-in aggregate function (``agg(total=("v", "sum"))``)."""
+
+Aggregate: TypeAlias = (
+    tuple[None, Literal["count"]] | tuple[str, AggregateFunction] | tuple[str, ArgFunction, str | None])
+"""One aggregate of ``agg(**aggregates)``, as its output column's value:
+
+* ``(column, function)``: ``("price", "sum")``; ``(None, "count")`` counts rows;
+* ``(column, "arg_min" | "arg_max", give)``: ``("price", "arg_max", "bidder")`` gives column ``give``
+  from the row where ``column`` is greatest (``give=None``: that whole row, as a struct, as
+  ``(column, "arg_max")`` does).
+"""
+
+AGG_FUNCS: tuple[str, ...] = get_args(AggregateFunction)
 """The built-in aggregate functions."""
 
-ARG_FUNCS = ("arg_min", "arg_max")
+ARG_FUNCS: tuple[str, ...] = get_args(ArgFunction)
 """Aggregates that give a value from the row where another column is least / greatest."""
 
 

@@ -10,34 +10,35 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Generic
 
 import pyarrow as pa
 
 from .columns import check_time_column
 from .eventtime import show_duration, ticks
 from .graph import OperatorKind, OperatorNode, Partition, describe_callable
-from .handles import StreamLike
+from .callbacks import CoProcessFunction, OnTimerFunction
+from .handles import S
 from .hashing import check_num_bins
 from .joins import LATE_PORTS, CoProcessLogic, JoinLogic, WindowJoinLogic, check_key_types, join_tables
 from .windows import WindowSpec, window_output_schema
 
-Stream = StreamLike  # the runtime type is dataflow.Stream
-
 __all__ = ["ConnectedStreams", "KeyedConnectedStreams"]
 
 
-class ConnectedStreams:
-    """Two streams of one dataflow, to be keyed together (``key_by``)."""
+class ConnectedStreams(Generic[S]):
+    """Two streams of one dataflow, to be keyed together (``key_by``); ``a.connect(b)`` makes them (for type
+    checkers a ``ConnectedStreams[Stream]``: the type parameter ``S`` is the stream type its operators return).
+    """
 
-    def __init__(self, left: "Stream", right: "Stream") -> None:
+    def __init__(self, left: S, right: S) -> None:
         if not isinstance(right, type(left)) or right.flow is not left.flow:
             raise TypeError(f"connect() after operator {left.name!r}: expected a stream of the same Dataflow, "
                             f"got {type(right).__name__}")
         self.left, self.right = left, right
 
     def key_by(self, left_key: str, right_key: str | None = None, *,
-               num_bins: int | None = None) -> "KeyedConnectedStreams":
+               num_bins: int | None = None) -> KeyedConnectedStreams[S]:
         """Partition both streams by their key columns (``right_key`` defaults to ``left_key``)."""
         right_key = left_key if right_key is None else right_key
         for stream, key in ((self.left, left_key), (self.right, right_key)):
@@ -54,14 +55,15 @@ class ConnectedStreams:
         return KeyedConnectedStreams(self.left, self.right, (left_key, right_key), bins)
 
 
-class KeyedConnectedStreams:
-    """Two streams partitioned by the same bins: their keyed two-input operators."""
+class KeyedConnectedStreams(Generic[S]):
+    """Two streams partitioned by the same bins: their keyed two-input operators, which return an ``S``
+    (a ``Stream``)."""
 
-    def __init__(self, left: "Stream", right: "Stream", keys: tuple[str, str], num_bins: int) -> None:
+    def __init__(self, left: S, right: S, keys: tuple[str, str], num_bins: int) -> None:
         self.left, self.right, self.keys, self.num_bins = left, right, keys, num_bins
 
     def _add(self, verb: str, make: Callable[[], Any], name: str | None, parallelism: int | None,
-             schema: pa.Schema | None, origin: str = "") -> "Stream":
+             schema: pa.Schema | None, origin: str = "") -> S:
         flow = self.left.flow
         node = OperatorNode(
             flow._name(verb, name), OperatorKind.KEYED,
@@ -76,7 +78,7 @@ class KeyedConnectedStreams:
             return None
         return join_tables(self.left.schema.empty_table(), self.right.schema.empty_table(), *self.keys).schema
 
-    def join(self, *, name: str | None = None, parallelism: int | None = None) -> "Stream":
+    def join(self, *, name: str | None = None, parallelism: int | None = None) -> S:
         """Incremental inner equi-join: each pair of rows with equal keys, emitted when its second row arrives.
 
         State grows without bound (every row is kept); use ``window_join`` to bound it.
@@ -86,7 +88,7 @@ class KeyedConnectedStreams:
 
     def window_join(self, spec: WindowSpec, *, on: str | tuple[str, str], name: str | None = None,
                     parallelism: int | None = None, allowed_lateness: Any = 0,
-                    late_side_output: bool = False) -> "Stream":
+                    late_side_output: bool = False) -> S:
         """Inner equi-join of rows in the same event-time window, emitted when the watermark passes its end.
 
         ``on``: the event-time column (one name, or one per input). ``allowed_lateness`` (ticks or a
@@ -120,9 +122,13 @@ class KeyedConnectedStreams:
             stream.node.side_outputs[LATE_PORTS[1]] = self.right.schema
         return stream
 
-    def process(self, fn: Callable[..., Any], *, on_timer: Callable[..., Any] | None = None,
-                name: str | None = None, parallelism: int | None = None, schema: pa.Schema | None = None) -> "Stream":
-        """Keyed co-process: ``fn(key, rows, state, input)`` (``input`` 0 or 1), with optional timers."""
+    def process(self, fn: CoProcessFunction, *, on_timer: OnTimerFunction | None = None,
+                name: str | None = None, parallelism: int | None = None, schema: pa.Schema | None = None) -> S:
+        """Keyed co-process: ``fn(key, rows, state, input)`` (``input`` 0 or 1), with optional timers.
+
+        ``state`` (a ``KeyedTimerState``) is the key's, shared by both inputs: ``state.value``, and
+        ``state.register(time)`` for ``on_timer(key, time, state)`` once the watermark reaches ``time``.
+        """
         for verb, f in (("process", fn), ("on_timer", on_timer)):
             if f is not None and not callable(f):
                 raise TypeError(f"connect().key_by().process(): {verb} must be a function, got {type(f).__name__}")

@@ -17,11 +17,13 @@ with a message that names the operator.
 from __future__ import annotations
 
 import itertools
-from typing import Any, Callable
+from typing import Any, Callable, overload
 
 import pyarrow as pa
 
 from . import keyed, stateless
+from .aggregates import Aggregate, AggregateFunction
+from .callbacks import OnTimerFunction, ProcessFunction, TimerProcessFunction
 from .graph import (
     InputEdge,
     LogicalGraph,
@@ -34,6 +36,7 @@ from .hashing import DEFAULT_NUM_BINS, check_num_bins
 from .logic import Sink, Source
 from .connected import ConnectedStreams
 from .emission import check_final_only
+from .handles import JobLike
 from .timers import TimerProcessLogic
 from .watermarks import WatermarkedSource, WatermarkStrategy
 from .validation import check_name
@@ -171,18 +174,27 @@ class Dataflow:
                         f"source is added: flow.source(..., name={name!r}, "
                         "watermarks=bounded_out_of_orderness('<time column>', <max delay>))")
 
-    def submit(self, **options: Any) -> Any:
-        """Deploy on Ray and start running; the same as ``chiray.submit(flow, **options)``.
+    def submit(self, *, config: Any = None, restore_from: str | None = None,
+               allow_non_restored_state: bool = False, **options: Any) -> JobLike:
+        """Deploy on Ray and start running; the same as ``chiray.submit(flow, ...)``, which documents the options.
+
+        Args:
+            config: a ``chiray.JobConfig``; or pass its fields as keywords (``checkpoint_dir=``,
+                ``checkpoint_interval_s=``, ``detached=``...).
+            restore_from: start from a checkpoint or savepoint (a ``chk-N`` directory or a root: its newest).
+            allow_non_restored_state: drop checkpoint state that no operator takes (refused otherwise).
+            **options: ``JobConfig`` fields.
 
         Returns:
-            The running ``Job``.
+            The running job's handle, a ``Job`` (an ``AttachedJob`` with ``detached=True``).
 
         Raises:
             RuntimeError: no runtime is registered (``operators`` was loaded without the ``chiray`` package).
         """
         if _RUNTIME is None:
             raise RuntimeError("no runtime registered: use chiray.submit(flow, ...) (import chiray first)")
-        return _RUNTIME(self, **options)
+        return _RUNTIME(self, config=config, restore_from=restore_from,
+                        allow_non_restored_state=allow_non_restored_state, **options)
 
 
 _RUNTIME: Callable[..., Any] | None = None
@@ -210,7 +222,7 @@ class Stream:
     def _edge(self, partition: Partition = Partition.FORWARD, key: str | None = None, num_bins: int = 0) -> InputEdge:
         return InputEdge(self.node.name, partition, key, num_bins, self.port)
 
-    def connect(self, other: "Stream") -> ConnectedStreams:
+    def connect(self, other: "Stream") -> ConnectedStreams[Stream]:
         """Connect with ``other`` for a keyed two-input operator: ``a.connect(b).key_by("k").join()``."""
         return ConnectedStreams(self, other)
 
@@ -321,7 +333,7 @@ class Stream:
         return KeyedStream(self, column, bins)
 
     def window(self, spec: Any, *, on: str, allowed_lateness: Any = 0,
-               late_side_output: bool = False) -> WindowedStream:
+               late_side_output: bool = False) -> WindowedStream[Stream]:
         """Event-time windows over the whole stream, without a key:
         ``window(tumbling(timedelta(minutes=1)), on="ts").agg(...)``.
 
@@ -467,9 +479,10 @@ class KeyedStream:
         return flow._add(node)
 
     def agg(self, *, name: str | None = None, parallelism: int | None = None,
-            emit: str | None = None, **aggregates: tuple[str | None, str]) -> Stream:
+            emit: str | None = None, **aggregates: Aggregate) -> Stream:
         """Several aggregations at once: ``agg(n=(None, "count"), total=("v", "sum"))``.
 
+        Each aggregate is a ``chiray.Aggregate``: ``(column, function)`` or ``(column, "arg_max", give)``.
         Functions (null values are skipped, as in SQL): ``count`` (rows, or a
         column's non-null values), ``sum``, ``min``, ``max``, ``mean``,
         ``first`` / ``last`` (the key's first / latest non-null value in
@@ -520,7 +533,7 @@ class KeyedStream:
         return specs
 
     def window(self, spec: Any, *, on: str, allowed_lateness: Any = 0,
-               late_side_output: bool = False) -> WindowedStream:
+               late_side_output: bool = False) -> WindowedStream[Stream]:
         """Event-time windows: ``window(tumbling(timedelta(seconds=10)), on="ts")``, ``sliding(size, slide)``,
         ``session(gap)``.
 
@@ -555,7 +568,7 @@ class KeyedStream:
         """Mean of ``column`` per key: columns (key, ``mean``)."""
         return self._one("mean", column, **kwargs)
 
-    def _one(self, func: str, column: str, *, name: str | None = None,
+    def _one(self, func: AggregateFunction, column: str, *, name: str | None = None,
              parallelism: int | None = None, emit: str | None = None) -> Stream:
         return self.agg(name=name or self.stream.flow._name(func, None),
                         parallelism=parallelism, emit=emit, **{func: (column, func)})
@@ -576,15 +589,23 @@ class KeyedStream:
         stream.node.final_by_default = by_default
         return stream
 
-    def process(self, fn: Callable[..., Any], *, name: str | None = None,
+    @overload
+    def process(self, fn: ProcessFunction, *, name: str | None = None, parallelism: int | None = None,
+                schema: pa.Schema | None = None, on_timer: None = None) -> Stream: ...
+
+    @overload
+    def process(self, fn: TimerProcessFunction, *, name: str | None = None, parallelism: int | None = None,
+                schema: pa.Schema | None = None, on_timer: OnTimerFunction) -> Stream: ...
+
+    def process(self, fn: ProcessFunction | TimerProcessFunction, *, name: str | None = None,
                 parallelism: int | None = None, schema: pa.Schema | None = None,
-                on_timer: Callable[..., Any] | None = None) -> Stream:
+                on_timer: OnTimerFunction | None = None) -> Stream:
         """Keyed process with per-key state: ``fn(key, rows: RecordBatch, state) -> output``.
 
-        ``state.value`` is the key's state (``None`` at first); assign to update it.
-        With ``on_timer``, ``state`` can also ``register(time)`` event-time timers
-        for the key; ``on_timer(key, time, state) -> output`` runs once per
-        (key, time) when the watermark reaches ``time``, in time order.
+        ``state.value`` is the key's state (``None`` at first); assign to update it (``state`` is a
+        ``chiray.KeyedState``). With ``on_timer``, ``state`` (a ``chiray.KeyedTimerState``) can also
+        ``register(time)`` event-time timers for the key; ``on_timer(key, time, state) -> output`` runs
+        once per (key, time) when the watermark reaches ``time``, in time order.
         """
         _check_callable("process", fn)
         key, bins = self.key, self.num_bins

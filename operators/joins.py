@@ -22,12 +22,13 @@ add ``window_start`` and ``window_end`` after the key.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import pyarrow as pa
 
 from .batch import merge_runs, to_batches
+from .callbacks import CoProcessFunction, OnTimerFunction
 from .columns import check_arrival
 from .eventtime import Duration, show_duration, ticks, time_values
 from .hashing import bins_of, check_num_bins
@@ -280,8 +281,8 @@ class CoProcessLogic(_TwoInputKeyed):
     ``on_timer(key, time, ctx)`` runs once per (key, time), in time order.
     """
 
-    def __init__(self, keys: tuple[str, str], fn: Callable[..., Any], num_bins: int,
-                 on_timer: Callable[..., Any] | None = None, output_schema: pa.Schema | None = None) -> None:
+    def __init__(self, keys: tuple[str, str], fn: CoProcessFunction, num_bins: int,
+                 on_timer: OnTimerFunction | None = None, output_schema: pa.Schema | None = None) -> None:
         super().__init__(keys, num_bins)
         self.fn, self.on_timer, self.output_schema = fn, on_timer, output_schema
         self._state = TimerState(self.num_bins)

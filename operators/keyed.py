@@ -28,6 +28,7 @@ import pyarrow as pa
 from .aggregates import (AGG_FUNCS, AggSpec, Recipe, aggregate_output_schema, batch_partials, result_column,
                          state_columns)
 from .batch import to_batches
+from .callbacks import KeyedState
 from .hashing import bins_of, check_num_bins
 from .keyindex import encode_keys
 from .logic import InstanceInfo, OperatorLogic
@@ -287,7 +288,8 @@ def _schema_difference(first: pa.Schema, other: pa.Schema) -> str:
 
 
 class ValueState:
-    """The state of one key, handed to a :class:`ProcessLogic` function.
+    """The state of one key, handed to a :class:`ProcessLogic` function (its public type:
+    :class:`~operators.callbacks.KeyedState`, ``chiray.KeyedState``).
 
     ``value`` is ``None`` until set; setting it (to anything but ``None``)
     stores it; ``clear()`` (or setting ``None``) forgets it. Valid only during
@@ -384,7 +386,7 @@ class ProcessLogic(_KeyedLogic):
             return outputs
         return pa.Table.from_batches(outputs).combine_chunks().to_batches()
 
-    def _key_state(self, key: Any, bin: int) -> Any:
+    def _key_state(self, key: Any, bin: int) -> KeyedState:
         """What ``fn`` gets as the key's state (subclasses hand out richer contexts)."""
         return ValueState(self._state, key, bin)
 

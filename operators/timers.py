@@ -35,6 +35,7 @@ import numpy as np
 import pyarrow as pa
 
 from . import codec
+from .callbacks import OnTimerFunction
 from .batch import merge_runs, to_batches
 from .keyed import ProcessLogic, _check_fn
 from .state import BinnedState, DictState
@@ -152,7 +153,10 @@ class TimerState(BinnedState):
 
 
 class KeyContext:
-    """One key's state and timers, handed to ``fn`` and ``on_timer``; valid only during that call."""
+    """One key's state and timers, handed to ``fn`` and ``on_timer``; valid only during that call.
+
+    The public type of it is :class:`~operators.callbacks.KeyedTimerState` (``chiray.KeyedTimerState``).
+    """
 
     __slots__ = ("_store", "_key", "_bin")
 
@@ -205,7 +209,7 @@ class KeyContext:
 class TimerProcessLogic(ProcessLogic):
     """Keyed process with per-key state and event-time timers (see the module docstring)."""
 
-    def __init__(self, key: str, fn: Callable[..., Any], on_timer: Callable[..., Any], num_bins: int,
+    def __init__(self, key: str, fn: Callable[..., Any], on_timer: OnTimerFunction, num_bins: int,
                  output_schema: pa.Schema | None = None) -> None:
         super().__init__(key, fn, num_bins, output_schema)
         _check_fn(on_timer, "on_timer")

@@ -11,21 +11,18 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Generic, Sequence
 
 import numpy as np
 import pyarrow as pa
 
-from .aggregates import aggregate_output_schema
+from .aggregates import Aggregate, aggregate_output_schema
 from .columns import ColumnType, check_time_column
 from .eventtime import Duration, show_duration, ticks
 from .graph import describe_callable
-from .handles import KeyedStreamLike, StreamLike
+from .handles import KeyedStreamLike, S
 from .logic import InstanceInfo, OperatorLogic, SideOutput
 from .windows import LATE, FixedWindowLogic, WindowSpec, window_output_schema
-
-Stream = StreamLike  # the runtime types are dataflow.Stream and dataflow.KeyedStream
-KeyedStream = KeyedStreamLike
 
 __all__ = ["WindowedStream", "KeylessLogic", "ALL_ROWS", "with_all_rows_key"]
 
@@ -80,8 +77,11 @@ class KeylessLogic(OperatorLogic):
                 for o in out]
 
 
-class WindowedStream:
+class WindowedStream(Generic[S]):
     """A keyed stream cut into event-time windows; its methods add the windowed operator.
+
+    ``key_by(k).window(...)`` and ``stream.window(...)`` make one; its methods return the ``Stream`` of the
+    window operator's output (the type parameter ``S``, for type checkers: ``WindowedStream[Stream]``).
 
     Args:
         keyed: the keyed stream.
@@ -92,7 +92,7 @@ class WindowedStream:
             (``stream.side_output("late")``), besides counting them.
     """
 
-    def __init__(self, keyed: "KeyedStream", spec: WindowSpec, on: str, allowed_lateness: Duration = 0,
+    def __init__(self, keyed: KeyedStreamLike[S], spec: WindowSpec, on: str, allowed_lateness: Duration = 0,
                  late_side_output: bool = False, keyless: bool = False):
         if not isinstance(spec, WindowSpec):
             raise TypeError(f"window() after operator {keyed.stream.name!r}: expected tumbling(...), "
@@ -113,9 +113,10 @@ class WindowedStream:
         return found
 
     def agg(self, *, name: str | None = None, parallelism: int | None = None,
-            **aggregates: tuple[str | None, str]) -> "Stream":
+            **aggregates: Aggregate) -> S:
         """Built-in aggregates per key and window: ``agg(n=(None, "count"), total=("v", "sum"))``.
 
+        The aggregates are those of ``KeyedStream.agg``, ``("price", "arg_max", "bidder")`` included.
         Output columns: the key, ``window_start``, ``window_end``, then one per aggregate.
         """
         op_name = self.keyed.stream.flow._name("window", name)
@@ -136,7 +137,7 @@ class WindowedStream:
         return schema.remove(0) if self.keyless else schema
 
     def apply(self, fn: Callable[..., Any], *, name: str | None = None, parallelism: int | None = None,
-              schema: pa.Schema | None = None) -> "Stream":
+              schema: pa.Schema | None = None) -> S:
         """User function per key and window (slow path): ``fn(key, window_start, window_end, rows) -> rows``."""
         op_name = self.keyed.stream.flow._name("window", name)
         if not callable(fn):
@@ -150,24 +151,24 @@ class WindowedStream:
                 return user_fn(start, end, rows.drop_columns([ALL_ROWS]))
         return self._add(op_name, parallelism, schema, dict(fn=fn), found, origin)
 
-    def count(self, *, name: str | None = None, parallelism: int | None = None) -> "Stream":
+    def count(self, *, name: str | None = None, parallelism: int | None = None) -> S:
         """Records per key and window: column ``count``."""
         return self.agg(name=name, parallelism=parallelism, count=(None, "count"))
 
-    def sum(self, column: str, **kwargs: Any) -> "Stream":
+    def sum(self, column: str, **kwargs: Any) -> S:
         return self.agg(**kwargs, sum=(column, "sum"))
 
-    def min(self, column: str, **kwargs: Any) -> "Stream":
+    def min(self, column: str, **kwargs: Any) -> S:
         return self.agg(**kwargs, min=(column, "min"))
 
-    def max(self, column: str, **kwargs: Any) -> "Stream":
+    def max(self, column: str, **kwargs: Any) -> S:
         return self.agg(**kwargs, max=(column, "max"))
 
-    def mean(self, column: str, **kwargs: Any) -> "Stream":
+    def mean(self, column: str, **kwargs: Any) -> S:
         return self.agg(**kwargs, mean=(column, "mean"))
 
     def _add(self, op_name: str, parallelism: int | None, schema: pa.Schema | None, what: dict[str, Any],
-             found: ColumnType, origin: str = "") -> "Stream":
+             found: ColumnType, origin: str = "") -> S:
         key, on, spec, bins, lateness = self.keyed.key, self.on, self.spec, self.keyed.num_bins, self.allowed_lateness
         time_type = found.type
         what = dict(what, late_side_output=self.late_side_output, time_note=found.describe())
