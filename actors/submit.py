@@ -15,7 +15,7 @@ import posixpath
 import re
 import shutil
 import tempfile
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import pyarrow.fs as pafs
 import ray
@@ -28,6 +28,7 @@ from chiray.operators.staging import new_run_id
 
 from .config import JobConfig
 from .controller import HostedController, JobController
+from .handle import JobHandle
 from .job import Job
 from .build import control_trees
 from .placement import place
@@ -35,6 +36,9 @@ from .pool import warm_pool
 from .restore import RestoreInfo, match_operators
 from .storage import CheckpointError, CheckpointStorage
 from .supervisor import CONTROLLER_POOL_KEY, Deployment, release_outputs
+
+if TYPE_CHECKING:
+    from .client import AttachedJob
 
 __all__ = ["submit", "restore_point", "register_detached"]
 
@@ -121,19 +125,39 @@ def register_detached(fn: Any) -> None:
     _DETACHED = fn
 
 
+@overload
+def submit(flow: Dataflow, *, config: None = None, restore_from: str | None = None,
+           allow_non_restored_state: bool = False, detached: Literal[False] = False, **options: Any) -> Job: ...
+
+
+@overload
 def submit(flow: Dataflow, *, config: JobConfig | None = None, restore_from: str | None = None,
-           allow_non_restored_state: bool = False, **options: Any) -> "Job":
+           allow_non_restored_state: bool = False, detached: Literal[True], **options: Any) -> AttachedJob: ...
+
+
+@overload
+def submit(flow: Dataflow, *, config: JobConfig | None = None, restore_from: str | None = None,
+           allow_non_restored_state: bool = False, detached: bool = False, **options: Any) -> JobHandle: ...
+
+
+def submit(flow: Dataflow, *, config: JobConfig | None = None, restore_from: str | None = None,
+           allow_non_restored_state: bool = False, **options: Any) -> JobHandle:
     """Validate ``flow``, deploy its controller and host actors, and start it.
+
+    For type checkers: a ``Job`` without ``config`` and ``detached``, an ``AttachedJob`` with
+    ``detached=True``, else a ``JobHandle``, the interface both implement.
 
     Args:
         flow: the dataflow.
-        config: runtime options; or pass ``JobConfig`` fields as keywords.
+        config: runtime options; or pass ``JobConfig`` fields as keywords (``checkpoint_dir=``,
+            ``checkpoint_interval_s=``, ``num_hosts=``...), which replace those of ``config``.
         restore_from: start from a checkpoint (a ``.../chk-N`` directory or a
             checkpoint root, meaning its newest complete checkpoint), like a
             savepoint restore; keyed operators may have another parallelism. State
             goes to the operator of the same identity (``Stream.uid``, else its name).
         allow_non_restored_state: drop checkpoint state that no operator takes
             (refused otherwise).
+        **options: ``JobConfig`` fields; ``detached=True`` runs the job under a job manager actor.
 
     Returns:
         The running job's handle; with ``detached=True``, an ``AttachedJob``

@@ -20,7 +20,7 @@ so ``import chiray`` never imports pyspark.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from chiray.actors import (
     AttachedJob,
@@ -78,7 +78,19 @@ from chiray.operators import (
     tumbling,
     watermarks_from,
 )
+from chiray.operators.aggregates import Aggregate, AggregateFunction
+from chiray.operators.callbacks import (
+    CoProcessFunction,
+    KeyedState,
+    KeyedTimerState,
+    OnTimerFunction,
+    ProcessFunction,
+    TimerProcessFunction,
+)
 from chiray.operators.dataflow import register_runtime
+
+if TYPE_CHECKING:  # what type checkers and IDEs see of the names __getattr__ loads on first use
+    from chiray.spark_bridge import from_spark, from_spark_stream, from_staged, spark_session
 
 register_runtime(submit)
 
@@ -101,6 +113,14 @@ __all__ = [
     "Stream",
     "KeyedStream",
     "WindowedStream",
+    "Aggregate",
+    "AggregateFunction",
+    "KeyedState",
+    "KeyedTimerState",
+    "ProcessFunction",
+    "TimerProcessFunction",
+    "OnTimerFunction",
+    "CoProcessFunction",
     "Source",
     "SourceSplit",
     "SplitReader",

@@ -79,7 +79,8 @@ def run(args: argparse.Namespace) -> int:
             )
             t0 = time.perf_counter()
             job = flow.submit(spare_hosts=1)  # the live rescale takes a host started with the job
-            checkpointed = rescale = None
+            checkpointed: int | Exception | None = None  # a checkpoint's id, or why there is none
+            rescale = None
             while True:
                 try:
                     job.wait(timeout=0.25)
