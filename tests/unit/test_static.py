@@ -14,26 +14,37 @@ def run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 
-def test_mypy_is_clean():
-    # mypy cannot follow the editable install's import hook: it checks the package as installed, a
-    # ``chiray`` tree whose sub-packages link to the source folders. The tree and mypy's cache stay at
-    # one place in the checkout (ignored by git), so a second run checks only what changed.
-    work = ROOT / ".mypy_cache"
-    root = work / "src" / "chiray"
+def package_tree() -> pathlib.Path:
+    """The folder that holds the package as installed, for mypy: ``.mypy_cache/src/chiray``, whose sub-packages
+    link to the source folders.
+
+    mypy cannot follow the editable install's import hook. The tree and mypy's caches stay at one place in
+    the checkout (ignored by git), so a second run checks only what changed.
+    """
+    src = ROOT / ".mypy_cache" / "src"
+    root = src / "chiray"
     root.mkdir(parents=True, exist_ok=True)
     links = {item.name: item for item in (ROOT / "chiray").iterdir() if item.suffix in (".py", ".typed")}
     links.update({package: ROOT / package for package in PACKAGES})
     for stale in root.iterdir():
         if stale.name not in links:
-            stale.unlink()
+            stale.unlink(missing_ok=True)
     for name, target in links.items():
         link = root / name
         if not (link.is_symlink() and link.resolve() == target.resolve()):
             link.unlink(missing_ok=True)
-            link.symlink_to(target, target_is_directory=target.is_dir())
+            try:
+                link.symlink_to(target, target_is_directory=target.is_dir())
+            except FileExistsError:  # a test in another worker laid it out meanwhile
+                pass
+    return src
+
+
+def test_mypy_is_clean():
+    src = package_tree()
     done = subprocess.run([sys.executable, "-m", "mypy", "-p", "chiray", "--ignore-missing-imports",
-                           "--no-error-summary", "--cache-dir", str(work / "cache")],
-                          cwd=work / "src", capture_output=True, text=True, timeout=300)
+                           "--no-error-summary", "--cache-dir", str(src.parent / "cache")],
+                          cwd=src, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
 
 
