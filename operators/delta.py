@@ -355,6 +355,9 @@ class DeltaSink(Sink):
         pending = [v for v in values if done is None or _version(v["epoch"]) > done]
         if not pending:
             return []
+        schema = _decode_schema(pending[0]["schema"])
+        if table is not None:
+            self._check_table(table, pa.schema(table.schema().to_arrow()), schema)
         actions = self._add_actions(pending)
         version = max(_version(v["epoch"]) for v in pending)
         epochs = sorted({v["epoch"] for v in pending}, key=_version)
@@ -365,11 +368,10 @@ class DeltaSink(Sink):
                                            **{"chiray.epochs": ",".join(map(str, epochs))}))
         if table is None:
             deltalake.transaction.create_table_with_add_actions(
-                self.table_uri, deltalake.Schema.from_arrow(_decode_schema(pending[0]["schema"])), actions,
+                self.table_uri, deltalake.Schema.from_arrow(schema), actions,
                 mode="append", partition_by=list(self.partition_by) or None, storage_options=self.storage_options,
                 commit_properties=properties)
         else:
-            self._check_table(table, pa.schema(table.schema().to_arrow()), _decode_schema(pending[0]["schema"]))
             mode = "overwrite" if self.mode == "overwrite" and done is None else "append"
             table.create_write_transaction(actions, mode=mode, schema=table.schema(),
                                            partition_by=list(self.partition_by) or None,
@@ -477,7 +479,11 @@ def to_delta(
             ``pyarrow.fs`` filesystem the writers stage files with and is left
             out of what ``deltalake`` opens.
         mode: ``"append"`` (default), or ``"overwrite"``: the run's first
-            commit replaces the table's rows (a later run appends to them).
+            commit replaces the table's rows, in the same version that adds
+            the first checkpoint's (its later commits append). A job
+            restored from a savepoint is a new run: restore it with
+            ``"append"``, or its first commit replaces what the job it came
+            from wrote.
         partition_by: partition column(s): string, integer, boolean or date32.
         storage_options: ``deltalake``'s options for the table's store
             (credentials, endpoint...).

@@ -169,6 +169,11 @@ def test_types_become_deltas_and_a_file_uri_works(tmp_path):
     got = deltalake.DeltaTable(uri).to_pyarrow_table()
     assert got.column("ts").to_pylist() == pa.array([1_000_000, 2_000_000], pa.timestamp("us")).to_pylist()
     assert got.column("u").to_pylist() == [1, 2] and got.column("s").to_pylist() == ["x", "y"]
+    too_big = pa.record_batch({"ts": pa.array([0], pa.timestamp("ns")), "u": pa.array([2**32 - 1], pa.uint32()),
+                               "s": pa.array(["z"], pa.large_string())})
+    with pytest.raises(ValueError, match=r"delta sink out\[0\]: column 'u' of type uint32 does not fit the table's "
+                                         r"type int32"):
+        writer(sink).write(too_big)
 
 
 def test_overwrite_replaces_the_table_at_the_runs_first_commit_only(tmp_path):
