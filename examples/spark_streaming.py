@@ -22,7 +22,7 @@ import ray
 
 import chiray
 
-FILES, ROWS_PER_FILE, KEYS = 3, 1_000, 23
+FILES, ROWS_PER_FILE, KEYS = 2, 1_000, 23
 
 
 def main() -> pd.DataFrame:
@@ -31,7 +31,7 @@ def main() -> pd.DataFrame:
     spark = chiray.spark_session(cores=2)
     work = tempfile.mkdtemp()
     os.makedirs(f"{work}/in")
-    for i in range(FILES):                         # three files: one micro-batch each (maxFilesPerTrigger=1)
+    for i in range(FILES):                         # two files: one micro-batch each (maxFilesPerTrigger=1)
         ids = pa.array(range(i * ROWS_PER_FILE, (i + 1) * ROWS_PER_FILE), pa.int64())
         pq.write_table(pa.table({"id": ids}), f"{work}/in/part{i}.parquet")
 
@@ -47,7 +47,7 @@ def main() -> pd.DataFrame:
         job = chiray.submit(flow)
         job.wait(timeout=300)
     counts = job.result("out").to_pandas().sort_values("key", ignore_index=True)
-    print(len(counts), "keys,", counts["count"].sum(), "records")    # 23 keys, 3000 records
+    print(len(counts), "keys,", counts["count"].sum(), "records")    # 23 keys, 2000 records
     return counts
 
 
