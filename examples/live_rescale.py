@@ -41,7 +41,6 @@ def main() -> tuple[pa.Table, int]:
             pass
     # --8<-- [end:watch]
 
-    # --8<-- [start:rescale]
     handle = job.rescale("count", 3, strategy="non_disruptive", chunk_bins=64)
     print(handle.progress().state.value)        # WAITING, PLANNING, MIGRATING, then DONE
     done = handle.result(timeout=120)           # waits; raises RescaleError if it failed
@@ -49,7 +48,6 @@ def main() -> tuple[pa.Table, int]:
     print(job.info().operators)                 # (('events', 1), ('count', 3), ('out', 2))
     for record in job.rescales():               # the job's rescale history
         print(record.operator, record.from_, "->", record.to, record.strategy, record.state.value)
-    # --8<-- [end:rescale]
 
     # metrics() runs a monitor in-band, behind the records already queued: keys per instance, state sizes.
     monitor = job.metrics(timeout=60)
