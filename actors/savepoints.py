@@ -28,7 +28,7 @@ from chiray.operators.staging import RUN_PATTERN
 from .errors import ChirayError
 from .jobfiles import dir_bytes
 from .jobvalues import EventKind
-from .storage import CheckpointError, CheckpointStorage, child_uri
+from .storage import CheckpointError, CheckpointStorage, child_uri, split_uri
 
 __all__ = ["SavepointInfo", "SavepointError", "savepoint_root", "life_dir", "find_savepoints", "delete_savepoint",
            "running_restores", "taken_in"]
@@ -71,16 +71,6 @@ def savepoint_root(checkpoint_root: str, dir: str | None = None) -> str:
 def life_dir(root: str, job: str, run: str | None) -> str:
     """The directory of one job life's savepoints under ``root``: ``{root}/{job}-{run}``."""
     return child_uri(root, "-".join(filter(None, (job, run))))
-
-
-def _split(path: str) -> tuple[str, str]:
-    """``path`` (a local path or a URI) as (its parent, its last name); a URI's parent keeps its query."""
-    if "://" not in path:
-        parent, name = posixpath.split(path.rstrip("/"))
-        return parent, name
-    uri = urllib.parse.urlsplit(path)
-    parent, name = posixpath.split(uri.path.rstrip("/"))
-    return urllib.parse.urlunsplit(uri._replace(path=parent)), name
 
 
 def _key(path: str) -> str:
@@ -132,7 +122,7 @@ def _read(job: str, life: str, name: str) -> SavepointInfo | None:
         return None
     created = manifest.get("created")
     return SavepointInfo(child_uri(life, name), checkpoint_id, None if created is None else float(created),
-                         dir_bytes(storage.fs, storage.chk_dir(checkpoint_id)), _run_of(job, _split(life)[1])[1])
+                         dir_bytes(storage.fs, storage.chk_dir(checkpoint_id)), _run_of(job, split_uri(life)[1])[1])
 
 
 def find_savepoints(job: str, roots: Iterable[str], taken: Iterable[str] = ()) -> tuple[SavepointInfo, ...]:
@@ -154,7 +144,7 @@ def find_savepoints(job: str, roots: Iterable[str], taken: Iterable[str] = ()) -
                 name = f"chk-{checkpoint_id:06d}"
                 places.setdefault(_key(child_uri(life, name)), (life, name))
     for path in taken:
-        places.setdefault(_key(path), _split(path))
+        places.setdefault(_key(path), split_uri(path))
     found = [sp for life, name in places.values() if (sp := _read(job, life, name)) is not None]
     return tuple(sorted(found, key=lambda sp: (sp.created_at or 0.0, sp.path)))
 
@@ -207,7 +197,7 @@ def delete_savepoint(job: str, path: str, savepoints: Iterable[SavepointInfo],
         if _within(chosen.path, restored_from):
             raise SavepointError(f"savepoint {chosen.path!r} of job {job!r} is in use: the running job {other!r} "
                                  f"was restored from {restored_from!r}; stop that job first")
-    storage = CheckpointStorage(_split(chosen.path)[0], create=False)
+    storage = CheckpointStorage(split_uri(chosen.path)[0], create=False)
     try:
         storage.fs.delete_dir(storage.chk_dir(chosen.checkpoint_id))
         if not storage.fs.get_file_info(pafs.FileSelector(storage.root, allow_not_found=True)):

@@ -68,6 +68,22 @@ def child_uri(root: str, *parts: str) -> str:
     return urllib.parse.urlunsplit(uri._replace(path=f"{uri.path.rstrip('/')}/{tail}"))
 
 
+def split_uri(path: str) -> tuple[str, str]:
+    """``path`` (a local path or a ``pyarrow.fs`` URI) as (its parent, its last name); a URI's parent keeps
+    its query string, the inverse of :func:`child_uri`.
+
+    Example:
+        >>> split_uri("s3://bucket/chk/chk-000003?scheme=http")
+        ('s3://bucket/chk?scheme=http', 'chk-000003')
+    """
+    if "://" not in path:
+        parent, name = posixpath.split(path.rstrip("/"))
+        return parent, name
+    uri = urllib.parse.urlsplit(path)
+    parent, name = posixpath.split(uri.path.rstrip("/"))
+    return urllib.parse.urlunsplit(uri._replace(path=parent)), name
+
+
 class CheckpointStorage:
     """Reads and writes one job's checkpoints under ``root``.
 

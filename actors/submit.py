@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
-import posixpath
 import re
 import shutil
 import tempfile
@@ -34,7 +33,7 @@ from .build import control_trees
 from .placement import place
 from .pool import warm_pool
 from .restore import RestoreInfo, match_operators
-from .storage import CheckpointError, CheckpointStorage
+from .storage import CheckpointError, CheckpointStorage, child_uri, split_uri
 from .supervisor import CONTROLLER_POOL_KEY, Deployment, release_outputs
 
 if TYPE_CHECKING:
@@ -62,7 +61,8 @@ def restore_point(restore_from: str, plan: PhysicalPlan, allow_non_restored_stat
             differ, or some of its state has no operator to go to (unless ``allow_non_restored_state``).
     """
     path = str(restore_from).rstrip("/")
-    match = re.match(r"^chk-(\d+)$", posixpath.basename(path))
+    parent, base = split_uri(path)  # a URI's query string stays at its end
+    match = re.match(r"^chk-(\d+)$", base)
     try:  # a root that holds checkpoints, even one named like a checkpoint ("chk-0")
         storage = CheckpointStorage(path, create=False)
         latest = storage.latest()
@@ -71,7 +71,7 @@ def restore_point(restore_from: str, plan: PhysicalPlan, allow_non_restored_stat
             raise
         latest = None
     if latest is None and match:  # a checkpoint's own directory
-        storage = CheckpointStorage(posixpath.dirname(path) or ".", create=False)
+        storage = CheckpointStorage(parent or ".", create=False)
         latest = storage.load(int(match.group(1)))
     elif latest is None:  # a savepoint directory: one job life's savepoints per subdirectory
         storage, latest = _only_savepoints(storage, path)
@@ -104,7 +104,7 @@ def _only_savepoints(parent: CheckpointStorage, path: str) -> tuple[CheckpointSt
     found = []
     for info in parent.fs.get_file_info(pafs.FileSelector(parent.root, allow_not_found=True)):
         if info.type == pafs.FileType.Directory:
-            sub = CheckpointStorage(f"{path}/{info.base_name}", create=False)
+            sub = CheckpointStorage(child_uri(path, info.base_name), create=False)
             latest = sub.latest()
             if latest is not None:
                 found.append((info.base_name, sub, latest))

@@ -50,3 +50,15 @@ def test_a_root_named_like_a_checkpoint_restores_its_newest(tmp_path):
     assert restore_point(f"{root}/chk-000001", plan()).checkpoint_id == 1
     with pytest.raises(CheckpointError, match="incomplete or missing"):
         restore_point(f"{root}/chk-000007", plan())
+
+
+def test_a_uri_with_a_query_string_restores_a_checkpoint_and_a_savepoint_directory(tmp_path):
+    """``restore_from`` as a ``pyarrow.fs`` URI whose options follow the path (as an S3 endpoint's do): the
+    checkpoint's own directory and the one job life under a savepoint directory are found before the query."""
+    sp = tmp_path / "sp"
+    save(f"{sp}/a-r00000001", 1, "a")
+    save(f"{sp}/a-r00000001", 2, "a")
+    query = "?use_mmap=false"
+    assert restore_point(f"file://{sp}{query}", plan()).checkpoint_id == 2
+    assert restore_point(f"file://{sp}/a-r00000001/chk-000001{query}", plan()).checkpoint_id == 1
+    assert restore_point(f"file://{sp}/a-r00000001{query}", plan()).checkpoint_id == 2
