@@ -6,6 +6,8 @@ from .errors import ChirayError, JobCancelledError, JobFailedError, OperatorErro
 from .handle import JobEndedError, JobHandle
 from .job import Job, JobStatistics, JobStatus
 from .jobvalues import CheckpointInfo, EventKind, JobEvent, JobInfo, RescaleProgress, RescaleRecord
+from .joblogs import JobLogs, LogLine
+from .savepoints import SavepointError, SavepointInfo
 from .submit import submit
 from .detached import submit_detached  # registers the job manager for submit(detached=True)
 from .pool import release_warm_actors, wait_warm_actors
@@ -20,6 +22,10 @@ __all__ = [
     "RescaleProgress",
     "RescaleRecord",
     "CheckpointInfo",
+    "SavepointInfo",
+    "JobLogs",
+    "LogLine",
+    "SavepointError",
     "JobEndedError",
     "JobConfig",
     "JobStatus",
