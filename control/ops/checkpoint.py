@@ -30,10 +30,38 @@ from typing import Any, Callable, Protocol
 
 import cloudpickle
 
+from chiray.operators.errors import ChirayError
+
 from ..message import InstanceId
 from ..op import ControlOp, InstanceHandler
 
-__all__ = ["Checkpoint", "CheckpointStore", "ResumeSources", "encode_offsets", "decode_offsets", "instance_key"]
+__all__ = ["Checkpoint", "CheckpointStore", "InconsistentCheckpointError", "ResumeSources", "bins_held_twice",
+           "encode_offsets", "decode_offsets", "instance_key"]
+
+
+class InconsistentCheckpointError(ChirayError, RuntimeError):
+    """A checkpoint's snapshots disagree (a key bin in two instances of one operator): it is not committed,
+    so no recovery or restore can load it; the job runs on and the next checkpoint commits this one's output."""
+
+
+def bins_held_twice(state_bins: dict[str, list[int]]) -> dict[str, dict[int, list[int]]]:
+    """The key bins that more than one instance of an operator snapshotted: operator -> bin -> instances.
+
+    Each bin of a keyed operator belongs to one instance at any cut of the dataflow; a bin in two
+    snapshots means one of them was taken on the wrong side of a migration, and a restore would load
+    state that saw records the restored sources replay.
+
+    Example:
+        >>> bins_held_twice({"count/0": [0, 1], "count/1": [1, 2], "sum/0": [1]})
+        {'count': {1: [0, 1]}}
+    """
+    owners: dict[str, dict[int, list[int]]] = {}
+    for key, bins in sorted(state_bins.items()):
+        operator, index = key.rsplit("/", 1)
+        for b in bins:
+            owners.setdefault(operator, {}).setdefault(b, []).append(int(index))
+    return {op: {b: sorted(who) for b, who in held.items() if len(who) > 1}
+            for op, held in owners.items() if any(len(who) > 1 for who in held.values())}
 
 
 class CheckpointStore(Protocol):
@@ -149,6 +177,12 @@ class Checkpoint(ControlOp):
 
     def on_complete(self, ctx: Any) -> int:
         manifest = self.manifest(self.acks)
+        twice = bins_held_twice(manifest["state_bins"])
+        if twice:  # never committed: a recovery would load state ahead of the sources' offsets
+            raise InconsistentCheckpointError(
+                f"checkpoint {self.checkpoint_id} is not committed: key bins were snapshotted by two instances "
+                + "; ".join(f"operator {op!r}: " + ", ".join(f"bin {b} by {who}" for b, who in sorted(held.items()))
+                            for op, held in sorted(twice.items())))
         self.storage.commit(self.checkpoint_id, manifest)
         if self.on_durable is not None:
             self.on_durable(self.checkpoint_id)
