@@ -22,18 +22,18 @@ import pyarrow as pa
 import pyarrow.csv as csv
 
 import chiray
-from chiray.operators import InstanceInfo, SinkWriter, SourceSplit, SplitReader
+from chiray.operators import InstanceInfo
 
 SENSORS, READINGS = 4, 500
 SCHEMA = pa.schema([("sensor", pa.string()), ("reading", pa.int64()), ("celsius", pa.float64())])
 
 
 def celsius(sensor: int, reading: int) -> float:
-    """The temperature of a sensor's reading: made up, but the same each time it is read (a replay must be)."""
+    """A sensor's reading in degrees: made up, but the same each time it is read (a replay must be)."""
     return 15.0 + 2 * sensor + (reading * (sensor + 3)) % 47 / 10
 
 
-class SensorReader(SplitReader):
+class SensorReader(chiray.SplitReader):
     """Reads one sensor's readings; its offset is the number of readings read so far."""
 
     def __init__(self, sensor: int, offset: int, batch_size: int) -> None:
@@ -60,18 +60,18 @@ class SensorSource(chiray.Source):
     def schema(self) -> pa.Schema:
         return SCHEMA
 
-    def splits(self) -> list[SourceSplit]:                 # called once, on the driver, at submit()
-        return [SourceSplit(f"sensor-{i}", i) for i in range(SENSORS)]
+    def splits(self) -> list[chiray.SourceSplit]:          # called once, on the driver, at submit()
+        return [chiray.SourceSplit(f"sensor-{i}", i) for i in range(SENSORS)]
 
-    def open_split(self, split: SourceSplit, offset: Any = None) -> SplitReader:   # called inside a host
+    def open_split(self, split: chiray.SourceSplit, offset: Any = None) -> chiray.SplitReader:  # in a host
         return SensorReader(split.payload, offset or 0, self.batch_size)
 
     def bounded(self) -> bool:
         return True                                        # it ends: emit="final" aggregations are fine
 
 
-class CsvWriter(SinkWriter):
-    """One sink instance: keeps the batches it is given and stages them as a hidden CSV file at each barrier."""
+class CsvWriter(chiray.SinkWriter):
+    """One sink instance: keeps the batches it is given, stages them as a hidden CSV file at each barrier."""
 
     def __init__(self, directory: str, prefix: str) -> None:
         self.directory, self.prefix = directory, prefix
@@ -86,7 +86,7 @@ class CsvWriter(SinkWriter):
         path = os.path.join(self.directory, f".{self.prefix}-{epoch}.csv")
         csv.write_csv(pa.Table.from_batches(self.batches), path)   # durable before the checkpoint completes
         self.batches = []
-        return path                                        # what Sink.commit gets once the checkpoint is durable
+        return path                                        # for Sink.commit, once the checkpoint is durable
 
     def finish(self) -> str | None:                        # end of input: stage the rest
         return self.prepare_commit("end")
@@ -101,7 +101,7 @@ class CsvSink(chiray.Sink):
     def __init__(self, directory: str) -> None:
         self.directory = directory
 
-    def create_writer(self, info: InstanceInfo) -> SinkWriter:   # called inside the sink instance's host
+    def create_writer(self, info: InstanceInfo) -> chiray.SinkWriter:   # called in the sink instance's host
         os.makedirs(self.directory, exist_ok=True)
         return CsvWriter(self.directory, f"part-{info.index}")
 

@@ -71,6 +71,7 @@ def main() -> tuple[pa.Table, int, dict[str, str]]:
         ("metrics", "counts"),
         ("tail", "counts", "out", "-n", "3"),
         ("stop", "counts", "--savepoint", f"{work}/savepoints"),
+        ("savepoints", "counts"),
     ]}
     # The job ended; it keeps its name, record and results until it is forgotten.
     read = job.statistics().records_out("events")

@@ -23,7 +23,7 @@ ORDERS = [(1, "c1", 25, 0), (2, "c2", 40, 1), (3, "c1", 12, 3), (4, "c3", 99, 6)
           (6, "c1", 60, 12), (7, "c3", 15, 14)]
 """(order id, customer, amount, minutes after T0)."""
 PAYMENTS = [(1, 25, 2), (3, 12, 4), (2, 40, 6), (5, 8, 9), (4, 99, 11), (6, 60, 13)]
-"""(order id, amount paid, minutes after T0): orders 2 and 4 are paid in the next window, order 7 not at all."""
+"""(order id, amount paid, minutes after T0): orders 2 and 4 are paid in the next window, 7 not at all."""
 CUSTOMERS = [("c1", "Ada", "Oslo"), ("c2", "Bo", "Lund"), ("c3", "Cy", "Turku")]
 
 ORDER_SCHEMA = pa.schema([("order_id", pa.int64()), ("customer", pa.string()), ("amount", pa.int64()),
@@ -32,7 +32,8 @@ PAYMENT_SCHEMA = pa.schema([("order_id", pa.int64()), ("paid", pa.int64()), ("ts
 
 
 def main() -> pa.Table:
-    orders = [{"order_id": o, "customer": c, "amount": a, "ts": T0 + timedelta(minutes=m)} for o, c, a, m in ORDERS]
+    orders = [{"order_id": o, "customer": c, "amount": a, "ts": T0 + timedelta(minutes=m)}
+              for o, c, a, m in ORDERS]
     payments = [{"order_id": o, "paid": p, "ts": T0 + timedelta(minutes=m)} for o, p, m in PAYMENTS]
     customers = [{"id": c, "name": n, "city": city} for c, n, city in CUSTOMERS]
     watermarks = chiray.bounded_out_of_orderness("ts", timedelta(minutes=1))
@@ -41,7 +42,7 @@ def main() -> pa.Table:
                                watermarks=watermarks)
     payment_stream = flow.source(chiray.from_items(payments, schema=PAYMENT_SCHEMA, batch_size=2),
                                  name="payments", watermarks=watermarks)
-    # Columns: order_id, window_start, window_end, then the order's, then the payment's (a clash gets "_right").
+    # Columns: order_id, window_start, window_end, the order's, the payment's (a clash gets "_right").
     paid = (order_stream.connect(payment_stream)
                         .key_by("order_id")
                         .window_join(chiray.tumbling(timedelta(minutes=5)), on="ts", parallelism=2,
@@ -50,7 +51,7 @@ def main() -> pa.Table:
     customer_stream = flow.source(chiray.from_items(customers), name="customers")
     (paid.connect(customer_stream)
          .key_by("customer", "id")                       # a key column of each side
-         .join(parallelism=2, name="with_customer")      # key (named as the left one), left columns, right columns
+         .join(parallelism=2, name="with_customer")      # the key (the left name), left columns, right ones
          .sink(chiray.collect(), name="out"))
     job = chiray.submit(flow)
     job.wait(timeout=120)

@@ -19,7 +19,7 @@ import chiray
 
 
 def events() -> chiray.Source:
-    """An endless, deterministic stream of key, value, seq and ts columns over 100 keys, 1,000 records a second."""
+    """An endless, deterministic stream of key, value, seq and ts columns: 100 keys, 1,000 records/s."""
     return chiray.generate(None, rate=1_000, batch_size=100, num_keys=100, seed=1)
 
 
@@ -51,7 +51,8 @@ def main() -> tuple[pa.Table, int]:
 
     # metrics() runs a monitor in-band, behind the records already queued: keys per instance, state sizes.
     monitor = job.metrics(timeout=60)
-    keys = {index: m["keys"] for (operator, index), m in sorted(monitor.instances.items()) if operator == "count"}
+    keys = {index: m["keys"] for (operator, index), m in sorted(monitor.instances.items())
+            if operator == "count"}
     print("keys per instance of count:", keys)
     print(job.tail("out", 3).to_pandas().to_string(index=False))   # the newest rows that reached the sink
 

@@ -43,22 +43,23 @@ def nexmark_events(num_events: int = 3_000, seed: int = 5) -> dict[str, pa.Table
             persons.append({"id": 1000 + len(persons), "name": f"person {len(persons)}", "date_time": at})
         elif n % 50 < 4:
             seller = persons[-1 - int(rng.integers(0, min(len(persons), 30)))]["id"]
-            auctions.append({"id": 1000 + len(auctions), "seller": seller, "category": int(rng.integers(10, 15)),
-                             "date_time": at})
+            auctions.append({"id": 1000 + len(auctions), "seller": seller,
+                             "category": int(rng.integers(10, 15)), "date_time": at})
         else:
             auction = auctions[-1 - min(int(rng.geometric(0.4)) - 1, len(auctions) - 1)]["id"]
             channel = CHANNELS[int(rng.integers(0, len(CHANNELS)))]
             bids.append({"auction": auction, "bidder": persons[int(rng.integers(0, len(persons)))]["id"],
                          "price": int(rng.integers(100, 100_000)), "channel": channel,
-                         "url": f"https://www.nexmark.com/{channel.lower()}/item.htm?query=1", "date_time": at,
-                         "extra": ""})
+                         "url": f"https://www.nexmark.com/{channel.lower()}/item.htm?query=1",
+                         "date_time": at, "extra": ""})
     ts = pa.timestamp("ms")
     schemas = {
         "person": pa.schema([("id", pa.int64()), ("name", pa.string()), ("date_time", ts)]),
         "auction": pa.schema([("id", pa.int64()), ("seller", pa.int64()), ("category", pa.int64()),
                               ("date_time", ts)]),
         "bid": pa.schema([("auction", pa.int64()), ("bidder", pa.int64()), ("price", pa.int64()),
-                          ("channel", pa.string()), ("url", pa.string()), ("date_time", ts), ("extra", pa.string())]),
+                          ("channel", pa.string()), ("url", pa.string()), ("date_time", ts),
+                          ("extra", pa.string())]),
     }
     rows = {"person": persons, "auction": auctions, "bid": bids}
     return {kind: pa.Table.from_pylist(rows[kind], schema=schemas[kind]) for kind in schemas}
@@ -159,9 +160,8 @@ def q18(bids: chiray.Stream) -> chiray.Stream:
 def main(num_events: int = 3_000) -> dict[str, pa.Table]:
     events = nexmark_events(num_events)
     flow = chiray.Dataflow("nexmark")
-    # NEXMark's watermark: the newest event time read, minus 4 s.
-    streams = {kind: flow.source(chiray.from_arrow(table, batch_size=200), name=kind,
-                                 watermarks=chiray.bounded_out_of_orderness("date_time", timedelta(seconds=4)))
+    watermarks = chiray.bounded_out_of_orderness("date_time", timedelta(seconds=4))  # NEXMark's: newest - 4 s
+    streams = {kind: flow.source(chiray.from_arrow(table, batch_size=200), name=kind, watermarks=watermarks)
                for kind, table in events.items()}
     q5(streams["bid"]).sink(chiray.collect(), name="q5")
     q8(streams["person"], streams["auction"]).sink(chiray.collect(), name="q8")

@@ -24,7 +24,7 @@ def events(spark: SparkSession) -> DataFrame:
 
 def main() -> pd.DataFrame:
     if not ray.is_initialized():
-        ray.init()                                 # Ray first: the Spark session built next inherits what it needs
+        ray.init()                                 # Ray first: the Spark session built next inherits from it
     spark = chiray.spark_session(cores=2)          # local[2, 4]; or your own session, built after ray.init()
     with chiray.from_spark(events(spark)) as source:   # executors push Arrow batches to the source's hosts
         flow = chiray.Dataflow("ingest")

@@ -23,10 +23,10 @@ GAP = timedelta(minutes=10)
 GAP_TICKS = GAP // timedelta(milliseconds=1)
 """Timers are integers in the ticks of the time column: milliseconds for ``timestamp("ms")``."""
 
-ACTIVITY = [("ann", 0, "add"), ("bob", 1, "add"), ("bob", 3, "buy"), ("ann", 4, "add"), ("cid", 6, "add"),
-            ("cid", 12, "add"), ("cid", 19, "add"), ("bob", 20, "add"), ("ann", 25, "add"), ("bob", 27, "add"),
-            ("ann", 29, "buy"), ("bob", 32, "add"), ("cid", 35, "add"), ("cid", 40, "buy"), ("ann", 44, "add"),
-            ("bob", 50, "add")]
+ACTIVITY = [("ann", 0, "add"), ("bob", 1, "add"), ("bob", 3, "buy"), ("ann", 4, "add"),
+            ("cid", 6, "add"), ("cid", 12, "add"), ("cid", 19, "add"), ("bob", 20, "add"),
+            ("ann", 25, "add"), ("bob", 27, "add"), ("ann", 29, "buy"), ("bob", 32, "add"),
+            ("cid", 35, "add"), ("cid", 40, "buy"), ("ann", 44, "add"), ("bob", 50, "add")]
 """(user, minutes after T0, action): what the shop's front end reports, in time order."""
 
 SCHEMA = pa.schema([("user", pa.string()), ("ts", pa.timestamp("ms")), ("action", pa.string())])

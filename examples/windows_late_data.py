@@ -29,11 +29,11 @@ def main() -> tuple[pa.Table, pa.Table]:
     flow = chiray.Dataflow("clicks")
     per_minute = (
         flow.source(source, name="clicks",
-                    # the watermark trails the newest click read by 10 s: clicks may arrive up to 10 s out of order
+                    # the watermark trails the newest click by 10 s: clicks may come up to 10 s out of order
                     watermarks=chiray.bounded_out_of_orderness("ts", timedelta(seconds=10)))
             .key_by("user")
             .window(chiray.tumbling(timedelta(minutes=1)), on="ts",     # a timedelta on a timestamp column
-                    late_side_output=True)                              # keep late clicks instead of dropping them
+                    late_side_output=True)                              # keep late clicks, do not drop them
             .agg(clicks=(None, "count"), total_ms=("ms", "sum"), parallelism=2, name="per_minute"))
     per_minute.sink(chiray.collect(), name="out")
     per_minute.side_output("late").sink(chiray.collect(), name="late")  # the clicks behind the watermark

@@ -110,7 +110,7 @@ def test_wordcount_counts_each_word(run: Any) -> None:
     namespace, counts, out = run("wordcount")
     expected = collections.Counter(word for line in namespace["LINES"] for word in line.split(" "))
     assert dict(_rows(counts, "word", "count")) == dict(expected)
-    printed = [line.split() for line in out.strip().splitlines()[1:]]
+    printed = [line.split() for line in out.splitlines() if re.fullmatch(r" *[a-z]+ +[0-9]+", line)]
     assert printed == [[w, str(n)] for w, n in sorted(expected.items(), key=lambda item: (-item[1], item[0]))]
 
 
@@ -236,6 +236,8 @@ def test_detached_job_operated_by_the_cli(run: Any) -> None:
     assert "counts" in said["list"] and "RUNNING" in said["status"]
     assert "rescaled 'count' 2 -> 3" in said["rescale"] and re.search(r"count +2 -> 3 .* done", said["rescales"])
     assert re.match(r"checkpoint 1 ", said["checkpoint"]) and "stopped at checkpoint 2; savepoint" in said["stop"]
+    savepoint = said["stop"].split("; savepoint ")[1].strip()
+    assert savepoint in said["savepoints"], "chiray savepoints does not list the savepoint of the stop"
     assert said["forget"].strip() == "forgot counts"
     # The tutorial's session: every command parses and is one this example ran.
     from chiray.cli import build_parser
