@@ -5,8 +5,10 @@ Run it with ``python examples/timers.py``.
 A keyed ``process`` keeps state per key (here, per user) and sets event-time
 *timers*: ``state.register(t)`` asks for a call to ``on_timer`` once the
 watermark reaches ``t``. Every activity moves the user's reminder 10 minutes
-past it; a purchase empties the cart. When the input ends, event time ends
-and the timers still pending fire.
+past it; a purchase empties the cart. A timer fires when the watermark
+passes its time, after the records read before that watermark: an activity
+read first cancels the reminder even if it happened later. When the input
+ends, event time ends and the timers still pending fire.
 """
 
 from __future__ import annotations
