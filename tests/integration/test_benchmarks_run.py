@@ -63,10 +63,14 @@ RUNS = {
 
 
 SPARK = {"spark_ingest", "nexmark"}  # they run Spark too (nexmark: Structured Streaming, for its comparison)
+# Runs whose checks hold whatever their speed (exact results, the keys of their JSON line): `make test` runs them
+# beside the other integration tests at low CPU priority (the `background` marker).
+BACKGROUND = {"spark_ingest", "nexmark"}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(RUNS))
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.background) if n in BACKGROUND else n
+                                  for n in sorted(RUNS)])
 def test_benchmark_runs_and_reports(name, ray_session, request, capsys):
     if name in SPARK:
         if os.environ.get("CHIRAY_SPARK_TESTS") == "0":

@@ -28,7 +28,8 @@ import chiray
 from chiray.operators import dataflow
 from tests.oracles import key_counts
 
-pytestmark = pytest.mark.ray
+# `make test` runs these beside the other integration tests, at low CPU priority: they check results, not timings.
+pytestmark = [pytest.mark.ray, pytest.mark.background]
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
