@@ -10,7 +10,10 @@ from each old owner to each new owner of a moving bin; Chi's Algorithm 1):
 * an old owner, once the message has arrived on all its inputs (no record of
   a moving bin can reach it any more), splits the moving bins off its state
   and attaches them for their new owners along the extra edges;
-* a new owner installs the bins it receives.
+* a new owner installs the bins it receives in its own ``on_complete``, so it
+  applies the move in the global order of ops too: a checkpoint earlier than
+  the step is cut at both owners before the bins move, however early the bins
+  reach the new owner along the extra edge.
 
 Blocking (``all_at_once``, ``batched``, ``fluid``): the new owner's inputs are
 held from the message's arrival until the bins are installed, like any
@@ -20,8 +23,8 @@ old and new owners of its bins, so a small step never stalls the rest of the
 job (downstream operators, and the instances it does not concern).
 Non-blocking (``non_disruptive``, Spacker's protocol): nothing is held; the
 new owner buffers only the records of the bins it is waiting for and replays
-them, in arrival order, the moment their state is installed; records of every
-other bin never wait.
+them, in arrival order, the moment their state is installed (once the op has
+arrived on all its inputs); records of every other bin never wait.
 
 A step may also change the operator's instance set (scale-out, scale-in): the
 runtime registers channel changes under the op's id before injecting it, and
@@ -136,6 +139,7 @@ class MigrateBins(ControlOp):
         def __init__(self, op: "MigrateBins", config: Any):
             super().__init__(op, config)
             self.holds_inputs = op.everywhere or bool(config)  # configs name the owners concerned
+            self.received: list[dict[str, Any]] = []  # the old owners' payloads, until on_complete
 
         def on_begin(self, ctx: Any) -> None:
             op: MigrateBins = self.op  # type: ignore[assignment]
@@ -151,21 +155,37 @@ class MigrateBins(ControlOp):
                 ctx.pause_event_time()
 
         def on_next(self, ctx: Any, payload: Any, sender: Any) -> None:
-            if not (isinstance(payload, dict) and "bins" in payload and self.config):
-                return
+            if isinstance(payload, dict) and "bins" in payload and self.config:
+                self.received.append(payload)  # installed in on_complete, never before (see _install)
+
+        def _install(self, ctx: Any) -> None:
+            """Install the bins the old owners sent (a new owner; in ``on_complete`` only).
+
+            Not on arrival: the bins may reach this instance along the extra edge before an earlier op
+            (a checkpoint, by the global order) has completed here, or even arrived over its slower
+            data channels. The old owner cut that checkpoint before it let the bins go; were they
+            installed at once, this instance's snapshot would hold them too, ahead of the cut (a bin in
+            two snapshots, a restore that replays records into state that saw them). ``on_complete``
+            runs in global order after every earlier op, each of which arrives on every data channel
+            ahead of this one, so both owners apply the checkpoint and the move in one order. The
+            records of the moving bins lose nothing by it: they follow this op on each channel, held
+            there by a blocking step, or buffered (``hold_bins``) by a non-blocking one.
+            """
             op: MigrateBins = self.op  # type: ignore[assignment]
-            bins = dict(payload["bins"])
-            reloaded = [b for b, v in bins.items() if v is None]
-            if reloaded:
-                bins.update(ctx.take_replicas(op.operator, reloaded, {b: op.replicas[b] for b in reloaded}))
-            ctx.state.install_bins(bins)
-            if payload.get("changes"):
-                ctx.state.apply_changes(payload["changes"])
-            if not op.blocking:
-                ctx.release_bins(list(bins))
+            for payload in self.received:
+                bins = dict(payload["bins"])
+                reloaded = [b for b, v in bins.items() if v is None]
+                if reloaded:
+                    bins.update(ctx.take_replicas(op.operator, reloaded, {b: op.replicas[b] for b in reloaded}))
+                ctx.state.install_bins(bins)
+                if payload.get("changes"):
+                    ctx.state.apply_changes(payload["changes"])
+                if not op.blocking:
+                    ctx.release_bins(list(bins))
 
         def on_complete(self, ctx: Any) -> None:
             op: MigrateBins = self.op  # type: ignore[assignment]
+            self._install(ctx)
             if op.table is not None:
                 ctx.set_bin_table(op.operator, op.table)
             if not self.config or not self.config["send"]:
