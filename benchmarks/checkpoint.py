@@ -19,7 +19,13 @@ left. Per window: throughput (records into the count operator), p50/p99
 record latency, and the longest gap between two batches reaching the sink
 (``max_stall_ms``: how long a checkpoint holds the output up). Per
 checkpoint: the duration of the ``job.checkpoint()`` call (barrier injection
-to committed manifest) and the bytes of its state files.
+to committed manifest) and the bytes of the state files it wrote
+(``bytes_per_checkpoint``, p50); beside them ``full_bytes``, the state files of
+one full copy (the warm-up's checkpoint, the first of its job), and
+``changed_rows_per_interval`` (p50), the keys that changed between two
+checkpoints: the expected distinct keys among the records counted in between,
+``K (1 - exp(-n / K))`` for ``K`` uniform keys. An incremental checkpoint
+writes about the changed rows; a full one the whole state.
 
 Target: throughput ratio (checkpoint window / first window) >= 0.9.
 Expected on a 2-core machine, 5,000-record batches: capacity
@@ -40,6 +46,7 @@ Run: ``python -m benchmarks.checkpoint [--quick] [--keys N] [--window S] [--load
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shutil
 import tempfile
@@ -50,18 +57,20 @@ import numpy as np
 
 from benchmarks.common import stop_ray, emit, start_ray
 from benchmarks.control_overhead import Schedule, TakeLatency, weighted_percentiles
-from benchmarks.measure import PARALLELISM, build, loadavg, state_bytes, warm_up
+from benchmarks.measure import PARALLELISM, build, counted, loadavg, state_bytes, warm_up
 
 
 def checkpoint_window(job: Any, root: str, window_s: float, interval_s: float) -> dict[str, Any]:
-    """Call ``job.checkpoint()`` every ``interval_s`` for ``window_s``; durations and bytes per checkpoint."""
-    durations, sizes = [], []
+    """Call ``job.checkpoint()`` every ``interval_s`` for ``window_s``; durations and bytes per checkpoint, and
+    the records counted when each was called."""
+    durations, sizes, counts = [], [], []
     t0 = time.perf_counter()
     due = t0
     while due < t0 + window_s:
         delay = due - time.perf_counter()
         if delay > 0:
             time.sleep(delay)
+        counts.append(counted(job))
         c0 = time.perf_counter()
         checkpoint_id = job.checkpoint(timeout=60)
         durations.append(time.perf_counter() - c0)
@@ -70,7 +79,19 @@ def checkpoint_window(job: Any, root: str, window_s: float, interval_s: float) -
     remaining = t0 + window_s - time.perf_counter()
     if remaining > 0:
         time.sleep(remaining)
-    return {"durations_ms": np.array(durations) * 1e3, "bytes": sizes}
+    return {"durations_ms": np.array(durations) * 1e3, "bytes": sizes, "counted": counts}
+
+
+def changed_rows(counts: list[int | None], keys: int) -> list[float]:
+    """Per interval between two checkpoint calls, the distinct keys expected among the records counted
+    then (``keys`` uniform keys): the rows an incremental checkpoint has to write.
+
+    Example:
+        >>> [round(n) for n in changed_rows([0, 1000, None, 3000], 1000)]
+        [632]
+    """
+    return [keys * -math.expm1(-(b - a) / keys) for a, b in zip(counts, counts[1:])
+            if a is not None and b is not None]
 
 
 def run_windows(job: Any, schedule: Schedule, root: str, window_s: float) -> list[dict[str, Any]]:
@@ -103,7 +124,7 @@ def sink_figures(w: dict[str, Any], samples: np.ndarray) -> tuple[float, float, 
     return p50, p99, float(np.diff(edges).max()) / 1e6
 
 
-def summarise(windows: list[dict[str, Any]], samples: np.ndarray) -> dict[str, Any]:
+def summarise(windows: list[dict[str, Any]], samples: np.ndarray, keys: int) -> dict[str, Any]:
     base, chk, repeat = windows
     figures: dict[str, Any] = {}
     for w, tag in ((base, "no_checkpoint"), (chk, "checkpoint_1s"), (repeat, "no_checkpoint_repeat")):
@@ -121,15 +142,21 @@ def summarise(windows: list[dict[str, Any]], samples: np.ndarray) -> dict[str, A
     figures["checkpoint_p99_ms"] = round(float(np.percentile(durations, 99)), 1)
     figures["max_stall_ms"] = figures["max_stall_ms_checkpoint_1s"]
     figures["bytes_written"] = int(np.median(chk["bytes"]))
+    figures["bytes_per_checkpoint"] = figures["bytes_written"]
+    changed = changed_rows(chk["counted"], keys)
+    figures["changed_rows_per_interval"] = round(float(np.median(changed))) if changed else None
     return figures
 
 
-def run(keys: int, args: argparse.Namespace, window_s: float, tmp: str) -> tuple[Any, float, Any, np.ndarray]:
-    """Warm up, then run the windows; returns (warm state, offered rate, windows, sink samples)."""
+def run(keys: int, args: argparse.Namespace, window_s: float,
+        tmp: str) -> tuple[Any, float, Any, np.ndarray, int]:
+    """Warm up, then run the windows; returns (warm state, offered rate, windows, sink samples, bytes of the
+    warm-up's full checkpoint)."""
     print(f"warming up: {keys:,} keys, unthrottled ...", flush=True)
     warm_s = args.warm_up if args.warm_up is not None else 2.0 if args.quick else 5.0
     warm = warm_up(keys, args.batch_size, os.path.join(tmp, "warm"), min_s=warm_s, num_hosts=args.num_hosts)
     rate = args.load * warm.capacity
+    full_bytes = state_bytes(os.path.dirname(warm.path), int(os.path.basename(warm.path).split("-")[1]))
     print(f"  {warm.keys_held:,} keys held after {warm.seconds:.1f} s; capacity {warm.capacity:,.0f} "
           f"records/s; offering {rate:,.0f} records/s ({args.load:.0%})", flush=True)
     root = os.path.join(tmp, "run")
@@ -142,7 +169,7 @@ def run(keys: int, args: argparse.Namespace, window_s: float, tmp: str) -> tuple
         samples = job.run_control(TakeLatency()).result(timeout=60)
     finally:
         job.cancel()
-    return warm, rate, windows, samples
+    return warm, rate, windows, samples, full_bytes
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -167,17 +194,17 @@ def main(argv: list[str] | None = None) -> None:
     started_ray = start_ray()
 
     try:
-        warm, rate, windows, samples = run(keys, args, window_s, tmp)
+        warm, rate, windows, samples, full_bytes = run(keys, args, window_s, tmp)
     finally:
         stop_ray(started_ray)
         shutil.rmtree(tmp, ignore_errors=True)
-    figures = summarise(windows, samples)
+    figures = summarise(windows, samples, keys)
     emit({
         "benchmark": "checkpoint", "quick": args.quick, "keys": keys, "keys_held": warm.keys_held,
         "window_s": window_s, "batch_size": args.batch_size, "parallelism": PARALLELISM,
         "num_hosts": args.num_hosts,
         "capacity_records_per_s": round(warm.capacity), "offered_records_per_s": round(rate),
-        "load": args.load, **figures,
+        "load": args.load, **figures, "full_bytes": full_bytes,
         "target_throughput_ratio_met": figures["throughput_ratio_checkpoint_1s"] >= 0.9,
         "loadavg_1m_at_start": load_at_start, "loadavg_1m_at_end": loadavg(),
         "wall_s": round(time.perf_counter() - started, 1),
