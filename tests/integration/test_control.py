@@ -191,14 +191,17 @@ class _PausedReader(SplitReader):
         return self.done
 
 
+SOURCES = 64  # with a fan-out of 4, the tree over the 69 instances is three relays deep
+
+
 def test_monitor_through_trees_equals_the_sum_over_instances():
     flow = Dataflow("trees")
-    src = flow.source(PausedSource(256, batches=3, rows=10), parallelism=256, name="src")
+    src = flow.source(PausedSource(SOURCES, batches=3, rows=10), parallelism=SOURCES, name="src")
     src.key_by("key").count(parallelism=4, emit="updates", name="count").collect(name="out")
-    pins = {"src": [i % 4 for i in range(256)], "count": [0, 1, 2, 3], "out": [0]}
+    pins = {"src": [i % 4 for i in range(SOURCES)], "count": [0, 1, 2, 3], "out": [0]}
     job = flow.submit(num_hosts=4, control_fanout=4, placement=pins)
     try:
-        expected = 256 * 3 * 10
+        expected = SOURCES * 3 * 10
 
         def quiescent():
             stats = job.statistics()
@@ -214,7 +217,8 @@ def test_monitor_through_trees_equals_the_sum_over_instances():
             assert sum(result.instances[(op, i)]["records_in"] for i in range(len(stats.of(op)))) == direct
         assert result.operators["src"]["records_out"] == expected
         assert int(result.bin_loads["count"].sum()) == expected
-        assert result.operators["count"]["keys"] == 97
+        keys = {(split * 7 + i) % 97 for split in range(SOURCES) for i in range(10)}  # _PausedReader's
+        assert result.operators["count"]["keys"] == len(keys)
     finally:
         job.cancel()
 
