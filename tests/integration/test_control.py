@@ -348,11 +348,12 @@ class Slow(ControlOp):
                 time.sleep(2.0)
 
 
-def test_a_host_failure_during_an_op_fails_the_op_clearly():
+def test_a_host_failure_during_an_op_fails_the_op_clearly(tmp_path):
     flow = Dataflow("dies")
     src = flow.source(PausedSource(2, batches=2, rows=5), parallelism=2, name="src")
     src.key_by("key").count(parallelism=2, emit="updates", name="count").collect(name="out")
-    job = flow.submit(poll_interval_s=0.2, max_restarts=0)  # no recovery: the job fails with the op
+    # No recovery: the job fails with the op, and keeps its checkpoint directory (to restore from): the test's.
+    job = flow.submit(poll_interval_s=0.2, max_restarts=0, checkpoint_dir=str(tmp_path / "chk"))
     try:
         count_host = job.actors[0]  # keyed instance 0 lives on host 0; the sink on host 2
         handle = job.run_control(Slow())

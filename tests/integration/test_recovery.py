@@ -208,7 +208,7 @@ def test_max_restarts_exceeded_fails_clearly(tmp_path):
     src = generate(None, rate=20_000, batch_size=1000, num_keys=10)
     flow = Dataflow("gives-up")
     flow.source(src, name="src").key_by("key").count(name="count", emit="final").collect(name="out")
-    job = flow.submit(max_restarts=0, poll_interval_s=0.2)
+    job = flow.submit(max_restarts=0, poll_interval_s=0.2, checkpoint_dir=str(tmp_path))  # kept: it failed
     wait_for(lambda: job.statistics().records_out("src") > 0, 30, "the source's first records")
     ray.kill(job.actors[0], no_restart=True)
     with pytest.raises(Exception, match="host 0"):
@@ -292,7 +292,8 @@ def test_a_job_whose_controller_cannot_be_replaced_fails_within_the_recovery_bud
     src = generate(None, rate=20_000, batch_size=1000, num_keys=10)
     flow = Dataflow("no-controller")
     flow.source(src, name="src").key_by("key").count(name="count", emit="final").collect(name="out")
-    job = flow.submit(poll_interval_s=0.2, controller_process=True, recovery_timeout_s=1.5)
+    job = flow.submit(poll_interval_s=0.2, controller_process=True, recovery_timeout_s=1.5,
+                      checkpoint_dir=str(tmp_path))  # a failed job keeps its checkpoints
     attempts = []
 
     def cannot_start():

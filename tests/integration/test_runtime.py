@@ -102,12 +102,12 @@ def failing(batch: pa.RecordBatch) -> pa.RecordBatch:
 
 
 @pytest.mark.parametrize("p", [1, 2])
-def test_user_error_names_operator_instance_and_cause_and_cleans_up(p):
+def test_user_error_names_operator_instance_and_cause_and_cleans_up(p, tmp_path):
     rows = [{"x": i} for i in range(200)]
     flow = Dataflow("fails")
     flow.source(from_items(rows, batch_size=10, num_splits=p), parallelism=p).map(
         failing, name="checker").collect()
-    job = flow.submit()
+    job = flow.submit(checkpoint_dir=str(tmp_path))  # a failed job keeps its checkpoints: in the test's directory
     with pytest.raises(OperatorError) as info:
         job.wait(timeout=60)
     err = info.value
