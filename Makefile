@@ -7,10 +7,10 @@ STAMP := $(VENV)/.chiray-installed
 # The unit tests (no Ray) run on two workers; the integration tests share one Ray and one SparkSession
 # in one process (two workers, each with its own Ray, Spark and clusters, were no faster on two cores).
 # `test` runs two streams at once: the integration tests, and at the lowest CPU priority the unit tests and
-# then the integration tests marked `background` (they check results, never timings: the examples, the
-# Spark-heavy benchmark smoke runs), on a Ray and SparkSession of their own. The low-priority stream takes
-# only the CPU that the integration tests leave idle while they wait on Ray; its report (also in
-# .background-tests.log) is printed when both are done, and either failing fails the target.
+# then the integration tests marked `background` (they check results, never timings: the examples, NEXMark
+# on Ray, the Spark-heavy benchmark smoke runs), on a Ray and SparkSession of their own. The low-priority
+# stream takes only the CPU that the integration tests leave idle while they wait on Ray; its report (also
+# in .background-tests.log) is printed when both are done, and either failing fails the target.
 # Lowest priority is the SCHED_IDLE policy (chrt --idle), not only nice 19: Ray runs its workers at nice 15
 # (RAY_worker_niceness), so the integration tests' own work weighs only about twice a nice-19 process; a
 # nice-19 stream of Ray and Spark jobs slowed them by a fifth. Where chrt is missing, nice 19 alone.

@@ -17,7 +17,8 @@ from benchmarks.nexmark.stateful import HEAVIEST
 from tests.gate import Gate, Gated
 from tests.waiting import wait_for
 
-pytestmark = pytest.mark.usefixtures("ray_session")
+# Results only, never timings: `make test` runs them in its low-priority stream (see docs/development.md).
+pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.background]
 
 N = 50_000  # 50 s of event time: 5 tumbling and 25 sliding windows of 10 s, 3,000 auctions
 SHARE = {"person": 1 / 50, "auction": 3 / 50, "bid": 46 / 50}
