@@ -10,7 +10,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, Callable, Generic
+from typing import Any, Callable, Generic, Sequence
 
 import pyarrow as pa
 
@@ -20,6 +20,8 @@ from .graph import OperatorKind, OperatorNode, Partition, describe_callable
 from .callbacks import CoProcessFunction, OnTimerFunction
 from .handles import S
 from .hashing import check_num_bins
+from .ordering import check_order, check_orderable
+from .lifetime import LifetimeJoinLogic, lifetime_output_schema
 from .joins import LATE_PORTS, CoProcessLogic, JoinLogic, WindowJoinLogic, check_key_types, join_tables
 from .windows import WindowSpec, window_output_schema
 
@@ -120,6 +122,48 @@ class KeyedConnectedStreams(Generic[S]):
         if late:
             stream.node.side_outputs[LATE_PORTS[0]] = self.left.schema
             stream.node.side_outputs[LATE_PORTS[1]] = self.right.schema
+        return stream
+
+    def lifetime_join(self, *, start: str, end: str, on: str, by: str | Sequence[str],
+                      descending: bool | Sequence[bool] = True, name: str | None = None,
+                      parallelism: int | None = None) -> S:
+        """Each left row with the best right row of its key within its lifetime, emitted when that ends.
+
+        Example: each auction with its highest bid while it was open, the earliest on equal prices::
+
+            auctions.connect(bids).key_by("id", "auction").lifetime_join(
+                start="date_time", end="expires", on="date_time", by="price")
+
+        A right row matches a left row of its key when its time ``on`` is within the left row's
+        ``[start, end]`` (event-time columns of one type). Of the matches the best is the one with the
+        greatest ``by`` (a column or a list, the first deciding first; the least with
+        ``descending=False``), the earliest by ``on`` on ties, then the first to arrive. A left row is
+        emitted once the watermark reaches its ``end`` (or at end of input), joined with its best
+        match; a left row with none emits nothing. Output columns as ``join``'s: the key (named as the
+        left key), the left columns, then the right ones but the key (``_right`` on clashes).
+
+        State: the open left rows with their best match so far, and the right rows after the
+        watermark (a left row still to come could match them).
+        """
+        op_name = self.left.flow._name("lifetime_join", name)
+        where = f"operator {op_name!r}"
+        by, flags = check_order(by, descending, where, "lifetime_join")
+        found = [check_time_column(stream.flow.graph, stream.node.name, stream.port, column, where)
+                 for stream, column in ((self.left, start), (self.left, end), (self.right, on))]
+        types = {f.type for f in found if f.type is not None}
+        if len(types) > 1:
+            raise ValueError(f"{where}: lifetime_join() compares start={start!r}, end={end!r} and on={on!r} as "
+                             f"times of one type; they have types {[str(f.type) for f in found]}: cast them "
+                             "to one (e.g. timestamp('ms'))")
+        schema = None
+        if self.right.schema is not None:
+            check_orderable(self.right.schema, by, where, "lifetime_join")
+            if self.left.schema is not None:
+                schema = lifetime_output_schema(self.left.schema, self.right.schema, self.keys)
+        keys, bins = self.keys, self.num_bins
+        stream = self._add("lifetime_join", lambda: LifetimeJoinLogic(keys, start, end, on, by, flags, bins),
+                           op_name, parallelism, schema)
+        stream.node.event_time = True
         return stream
 
     def process(self, fn: CoProcessFunction, *, on_timer: OnTimerFunction | None = None,

@@ -9,9 +9,12 @@ in a move shows.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
-__all__ = ["move_bins", "owned"]
+import numpy as np
+import pyarrow as pa
+
+__all__ = ["move_bins", "owned", "run_trading"]
 
 
 def owned(owner: Any, side: int) -> list[int]:
@@ -45,3 +48,30 @@ def move_bins(instances: Sequence[Any], owner: Any, src: int, moving: Iterable[i
     for b in moving:
         owner[b] = dst
     return moving
+
+
+def run_trading(make: Callable[[], Any], inputs: Sequence[tuple[pa.RecordBatch, int]], keys: Sequence[str],
+                num_bins: int, watermark: Callable[[int], int] | None = None,
+                every: int = 3) -> tuple[pa.Table, list[Any]]:
+    """Feed ``inputs`` (``(batch, input index)`` in order) to two instances of ``make()``, each batch routed
+    by its key's bin (column ``keys[input index]``); after batch ``i`` each instance gets watermark
+    ``watermark(i)`` (if given), and every ``every`` batches the instances take turns giving three of
+    their bins to the other. Returns every output row (``finish()``'s last) and the instances."""
+    from chiray.operators.hashing import bins_of
+
+    instances = [make(), make()]
+    owner = np.arange(num_bins) % 2
+    out: list[pa.RecordBatch] = []
+    for i, (batch, side) in enumerate(inputs):
+        dest = owner[bins_of(batch.column(keys[side]), num_bins)]
+        for j, instance in enumerate(instances):
+            out += instance.process(batch.filter(pa.array(dest == j)), side)
+            if watermark is not None:
+                out += instance.on_watermark(watermark(i))
+        if i % every == every - 1:
+            src = (i // every) % 2
+            move_bins(instances, owner, src, owned(owner, src)[:3])
+    for instance in instances:
+        out += instance.finish()
+    schema = out[0].schema if out else pa.schema([])
+    return pa.Table.from_batches(out, schema), instances
