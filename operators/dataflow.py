@@ -17,7 +17,7 @@ with a message that names the operator.
 from __future__ import annotations
 
 import itertools
-from typing import Any, Callable, overload
+from typing import Any, Callable, Sequence, overload
 
 import pyarrow as pa
 
@@ -34,12 +34,17 @@ from .graph import (
 )
 from .hashing import DEFAULT_NUM_BINS, check_num_bins
 from .logic import Sink, Source
+from .columns import check_time_column
 from .connected import ConnectedStreams
 from .emission import check_final_only
+from .eventtime import show_duration, ticks
 from .handles import JobLike
 from .timers import TimerProcessLogic
 from .watermarks import WatermarkedSource, WatermarkStrategy
 from .validation import check_name
+from .keyedtop import KeyedTopLogic, keyed_top_schema
+from .ordering import check_order, check_orderable
+from .rolling import RollingLogic, rolling_output_schema
 from .topn import TopLogic, top_output_schema
 from .windowed import ALL_ROWS, WindowedStream, with_all_rows_key
 from .windows import WINDOW_COLUMNS
@@ -450,6 +455,11 @@ def _check_emit(op_name: str, emit: Any) -> tuple[str, bool]:
     return emit, False
 
 
+def _check_count(where: str, verb: str, n: Any, what: str) -> None:
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"{where}: {verb}() needs n >= 1 {what}, got {n!r}")
+
+
 def _require_column(stream: Stream, column: str, what: str, operator: str | None = None) -> None:
     schema = stream.schema
     if schema is not None and column not in schema.names:
@@ -587,6 +597,80 @@ class KeyedStream:
                              parallelism=parallelism, schema=self.stream.schema,
                              origin=describe_callable(fn))
         stream.node.final_by_default = by_default
+        return stream
+
+    def top(self, n: int, by: str | Sequence[str], *, descending: bool | Sequence[bool] = True,
+            idle: Any = None, on: str | None = None, name: str | None = None,
+            parallelism: int | None = None) -> Stream:
+        """The ``n`` best rows of each key over the whole stream, emitted once per key, never retracted.
+
+        Example: each auction's 10 highest bids, the earliest first on equal prices::
+
+            bids.key_by("auction").top(10, by=["price", "date_time"], descending=[True, False])
+
+        ``by``: a column or a list (the first decides first); ``descending``: one flag, or one per
+        column. Ties keep arrival order; nulls rank last. Output: the input's columns, then ``rank``
+        (1 for the best). A key's rows are emitted at end of input, or, with ``idle`` (a duration:
+        a ``timedelta`` on a timestamp column, ticks on an integer one) and ``on`` (an event-time
+        column), once the watermark passes the key's latest ``on`` by ``idle``; the key is then let
+        go, and a later row of it starts it anew. At most ``n`` rows are kept per key; a row worse
+        than a full key's ``n``-th is dropped on arrival.
+        """
+        op_name = self.stream.flow._name("top", name)
+        where = f"operator {op_name!r}"
+        _check_count(where, "top", n, "rows per key")
+        by, descending = check_order(by, descending, where, "top")
+        self._check_timer(where, "top", idle, on)
+        schema = None if self.stream.schema is None else keyed_top_schema(self.stream.schema, by, where)
+        key, bins = self.key, self.num_bins
+        stream = self._keyed("top", lambda: KeyedTopLogic(key, n, by, descending, bins, idle, on),
+                             name=op_name, parallelism=parallelism, schema=schema)
+        stream.node.event_time = on is not None
+        return stream
+
+    def _check_timer(self, where: str, verb: str, idle: Any, on: str | None) -> None:
+        if (idle is None) != (on is None):
+            raise ValueError(f"{where}: {verb}() takes idle= and on= together (a duration and the event-time "
+                             f"column it counts on), got idle={idle!r}, on={on!r}")
+        if on is not None:
+            found = check_time_column(self.stream.flow.graph, self.stream.node.name, self.stream.port, on, where)
+            ticks(idle, found.type, f"{where}: idle={show_duration(idle)}", on)
+
+    def rolling(self, n: int, /, *, on: str, tiebreak: str | Sequence[str] = (), name: str | None = None,
+                parallelism: int | None = None, **aggregates: tuple[str | None, str]) -> Stream:
+        """Per row, aggregates over its key's last ``n`` rows in event-time order (the row's own included).
+
+        Example: each seller's average price over their last 11 closed auctions, at each close::
+
+            closed.key_by("seller").rolling(11, on="expires", tiebreak="id", avg_price=("price", "mean"))
+
+        SQL's ``agg(column) OVER (PARTITION BY key ORDER BY on, tiebreak ROWS n - 1 PRECEDING)``.
+        Aggregates are ``(column, function)``: ``count`` (``None`` as the column counts rows), ``sum``,
+        ``mean``, ``min``, ``max`` (integer or float columns; nulls skipped). Output: each input row,
+        then one column per aggregate. Rows wait until the watermark passes their ``on`` (equal times
+        in ``tiebreak`` order, then arrival), or the end of input; a row at or behind the watermark is
+        taken at once and counted late. Per key the last ``n - 1`` rows' aggregated columns are kept.
+        """
+        op_name = self.stream.flow._name("rolling", name)
+        where = f"operator {op_name!r}"
+        _check_count(where, "rolling", n, "rows")
+        if not aggregates:
+            raise ValueError(f"{where}: rolling() needs at least one aggregate, e.g. avg=('price', 'mean')")
+        specs = []
+        for out, spec in aggregates.items():
+            if not (isinstance(spec, tuple) and len(spec) == 2):
+                raise TypeError(f"{where}: rolling() aggregate {out!r} must be (column, function), got {spec!r}")
+            specs.append((out, spec[1], spec[0]))
+        tiebreak = check_order(tiebreak, False, where, "rolling")[0] if tiebreak else ()
+        check_time_column(self.stream.flow.graph, self.stream.node.name, self.stream.port, on, where)
+        schema = None
+        if self.stream.schema is not None:
+            check_orderable(self.stream.schema, tiebreak, where, "rolling")
+            schema = rolling_output_schema(self.stream.schema, specs, where)
+        key, bins = self.key, self.num_bins
+        stream = self._keyed("rolling", lambda: RollingLogic(key, n, on, tiebreak, specs, bins), name=op_name,
+                             parallelism=parallelism, schema=schema)
+        stream.node.event_time = True
         return stream
 
     @overload
