@@ -317,96 +317,44 @@ WINNER = pa.schema([
     ("bid_extra", pa.string())])
 
 
-def _auction_and_best_bid(auction: Any, rows: pa.RecordBatch, ctx: Any, side: int) -> None:
-    """Per auction: its row, and its best bid within its lifetime so far (bids before it wait for it)."""
-    held = ctx.value or {"auction": None, "best": None, "pending": []}
-    if side == 0:
-        row = rows.slice(0, 1)
-        held["auction"] = (row.to_pylist()[0], int(_ms(row, "date_time")[0]), int(_ms(row, "expires")[0]))
-        ctx.register(held["auction"][2])  # it closes at its expiry
-        pending, held["pending"] = held["pending"], []
-        for bids in pending:
-            _take_best(held, bids)
-    elif held["auction"] is None:  # a copy: a slice would keep the whole batch it came in alive
-        held["pending"].append(rows.take(pa.array(np.arange(rows.num_rows))))
-    else:
-        _take_best(held, rows)
-    ctx.value = held
-
-
-def _take_best(held: dict, bids: pa.RecordBatch) -> None:
-    """Keep the highest bid in the auction's lifetime, the earliest of equal ones."""
-    _, start, expires = held["auction"]
-    times, prices = _ms(bids, "date_time"), bids.column("price").to_numpy()
-    inside = np.flatnonzero((times >= start) & (times <= expires))
-    if len(inside) == 0:
-        return
-    i = inside[np.lexsort((times[inside], -prices[inside]))[0]]  # highest price, then earliest
-    best = held["best"]
-    if best is None or (prices[i], -times[i]) > (best[0], -best[1]):
-        held["best"] = (int(prices[i]), int(times[i]), bids.slice(int(i), 1).to_pylist()[0])
-
-
-def _close_with_winner(auction: Any, time: int, ctx: Any) -> list[dict]:
-    held = ctx.value
-    ctx.clear()
-    if held["best"] is None:
-        return []
-    row, bid = dict(held["auction"][0]), held["best"][2]
-    row.update(auction=bid["auction"], bidder=bid["bidder"], price=bid["price"], bid_date_time=bid["date_time"],
-               bid_extra=bid["extra"])
-    return [row]
-
-
-def _winning_bids(events: Events, flow: Dataflow, parallelism: int) -> Any:
-    auctions = events.stream(flow, "auction", parallelism)
-    bids = events.stream(flow, "bid", parallelism).map(
-        lambda b: b.select(["auction", "bidder", "price", "date_time", "extra"]), name="bids")
+def _winning_bids(auctions: Any, bids: Any, parallelism: int) -> Any:
+    """Each auction with its highest bid within its lifetime (the earliest on ties), as it closes."""
     return (auctions.connect(bids).key_by("id", "auction")
-            .process(_auction_and_best_bid, on_timer=_close_with_winner, schema=WINNER, name="winning_bids",
-                     parallelism=parallelism))
+            .lifetime_join(start="date_time", end="expires", on="date_time", by="price", name="winning_bids",
+                           parallelism=parallelism))
+
+
+def _as_winner(rows: pa.RecordBatch) -> pa.RecordBatch:
+    """The lifetime join's rows (the auction's columns, then the bid's) in q9's columns."""
+    names = ["id", "item_name", "description", "initial_bid", "reserve", "date_time", "expires", "seller",
+             "category", "extra", "id", "bidder", "price", "date_time_right", "extra_right"]
+    return pa.RecordBatch.from_arrays([rows.column(n) for n in names], schema=WINNER)
 
 
 def q9(events: Events, parallelism: int = 2) -> Dataflow:
     """Winning bids: each auction with its highest bid within its lifetime (the earliest on ties)."""
     flow = Dataflow("nexmark-q9")
-    _winning_bids(events, flow, parallelism).collect(name="out")
+    auctions = events.stream(flow, "auction", parallelism)
+    bids = events.stream(flow, "bid", parallelism).map(
+        lambda b: b.select(["auction", "bidder", "price", "date_time", "extra"]), name="bids")
+    _winning_bids(auctions, bids, parallelism).map(_as_winner, name="winner", schema=WINNER).collect(name="out")
     return flow
 
 
 LAST_CLOSED = 11  # ROWS BETWEEN 10 PRECEDING AND CURRENT ROW
 
 
-def _seller_closes(seller: Any, rows: pa.RecordBatch, ctx: Any) -> None:
-    """Closed auctions wait until event time passes their close, so they are taken in closing order."""
-    held = ctx.value or {"prices": [], "pending": []}
-    closes = _ms(rows, "expires")
-    for close, auction, price in zip(closes.tolist(), rows.column("id").to_pylist(), rows.column("price").to_pylist()):
-        held["pending"].append((close, auction, price))
-        ctx.register(close)
-    ctx.value = held
-
-
-def _seller_average(seller: Any, time: int, ctx: Any) -> list[dict]:
-    held = ctx.value
-    due = sorted(p for p in held["pending"] if p[0] <= time)
-    held["pending"] = [p for p in held["pending"] if p[0] > time]
-    out = []
-    for _, _, price in due:
-        held["prices"] = (held["prices"] + [price])[-LAST_CLOSED:]
-        out.append({"seller": seller, "avg_price": sum(held["prices"]) / len(held["prices"])})
-    ctx.value = held
-    return out
-
-
 def q6(events: Events, parallelism: int = 2) -> Dataflow:
     """Average selling price per seller: over each seller's last 11 closed auctions, at each close."""
     flow = Dataflow("nexmark-q6")
-    schema = pa.schema([("seller", pa.int64()), ("avg_price", pa.float64())])
-    (_winning_bids(events, flow, parallelism)
-     .map(lambda w: w.select(["id", "seller", "price", "expires"]), name="closed")
-     .key_by("seller").process(_seller_closes, on_timer=_seller_average, schema=schema, name="per_seller",
-                               parallelism=parallelism)
+    auctions = events.stream(flow, "auction", parallelism).map(
+        lambda a: a.select(["id", "seller", "date_time", "expires"]), name="auctions")
+    bids = events.stream(flow, "bid", parallelism).map(
+        lambda b: b.select(["auction", "price", "date_time"]), name="bids")
+    (_winning_bids(auctions, bids, parallelism)
+     .key_by("seller").rolling(LAST_CLOSED, on="expires", tiebreak="id", avg_price=("price", "mean"),
+                               name="per_seller", parallelism=parallelism)
+     .map(lambda r: r.select(["seller", "avg_price"]), name="project")
      .collect(name="out"))
     return flow
 
@@ -414,31 +362,15 @@ def q6(events: Events, parallelism: int = 2) -> Dataflow:
 # -- q19: the ten highest bids per auction -----------------------------------------------------------------
 
 TOP_BIDS = 10
-END_OF_TIME = 1 << 62  # a timer there fires when the input ends: the final top ten
-
-
-def _keep_top_bids(auction: Any, rows: pa.RecordBatch, ctx: Any) -> None:
-    held = ctx.value
-    table = pa.Table.from_batches([rows]) if held is None else pa.concat_tables([held, pa.Table.from_batches([rows])])
-    order = pc.sort_indices(table, sort_keys=[("price", "descending"), ("date_time", "ascending")])
-    ctx.value = table.take(order[:TOP_BIDS]).combine_chunks()
-    if held is None:
-        ctx.register(END_OF_TIME)
-
-
-def _ranked_bids(auction: Any, time: int, ctx: Any) -> pa.Table:
-    top = ctx.value
-    ctx.clear()
-    return top.append_column("rank_number", pa.array(np.arange(1, top.num_rows + 1, dtype=np.int64)))
 
 
 def q19(events: Events, parallelism: int = 2) -> Dataflow:
     """Auction top-10 price: per auction, its ten highest bids (ranked; the earliest first on equal prices)."""
     flow = Dataflow("nexmark-q19")
-    schema = pa.schema([*(f for f in events.bid_schema()), pa.field("rank_number", pa.int64())])
     (events.stream(flow, "bid", parallelism)
-     .key_by("auction").process(_keep_top_bids, on_timer=_ranked_bids, schema=schema, name="top_bids",
-                                parallelism=parallelism)
+     .key_by("auction").top(TOP_BIDS, by=["price", "date_time"], descending=[True, False], name="top_bids",
+                            parallelism=parallelism)
+     .map(lambda r: r.rename_columns([*r.schema.names[:-1], "rank_number"]), name="rank_number")
      .collect(name="out"))
     return flow
 

@@ -1,11 +1,10 @@
 """stateful.py: the NEXMark queries that keep state (q4, q5, q7, q8), with the public API.
 
-They use what the operator library has today: keyed windows, window joins and keyed
-(co-)process functions with event-time timers, whose state lives in key bins, so each of
-these queries checkpoints and rescales like any keyed operator. Where a query wants a
-keyless window (q7's maximum per window, q5's top auctions per window) it keys by the
-window instead; the global window and top-N aggregates being added to the library will
-replace those keyed process stages with one verb each.
+They use keyed windows, window joins, the lifetime join (q4: each auction with its highest
+bid while it was open) and keyed process functions with event-time timers, whose state lives
+in key bins, so each of these queries checkpoints and rescales like any keyed operator. Where
+a query wants a keyless window (q7's maximum per window, q5's top auctions per window) it keys
+by the window instead.
 """
 
 from __future__ import annotations
@@ -132,38 +131,6 @@ def q8(events: Events, parallelism: int = 2) -> Dataflow:
 
 # -- q4: average closing price per category ---------------------------------------------------------
 
-def _auction_or_bids(auction: Any, rows: pa.RecordBatch, ctx: Any, side: int) -> None:
-    held = ctx.value or {"open": None, "max": None, "pending": []}
-    if side == 0:  # the auction: its category and lifetime, then the bids that came before it
-        row = rows.slice(0, 1)
-        held["open"] = (row.column("category")[0].as_py(), _ms(row, "date_time")[0], _ms(row, "expires")[0])
-        ctx.register(int(held["open"][2]))  # it closes at its expiry
-        pending, held["pending"] = held["pending"], []
-        for times, prices in pending:
-            _take_bids(held, times, prices)
-    elif held["open"] is None:  # bids on an auction not seen yet: keep them until it comes
-        held["pending"].append((_ms(rows, "date_time"), rows.column("price").to_numpy()))
-    else:
-        _take_bids(held, _ms(rows, "date_time"), rows.column("price").to_numpy())
-    ctx.value = held
-
-
-def _take_bids(held: dict, times: np.ndarray, prices: np.ndarray) -> None:
-    _, start, expires = held["open"]
-    valid = prices[(times >= start) & (times <= expires)]
-    if len(valid):
-        top = int(valid.max())
-        held["max"] = top if held["max"] is None else max(held["max"], top)
-
-
-def _close(auction: Any, time: int, ctx: Any) -> list[dict]:
-    held = ctx.value
-    ctx.clear()
-    if held["max"] is None:
-        return []
-    return [{"id": auction, "category": held["open"][0], "final": held["max"]}]
-
-
 def q4(events: Events, parallelism: int = 2) -> Dataflow:
     """Average closing price per category: each auction's highest bid within its lifetime, averaged."""
     flow = Dataflow("nexmark-q4")
@@ -171,9 +138,9 @@ def q4(events: Events, parallelism: int = 2) -> Dataflow:
         lambda a: a.select(["id", "category", "date_time", "expires"]), name="auctions")
     bids = events.stream(flow, "bid", parallelism).map(
         lambda b: b.select(["auction", "price", "date_time"]), name="bids")
-    schema = pa.schema([("id", pa.int64()), ("category", pa.int64()), ("final", pa.int64())])
     (auctions.connect(bids).key_by("id", "auction")
-     .process(_auction_or_bids, on_timer=_close, schema=schema, name="winning_bids", parallelism=parallelism)
-     .key_by("category").mean("final", name="average", parallelism=parallelism)
+     .lifetime_join(start="date_time", end="expires", on="date_time", by="price", name="winning_bids",
+                    parallelism=parallelism)
+     .key_by("category").mean("price", name="average", parallelism=parallelism)
      .collect(name="out"))
     return flow

@@ -10,6 +10,8 @@ from benchmarks.nexmark.queries import Events, all_queries
 from benchmarks.nexmark.source import write_parquet
 from chiray.actors.harness import LocalRun
 
+from .nexmark_process import PROCESS_QUERIES
+
 # 1,000 events per second of event time: 100 s, so 10 tumbling windows and 50 hopping ones
 EVENTS = Events(100_000, NexmarkConfig(event_rate=1_000), batch_events=2_000)  # 2 s of events a batch
 
@@ -31,3 +33,12 @@ def test_query_equals_duckdb(query, parallelism, parquet):
     assert len(expected) >= (1 if query in ONE_ROW else 5), f"{query}: the oracle selects almost nothing"
     difference = same_rows(got, expected)
     assert difference is None, f"{query} at parallelism {parallelism}: {difference}"
+
+
+@pytest.mark.parametrize("query", sorted(PROCESS_QUERIES, key=lambda q: int(q[1:])))
+def test_query_with_process_functions_equals_duckdb(query, parquet):
+    """The queries the benchmark writes with lifetime_join, top and rolling, written with keyed process
+    functions and timers instead (a test of ``process``), give the same answer."""
+    got = LocalRun(PROCESS_QUERIES[query](EVENTS, 2)).run()["out"].to_pandas()
+    difference = same_rows(got, run_sql(query, parquet))
+    assert difference is None, f"{query} with process functions: {difference}"
