@@ -64,7 +64,7 @@ def build_instance(plan: PhysicalPlan, name: tuple[str, int], config: JobConfig,
     cls = SourceInstance if node.kind is OperatorKind.SOURCE else OperatorInstance
     instance = cls(info, logic, inputs, outputs, routers, host, targets, node.kind.value)
     if restore is not None and node.kind is OperatorKind.KEYED:
-        bins = restore.load_bins(node.name, name[1], plan.bin_tables[node.name])
-        if bins:
-            logic.state.install_bins(bins)
+        stored = restore.load_bins(node.name, name[1], plan.bin_tables[node.name])
+        if stored.full:
+            logic.state.restore_bins(stored.full, stored.changes)
     return instance

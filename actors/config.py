@@ -66,7 +66,17 @@ class JobConfig:
         restore_checkpoint_s: a job restored from a checkpoint takes its own first checkpoint this many
             seconds after it starts (None: not before a periodic or manual one). Until then, a
             recovery rolls it back to the checkpoint it was restored from.
-        checkpoints_to_keep: complete checkpoints retained.
+        checkpoints_to_keep: complete checkpoints retained (with every file of older ones that they need:
+            an incremental checkpoint's bins may be made of files of earlier checkpoints).
+        checkpoint_max_deltas: checkpoints are incremental: per key bin, a checkpoint writes only the
+            rows written (and the keys deleted) since the bin's previous checkpoint, and nothing for a bin
+            that did not change; after this many such changes a bin is written whole again, so a restore
+            reads a full copy and at most this many changes per bin. 0: every checkpoint writes every
+            bin whole. Built-in aggregations, ``reduce``, ``process`` and joins are incremental; other
+            keyed state is written whole at every checkpoint (see the checkpoints page of the docs).
+            Savepoints are always whole.
+        checkpoint_max_delta_ratio: a bin is also written whole once the changes written since its full
+            copy hold more than this many times the full copy's bytes.
         max_restarts: recoveries allowed after hosts die before the job fails.
         restart_window_s: count only the recoveries of the last this many seconds against
             ``max_restarts`` (a failure rate: at most ``max_restarts`` per window, as Flink's
@@ -136,6 +146,8 @@ class JobConfig:
     checkpoint_interval_s: float | None = None
     restore_checkpoint_s: float | None = 1.0
     checkpoints_to_keep: int = 3
+    checkpoint_max_deltas: int = 8
+    checkpoint_max_delta_ratio: float = 1.0
     max_restarts: int = 3
     restart_window_s: float | None = None
     recovery_timeout_s: float = 60.0
@@ -174,6 +186,11 @@ class JobConfig:
                 f"JobConfig: restore_checkpoint_s must be >= 0 or None, got {self.restore_checkpoint_s}")
         if self.checkpoints_to_keep < 1:
             raise ValueError(f"JobConfig: checkpoints_to_keep must be >= 1, got {self.checkpoints_to_keep}")
+        if self.checkpoint_max_deltas < 0:
+            raise ValueError(f"JobConfig: checkpoint_max_deltas must be >= 0, got {self.checkpoint_max_deltas}")
+        if not self.checkpoint_max_delta_ratio > 0:
+            raise ValueError(
+                f"JobConfig: checkpoint_max_delta_ratio must be positive, got {self.checkpoint_max_delta_ratio}")
         if self.max_restarts < 0:
             raise ValueError(f"JobConfig: max_restarts must be >= 0, got {self.max_restarts}")
         if self.restart_window_s is not None and not self.restart_window_s > 0:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from chiray.control.message import InstanceId
+from chiray.control.ops.chains import BinChains
 from chiray.operators.endpoints import SinkLogic, SourceLogic
 from chiray.operators.logic import InstanceInfo
 
@@ -25,6 +26,7 @@ class InstanceControlContext:
         self._instance = instance
         self._kind = kind
         self._downstream = downstream
+        self._chains = BinChains()
 
     @property
     def instance(self) -> InstanceId:
@@ -42,6 +44,11 @@ class InstanceControlContext:
     def state(self) -> Any | None:
         logic = self._instance.logic
         return None if isinstance(logic, SourceLogic) else logic.state
+
+    @property
+    def checkpoint_chains(self) -> BinChains:
+        """The files this instance's bins are made of in its checkpoints (incremental checkpoints)."""
+        return self._chains
 
     @property
     def routers(self) -> list[Any]:

@@ -342,12 +342,14 @@ class Controller(ControllerOps):
         if self.lifecycle.state is JobState.RUNNING and self.config.checkpoint_interval_s and self._periodic is None:
             self._periodic = asyncio.get_running_loop().create_task(self._checkpoint_periodically())
 
-    async def checkpoint(self, final: bool = False) -> str:
+    async def checkpoint(self, final: bool = False, full: bool = False) -> str:
         """Start a checkpoint now; returns the op id (its result is the checkpoint id).
 
         Args:
             final: the last checkpoint of a stop (see :meth:`begin_stop`); any other is refused meanwhile.
+            full: write every bin whole, not only what changed (a savepoint's: self-contained).
         """
+        from chiray.control.ops.chains import ChainBound
         from chiray.control.ops.checkpoint import Checkpoint
 
         if self.storage is None:
@@ -360,7 +362,8 @@ class Controller(ControllerOps):
         op = Checkpoint(checkpoint_id, self.storage, self.config.checkpoints_to_keep,
                         functools.partial(self._commit_sinks, checkpoint_id=checkpoint_id), job,
                         commit_sources=self._commit_sources, durable=self.durable, on_durable=self._durable,
-                        final=final)
+                        final=final, full=full,
+                        bound=ChainBound(self.config.checkpoint_max_deltas, self.config.checkpoint_max_delta_ratio))
         op_id = await self.run_op(op)
         self._checkpoint_op = op_id
         return op_id

@@ -640,8 +640,11 @@ class Job:
         except ray.exceptions.GetTimeoutError:
             raise TimeoutError(f"job {self.name!r}: spare hosts not up after {timeout} s") from None
 
-    def checkpoint(self, timeout: float | None = 120.0) -> int:
+    def checkpoint(self, timeout: float | None = 120.0, full: bool = False) -> int:
         """Take an aligned, durable checkpoint now; returns its id once committed.
+
+        A checkpoint is incremental (per key bin, what changed since the bin's previous checkpoint;
+        ``JobConfig.checkpoint_max_deltas``); ``full=True`` writes every bin whole (a savepoint does).
 
         If the job controller dies while the checkpoint runs, the answer comes from storage: a complete
         checkpoint newer than any before the call is returned (it became durable), else it failed.
@@ -654,7 +657,7 @@ class Job:
         final = self._stopping  # the final checkpoint of stop(), the only one while it runs
         storage = self._deployment.storage if self._deployment is not None else None
         before = max(storage.committed(), default=0) if storage is not None else 0
-        op_id = self._call(lambda c: c.checkpoint.remote(final))
+        op_id = self._call(lambda c: c.checkpoint.remote(final, full))
         try:
             return OpHandle(op_id, self.topology.controller, timeout).result(timeout)
         except OpFailedError as exc:
@@ -668,10 +671,10 @@ class Job:
                                 f"before it was durable (the newest complete checkpoint is still "
                                 f"{before or 'none'})") from exc
 
-    def checkpoint_info(self, timeout: float | None = 120.0) -> CheckpointInfo:
+    def checkpoint_info(self, timeout: float | None = 120.0, full: bool = False) -> CheckpointInfo:
         """As :meth:`checkpoint`; returns the checkpoint's id, path and how long it took."""
         started = time.monotonic()
-        checkpoint_id = self.checkpoint(timeout)
+        checkpoint_id = self.checkpoint(timeout, full)
         assert self._deployment is not None
         return CheckpointInfo(checkpoint_id, self._deployment.storage.chk_dir(checkpoint_id),
                               time.monotonic() - started)
@@ -702,7 +705,8 @@ class Job:
         assert self._deployment is not None
         storage = self._deployment.storage
         life = life_dir(savepoint_root(storage.root_uri, dir), self.name, self._deployment.config.run_id)
-        taken = copy_savepoint(storage, self.checkpoint_info(timeout), life)  # never over another job's
+        # full: every bin whole in the checkpoint's own directory, which the copy takes; never over another job's
+        taken = copy_savepoint(storage, self.checkpoint_info(timeout, full=True), life)
         self._savepoints_taken.append(taken.path)
         return taken
 

@@ -85,6 +85,11 @@ def copy_savepoint(storage: CheckpointStorage, taken: CheckpointInfo, directory:
     Raises:
         CheckpointError: the copy failed or is incomplete.
     """
+    own = f"chk-{taken.id:06d}/"
+    foreign = sorted(rel for rel in storage.files_of(storage.load(taken.id)) if not rel.startswith(own))
+    if foreign:  # a savepoint's checkpoint is full (``Job.checkpoint(full=True)``)
+        raise CheckpointError(f"bug in savepoints: checkpoint {taken.id} is not self-contained (it needs "
+                              f"{foreign[:3]} of earlier checkpoints); it cannot be copied as a savepoint")
     try:
         target = CheckpointStorage(directory)
         target.make_dir(target.chk_dir(taken.id))

@@ -2,7 +2,9 @@
 
 Used both for recovery (the same job, rolled back) and for restoring into a
 new job, possibly with a different parallelism: a keyed instance loads the
-bins its *new* routing table assigns it, from whichever state files hold them.
+bins its *new* routing table assigns it, from whichever state files hold them:
+per bin its full copy and the changes written after it (an incremental
+checkpoint's chain; ``control.ops.chains``), each file read once.
 
 A restore into a new dataflow matches state to operators by identity (an
 operator's ``uid``, else its name; ``match_operators``): an operator renamed
@@ -15,11 +17,21 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
+from chiray.control.ops.chains import manifest_chains
 from chiray.control.ops.checkpoint import decode_offsets
 
-from .storage import CheckpointStorage
+from .storage import CheckpointError, CheckpointStorage
 
-__all__ = ["RestoreInfo", "match_operators"]
+__all__ = ["RestoreInfo", "StoredBins", "match_operators"]
+
+
+@dataclasses.dataclass(frozen=True)
+class StoredBins:
+    """Bins read from a checkpoint: their full copies, and their changes in rounds (round ``i`` holds the
+    ``i``-th change of each bin that has one), for ``BinnedState.restore_bins``."""
+
+    full: dict[int, bytes]
+    changes: list[dict[int, bytes]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,18 +69,45 @@ class RestoreInfo:
                 offsets.update(decode_offsets(text) or {})
         return offsets
 
-    def load_bins(self, operator: str, index: int, table: list[int]) -> dict[int, bytes]:
-        """The serialised bins that ``table`` (bin -> instance) gives instance ``index``."""
+    def load_bins(self, operator: str, index: int, table: list[int]) -> StoredBins:
+        """The stored bins that ``table`` (bin -> instance) gives instance ``index``.
+
+        Raises:
+            CheckpointError: a file does not hold what the manifest says (a bin missing, or a chain that
+                does not start with a full copy).
+        """
         mine = {b for b, owner in enumerate(table) if owner == index}
-        out: dict[int, bytes] = {}
         operator = self._saved(operator)  # type: ignore[assignment]
-        for key, rel in self.manifest.get("state_files", {}).items():
-            if key.rsplit("/", 1)[0] != operator:
-                continue
-            stored = set(self.manifest.get("state_bins", {}).get(key, []))
-            if stored & mine:
-                out.update(self.storage.read_state(rel, mine))
-        return out
+        chains: dict[int, list[str]] = {}
+        for key, bins in manifest_chains(self.manifest).items():
+            if key.rsplit("/", 1)[0] == operator:
+                chains.update((b, files) for b, files in bins.items() if b in mine and b not in chains)
+        wanted: dict[str, set[int]] = {}
+        for b, files in chains.items():
+            for rel in files:
+                wanted.setdefault(rel, set()).add(b)
+        parts = {rel: self.storage.read_parts(rel, bins) for rel, bins in sorted(wanted.items())}
+        full: dict[int, bytes] = {}
+        changes: list[dict[int, bytes]] = []
+        for b, files in sorted(chains.items()):
+            for i, rel in enumerate(files):
+                data, delta = self._part(parts[rel], b, rel)
+                if delta != (i > 0):
+                    raise CheckpointError(f"checkpoint {self.checkpoint_id}: bin {b} of {operator!r} in {rel!r} "
+                                          f"holds {'changes' if delta else 'a full copy'} where its chain has "
+                                          f"{'changes' if i else 'its full copy'}")
+                if i == 0:
+                    full[b] = data
+                else:
+                    while len(changes) < i:
+                        changes.append({})
+                    changes[i - 1][b] = data
+        return StoredBins(full, changes)
+
+    def _part(self, parts: dict[int, tuple[bytes, bool]], b: int, rel: str) -> tuple[bytes, bool]:
+        if b not in parts:
+            raise CheckpointError(f"checkpoint {self.checkpoint_id}: its state file {rel!r} lacks bin {b}")
+        return parts[b]
 
     def sink_staged(self, operator: str) -> list[Any]:
         """What the checkpoint commits for a sink (to finish an interrupted commit): one value per staged
@@ -83,7 +122,7 @@ class RestoreInfo:
 def _holding_state(manifest: Mapping[str, Any]) -> dict[str, str]:
     """Operators of a checkpoint that hold state, by their checkpoint name -> what they hold."""
     held: dict[str, str] = {}
-    for key in manifest.get("state_files", {}):
+    for key in manifest_chains(manifest):  # every keyed instance, even one that held no bins
         held[key.rsplit("/", 1)[0]] = "keyed state"
     for key, text in manifest.get("sources", {}).items():
         if decode_offsets(text):

@@ -3,13 +3,22 @@
 Layout under the job's root (a local directory or a URI such as
 ``s3://bucket/prefix``)::
 
-    ROOT/chk-000007/state-count-0.arrow      one file per (operator, instance): its bins
+    ROOT/chk-000007/state-count-0.arrow      one file per (operator, instance): the bins it wrote
     ROOT/chk-000007/_MANIFEST.json           written last, atomically: the checkpoint exists
+    ROOT/chk-000004/_RETIRED                 a checkpoint retention dropped, kept for files newer ones need
     ROOT/output/SINK/...                     sink output staged per epoch, committed by rename
 
+A state file holds, per bin, a full copy or the bin's changes since its previous
+checkpoint (``delta``); the manifest names, per bin, the files that make it up
+(``control.ops.chains``), which may lie in the directories of earlier
+checkpoints. Retention counts references: it drops a checkpoint's manifest,
+deletes the files no retained checkpoint needs, and keeps the directory (marked
+``_RETIRED``) as long as one of its files is still needed.
+
 A checkpoint directory without a readable manifest, or whose manifest names a
-missing state file, is incomplete: listing skips it with a log line and
-restoring it by name raises :class:`CheckpointError`. :meth:`verify` also
+missing state file, is incomplete: listing skips it with a log line (a retired
+one silently) and restoring it by name raises :class:`CheckpointError`, as
+does a manifest of a format this version does not know. :meth:`verify` also
 reads each state file's Arrow footer (a recovery does before it uses a
 checkpoint, and falls back to an older one if it fails).
 
@@ -33,16 +42,18 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.ipc as ipc
 
+from chiray.control.ops.chains import ManifestFormatError, manifest_files
 from chiray.operators.errors import ChirayError
 from chiray.operators.staging import fsync_dir
 
-__all__ = ["CheckpointStorage", "CheckpointError", "MANIFEST", "child_uri"]
+__all__ = ["CheckpointStorage", "CheckpointError", "MANIFEST", "RETIRED", "child_uri"]
 
 log = logging.getLogger(__name__)
 
 MANIFEST = "_MANIFEST.json"
+RETIRED = "_RETIRED"
 _CHK = re.compile(r"^chk-(\d+)$")
-_BINS_SCHEMA = pa.schema([("bin", pa.int32()), ("data", pa.large_binary())])
+_BINS_SCHEMA = pa.schema([("bin", pa.int32()), ("data", pa.large_binary()), ("delta", pa.bool_())])
 
 
 class CheckpointError(ChirayError, RuntimeError):
@@ -147,28 +158,42 @@ class CheckpointStorage:
 
     # -- state files -------------------------------------------------------------
 
-    def write_state(self, checkpoint_id: int, operator: str, index: int, bins: dict[int, bytes]) -> str:
-        """Write one instance's bins; returns the file's path (relative to the root)."""
-        directory = self.chk_dir(checkpoint_id)
-        self.make_dir(directory)
-        name = f"state-{operator}-{index}.arrow"
-        table = pa.table({"bin": pa.array(list(bins), pa.int32()),
-                          "data": pa.array(list(bins.values()), pa.large_binary())}, schema=_BINS_SCHEMA)
+    def state_file(self, checkpoint_id: int, operator: str, index: int) -> str:
+        """The path (relative to the root) of the state file of one instance at one checkpoint."""
+        return f"chk-{checkpoint_id:06d}/state-{operator}-{index}.arrow"
+
+    def write_state(self, checkpoint_id: int, operator: str, index: int, bins: dict[int, bytes],
+                    changes: dict[int, bytes] | None = None) -> str:
+        """Write one instance's bins: full copies (``bins``) and changes since an earlier checkpoint
+        (``changes``); returns the file's path (relative to the root, :meth:`state_file`)."""
+        self.make_dir(self.chk_dir(checkpoint_id))
+        changes = changes or {}
+        rel = self.state_file(checkpoint_id, operator, index)
+        table = pa.table({"bin": pa.array([*bins, *changes], pa.int32()),
+                          "data": pa.array([*bins.values(), *changes.values()], pa.large_binary()),
+                          "delta": pa.array([False] * len(bins) + [True] * len(changes), pa.bool_())},
+                         schema=_BINS_SCHEMA)
         sink = pa.BufferOutputStream()
         with ipc.new_file(sink, _BINS_SCHEMA) as writer:
             writer.write_table(table)
-        self._write_atomic(posixpath.join(directory, name), sink.getvalue().to_pybytes())
-        return posixpath.join(posixpath.basename(directory), name)
+        self._write_atomic(posixpath.join(self.root, rel), sink.getvalue().to_pybytes())
+        return rel
 
-    def read_state(self, relative: str, bins: set[int] | None = None) -> dict[int, bytes]:
-        """The bins stored in one state file (only ``bins`` if given)."""
+    def read_parts(self, relative: str, bins: set[int] | None = None) -> dict[int, tuple[bytes, bool]]:
+        """The bins stored in one state file (only ``bins`` if given): bin -> (payload, whether it holds
+        changes rather than a full copy; files of format 1 hold full copies only)."""
         with self.fs.open_input_file(posixpath.join(self.root, relative)) as f:
             table = ipc.open_file(f).read_all()
-        out: dict[int, bytes] = {}
-        for b, data in zip(table.column("bin").to_pylist(), table.column("data").to_pylist()):
+        deltas = table.column("delta").to_pylist() if "delta" in table.column_names else [False] * table.num_rows
+        out: dict[int, tuple[bytes, bool]] = {}
+        for b, data, delta in zip(table.column("bin").to_pylist(), table.column("data").to_pylist(), deltas):
             if bins is None or b in bins:
-                out[b] = data
+                out[b] = (data, bool(delta))
         return out
+
+    def read_state(self, relative: str, bins: set[int] | None = None) -> dict[int, bytes]:
+        """The payloads stored in one state file (only ``bins`` if given)."""
+        return {b: data for b, (data, _) in self.read_parts(relative, bins).items()}
 
     # -- manifests ---------------------------------------------------------------
 
@@ -196,12 +221,24 @@ class CheckpointStorage:
         except ValueError as exc:
             raise CheckpointError(f"checkpoint {checkpoint_id} in {self.root_uri!r} has a corrupt "
                                   f"manifest: {exc}") from None
-        for rel in manifest.get("state_files", {}).values():
+        for rel in sorted(self.files_of(manifest, checkpoint_id)):
             info = self.fs.get_file_info(posixpath.join(self.root, rel))
             if info.type != pafs.FileType.File:
                 raise CheckpointError(f"checkpoint {checkpoint_id} in {self.root_uri!r} is corrupt: "
                                       f"its state file {rel!r} is missing")
         return manifest
+
+    def files_of(self, manifest: dict[str, Any], checkpoint_id: int | None = None) -> set[str]:
+        """Every state file ``manifest`` needs, relative to the root.
+
+        Raises:
+            CheckpointError: a manifest of a format this version does not read.
+        """
+        try:
+            return manifest_files(manifest)
+        except ManifestFormatError as exc:
+            which = manifest.get("checkpoint_id", checkpoint_id)
+            raise CheckpointError(f"checkpoint {which} in {self.root_uri!r}: {exc}") from None
 
     def has_manifest(self, checkpoint_id: int) -> bool:
         """Whether checkpoint ``checkpoint_id`` got as far as its manifest (readable or not)."""
@@ -214,7 +251,7 @@ class CheckpointStorage:
         Raises:
             CheckpointError: a state file is not a readable Arrow file (truncated, emptied, corrupt).
         """
-        for rel in manifest.get("state_files", {}).values():
+        for rel in sorted(self.files_of(manifest)):
             try:
                 with self.fs.open_input_file(posixpath.join(self.root, rel)) as f:
                     ipc.open_file(f).schema
@@ -236,7 +273,8 @@ class CheckpointStorage:
             try:
                 self.load(checkpoint_id)
             except CheckpointError as exc:
-                log.warning("skipping checkpoint: %s", exc)
+                if not self._retired(checkpoint_id):
+                    log.warning("skipping checkpoint: %s", exc)
                 continue
             out.append(checkpoint_id)
         return out
@@ -253,12 +291,43 @@ class CheckpointStorage:
             pass
 
     def retain(self, keep: int) -> None:
-        """Delete all but the newest ``keep`` complete checkpoints (and older incomplete ones)."""
+        """Drop all but the newest ``keep`` complete checkpoints (and older incomplete ones), and every
+        file of theirs that no kept checkpoint needs.
+
+        A checkpoint being taken meanwhile names only files that the newest complete one names too, or
+        files of its own (``control.ops.chains``): the files it needs stay.
+        """
         committed = self.committed()
         if len(committed) <= keep:
             return
-        oldest_kept = committed[-keep]
+        kept = committed[-keep:]
+        needed = set().union(*(self.files_of(self.load(checkpoint_id)) for checkpoint_id in kept))
         for checkpoint_id in self.checkpoint_ids():
-            if checkpoint_id < oldest_kept:
-                self.delete(checkpoint_id)
+            if checkpoint_id < kept[0]:
+                self._drop(checkpoint_id, needed)
+
+    def _retired(self, checkpoint_id: int) -> bool:
+        path = posixpath.join(self.chk_dir(checkpoint_id), RETIRED)
+        return self.fs.get_file_info(path).type is pafs.FileType.File
+
+    def _drop(self, checkpoint_id: int, needed: set[str]) -> None:
+        """Delete checkpoint ``checkpoint_id`` but for the files of it in ``needed``; a directory that keeps
+        some is marked retired (its manifest gone, it is no checkpoint any more)."""
+        prefix = f"chk-{checkpoint_id:06d}/"
+        if not any(rel.startswith(prefix) for rel in needed):
+            self.delete(checkpoint_id)
+            return
+        directory = self.chk_dir(checkpoint_id)
+        if not self._retired(checkpoint_id):
+            self._write_atomic(posixpath.join(directory, RETIRED), b"")
+        infos = self.fs.get_file_info(pafs.FileSelector(directory, allow_not_found=True))
+        for info in infos:
+            if info.base_name != RETIRED and prefix + info.base_name not in needed:
+                try:
+                    if info.type == pafs.FileType.Directory:
+                        self.fs.delete_dir(info.path)
+                    else:
+                        self.fs.delete_file(info.path)
+                except (FileNotFoundError, OSError):
+                    pass
 

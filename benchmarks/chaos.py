@@ -436,7 +436,8 @@ def tear_newest(storage: CheckpointStorage, chk: str) -> int | None:
         if not ids:
             return None
         try:
-            state = min(storage.load(ids[-1])["state_files"].values())
+            own = f"chk-{ids[-1]:06d}/"  # a file this checkpoint wrote (older ones it names are others')
+            state = min(f for f in storage.files_of(storage.load(ids[-1])) if f.startswith(own))
             with open(os.path.join(chk, state), "r+") as f:
                 f.truncate(0)
             return ids[-1]

@@ -65,6 +65,11 @@ class InstanceContext(Protocol):
         """The keyed state (a ``BinnedState``), or None for a stateless instance."""
 
     @property
+    def checkpoint_chains(self) -> Any:
+        """A keyed instance's ``control.ops.chains.BinChains``: which checkpoint files its bins are made of,
+        kept for the instance's life (a new instance, as after a recovery, starts with none)."""
+
+    @property
     def routers(self) -> list[Any]:
         """The routers of the output edges (hash routers hold the bin table)."""
 

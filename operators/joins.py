@@ -116,7 +116,8 @@ class JoinLogic(_TwoInputKeyed):
 
     def __init__(self, keys: tuple[str, str], num_bins: int) -> None:
         super().__init__(keys, num_bins)
-        self._state = DictState(self.num_bins)  # key -> ([left batches], [right batches])
+        # key -> ([left batches], [right batches]); every change puts a new tuple: checkpoints write changed keys
+        self._state = DictState(self.num_bins, track_changes=True)
         self._schemas: list[pa.Schema | None] = [None, None]
 
     @property

@@ -207,7 +207,7 @@ class ReduceLogic(_KeyedLogic):
         _check_fn(fn, "reduce")
         self.fn = fn
         self.emit = _check_emit(emit)
-        self._state = DictState(self.num_bins, pickled=True)  # the user's accumulators
+        self._state = DictState(self.num_bins, pickled=True, track_changes=True)  # the user's accumulators
         self._schema: pa.Schema | None = None
 
     @property
@@ -330,7 +330,9 @@ class ProcessLogic(_KeyedLogic):
     later output with other fields or types is an error, never cast).
     The values live in a :class:`~operators.state.DictState` with
     ``pickled=True`` (they are any objects ``fn`` stores): their bins travel
-    as cloudpickle.
+    as cloudpickle. A checkpoint writes the values of the keys ``fn`` was
+    called for since the previous one (a value changed in place is written
+    too), and of those it deleted.
 
     Example:
         >>> def running(key, rows, state):
@@ -350,7 +352,7 @@ class ProcessLogic(_KeyedLogic):
         self.fn = fn
         self.output_schema = output_schema
         self._schema = output_schema  # the given schema, else the first output's
-        self._state = DictState(self.num_bins, pickled=True)  # the user's values
+        self._state = DictState(self.num_bins, pickled=True, track_changes=True)  # the user's values
 
     @property
     def state(self) -> DictState:
@@ -371,6 +373,7 @@ class ProcessLogic(_KeyedLogic):
         for i, key in enumerate(uniques.to_pylist()):
             rows = grouped.slice(bounds[i], bounds[i + 1] - bounds[i])
             result = self.fn(key, rows, self._key_state(key, bins[i]))
+            self._state.touch(key, bins[i])  # fn may have changed the value in place: checkpointed again
             if isinstance(result, (list, tuple)) and result and isinstance(result[0], dict):
                 self._check_fields(pending_rows[0] if pending_rows else result[0], result)
                 pending_rows.extend(result)

@@ -22,6 +22,14 @@ with the bin: ``install_bins`` sets it to the larger of the local and the
 carried value, so a bin's version never decreases on one instance and a
 replica can tell whether it is current.
 
+Changes (incremental checkpoints): a state that ``tracks_changes`` can
+serialise, per bin, only what changed since a version of it that an earlier
+checkpoint wrote (:meth:`BinnedState.snapshot_changes_later`: the rows written
+since, and the keys deleted); :meth:`BinnedState.restore_bins` installs a full
+copy and applies such changes over it, oldest first. A bin installed here
+(moved in, restored) has no known past here: its changes are only known from
+its version at arrival on.
+
 Only the instance that owns a state object touches it (single thread).
 """
 
@@ -41,6 +49,7 @@ import pyarrow as pa
 from . import codec
 from .hashing import bins_from_hashes, check_num_bins, hash_keys
 from .binslots import BinSlots
+from .changedkeys import ChangedKeys
 from .growable import grown
 from .keyindex import KeyIndex
 
@@ -52,6 +61,7 @@ __all__ = [
 ]
 
 _DICT_FORMAT = "chiray.DictState/1"
+_IMMUTABLE = frozenset({int, float, complex, bool, str, bytes, type(None)})
 _COLUMNAR_FORMAT = "chiray.ColumnarAggState/1"
 COMPACT_LIVE = 1 / 32
 """A columnar state compacts its slots once fewer than this share of them hold live keys."""
@@ -64,9 +74,14 @@ def _ready() -> None:
 class BinnedState(abc.ABC):
     """Keyed state partitioned into ``num_bins`` bins (the contract all keyed state offers)."""
 
+    tracks_changes = False
+    """Whether :meth:`snapshot_changes_later` can serialise the changes of a bin since an earlier version
+    (else a checkpoint writes every bin whole)."""
+
     def __init__(self, num_bins: int) -> None:
         self._num_bins = check_num_bins(num_bins)
         self._versions = np.zeros(self._num_bins, dtype=np.int64)
+        self._arrived = np.full(self._num_bins, -1, dtype=np.int64)  # per bin: its version when last installed
 
     @property
     def num_bins(self) -> int:
@@ -148,6 +163,45 @@ class BinnedState(abc.ABC):
         """
         raise NotImplementedError(f"{type(self).__name__} does not track changes of single keys")
 
+    def changes_since(self, since: Mapping[int, int]) -> set[int]:
+        """Of the bins of ``since`` (bin -> a version an earlier checkpoint wrote), those whose changes since
+        that version :meth:`snapshot_changes_later` can serialise; the others need a full copy.
+
+        A bin installed here after that version is one of the others: what changed before its arrival is
+        not known here. None at all for a state that does not ``tracks_changes``.
+        """
+        if not self.tracks_changes:
+            return set()
+        return {b for b, v in since.items() if int(self._arrived[self._check_bin(b)]) <= v}
+
+    def snapshot_changes_later(self, full: Iterable[int],
+                               since: Mapping[int, int]) -> Callable[[], tuple[dict[int, bytes], dict[int, bytes]]]:
+        """Capture now bins ``full`` whole and, of the bins of ``since``, the changes after those versions
+        (bins :meth:`changes_since` gave); serialise them when the returned function is called.
+
+        Returns:
+            A function returning (full copies per bin, changes per bin); :meth:`restore_bins` (or
+            :meth:`apply_changes` over the bin as it was) reads the changes.
+
+        Raises:
+            ValueError: a bin of ``since`` whose changes this state cannot serialise.
+        """
+        if since:
+            raise ValueError(f"{type(self).__name__} does not track changes: bins {sorted(since)} must be written whole")
+        encode = self.snapshot_later(full)
+        return lambda: (encode(), {})
+
+    def restore_bins(self, full: Mapping[int, bytes], changes: Sequence[Mapping[int, bytes]] = ()) -> None:
+        """Install bins from a checkpoint: their full copies, then each round of changes over them, in order.
+
+        Raises:
+            ValueError: as :meth:`install_bins` and :meth:`apply_changes`.
+        """
+        self.install_bins(full)
+        for part in changes:
+            if part:
+                self.apply_changes(part)
+
     def _check_bin(self, bin: int) -> int:
         if not 0 <= bin < self._num_bins:
             raise ValueError(f"bin must be in [0, {self._num_bins}), got {bin!r}")
@@ -157,7 +211,9 @@ class BinnedState(abc.ABC):
         return sorted({self._check_bin(b) for b in bins})
 
     def _carry_version(self, bin: int, version: int) -> None:
+        """``bin`` is installed (or changes applied to it) at ``version``: its past here is unknown."""
         self._versions[bin] = max(int(self._versions[bin]), int(version))
+        self._arrived[bin] = self._versions[bin]
 
 
 class DictState(BinnedState):
@@ -176,16 +232,25 @@ class DictState(BinnedState):
     arbitrary user objects: installing such a bin unpickles it. (An empty
     bin is written as Arrow IPC all the same, and either form is read.)
 
+    ``track_changes=True``: a checkpoint may write only the keys of a bin
+    written or deleted since the bin's previous checkpoint (``tracks_changes``;
+    :mod:`operators.changedkeys`). Every change must then go through
+    :meth:`put`, :meth:`delete` or :meth:`touch`: a value changed in place and
+    not put back would be missed. The owner of user values that a function may
+    change in place (``process``) touches the keys it handed out.
+
     Example:
         >>> s = DictState(4)
         >>> s.put("a", 1, 10); s.get("a", 1), s.version(1), s.bins()
         (10, 1, [1])
     """
 
-    def __init__(self, num_bins: int, pickled: bool = False) -> None:
+    def __init__(self, num_bins: int, pickled: bool = False, track_changes: bool = False) -> None:
         super().__init__(num_bins)
         self.pickled = pickled
+        self.tracks_changes = track_changes
         self._bins: dict[int, dict[Any, Any]] = {}
+        self._changed = ChangedKeys()  # followed only for bins a checkpoint captured (``track_changes``)
 
     def get(self, key: Any, bin: int, default: Any = None) -> Any:
         """The value of ``key`` (in ``bin``), or ``default``."""
@@ -199,6 +264,15 @@ class DictState(BinnedState):
             entries = self._bins[self._check_bin(bin)] = {}
         entries[key] = value
         self._versions[bin] += 1
+        self._changed.note(bin, key)
+
+    def touch(self, key: Any, bin: int) -> None:
+        """A write to ``key`` (in ``bin``) that keeps its value, if present and of a type that can change in
+        place (not a number, string or bytes): the next checkpoint writes it again."""
+        entries = self._bins.get(bin)
+        if entries is not None and key in entries and type(entries[key]) not in _IMMUTABLE:
+            self._versions[bin] += 1
+            self._changed.note(bin, key)
 
     def delete(self, key: Any, bin: int) -> None:
         """Remove ``key`` (in ``bin``) if present; a write to ``bin`` if it was."""
@@ -207,6 +281,7 @@ class DictState(BinnedState):
             return
         del entries[key]
         self._versions[bin] += 1
+        self._changed.note(bin, key)
         if not entries:
             del self._bins[bin]
 
@@ -239,23 +314,79 @@ class DictState(BinnedState):
 
     def drop_bins(self, bins: Iterable[int]) -> None:
         """Remove ``bins`` without serialising them (a composite state that serialised them itself)."""
-        for b in self._check_bins(bins):
+        wanted = self._check_bins(bins)
+        for b in wanted:
             self._bins.pop(b, None)
+        self._changed.forget(wanted)
 
     def install_bins(self, data: Mapping[int, bytes]) -> None:
         decoded = {self._check_bin(b): self._decode(b, payload) for b, payload in data.items()}
-        for b, (_, entries) in decoded.items():
+        for b, (_, entries, deleted) in decoded.items():
+            if deleted is not None:
+                raise ValueError(f"cannot install bin {b}: the payload holds changes, not a bin (apply_changes)")
             if entries and self._bins.get(b):
                 raise ValueError(f"cannot install bin {b}: it is already present here with {len(self._bins[b])} keys")
-        for b, (version, entries) in decoded.items():
+        for b, (version, entries, _) in decoded.items():
             if entries:
                 self._bins[b] = entries
             self._carry_version(b, version)
+        self._changed.forget(decoded)
 
-    def _encode(self, b: int) -> bytes:
-        doc = {"format": _DICT_FORMAT, "num_bins": self._num_bins, "bin": b,
-               "version": int(self._versions[b]), "items": dict(self._bins.get(b, {}))}
-        if self.pickled and doc["items"]:  # (an empty bin has nothing to pickle: Arrow IPC, as below)
+    def changes_since(self, since: Mapping[int, int]) -> set[int]:
+        """As :meth:`BinnedState.changes_since`: bins followed since exactly that version, with fewer keys
+        changed than the bin holds (else a full copy is as small)."""
+        return {b for b in super().changes_since(since) if self._changed.known_since(b, since[b])
+                and len(self._changed.keys(b)) <= len(self._bins.get(b, ()))}
+
+    def snapshot_changes_later(self, full: Iterable[int],
+                               since: Mapping[int, int]) -> Callable[[], tuple[dict[int, bytes], dict[int, bytes]]]:
+        """As :meth:`BinnedState.snapshot_changes_later`; serialises at once (values may be changed in place
+        later) and follows the captured bins afresh from their versions now."""
+        whole = self._check_bins(full)
+        if not self.tracks_changes and since:
+            return super().snapshot_changes_later(whole, since)
+        unknown = set(since) - self.changes_since(since)
+        if unknown:
+            raise ValueError(f"the changes of bins {sorted(unknown)} since the versions asked for are not known here")
+        out = {b: self._encode(b) for b in whole}, {b: self._encode_changes(b) for b in since}
+        if self.tracks_changes:
+            captured = whole + list(since)
+            self._changed.restart(captured, {b: int(self._versions[b]) for b in captured})
+        return lambda: out
+
+    def apply_changes(self, data: Mapping[int, bytes]) -> None:
+        """Apply the changes :meth:`snapshot_changes_later` serialised: keys take the payload's values, and
+        the keys it lists as deleted are removed.
+
+        Raises:
+            ValueError: a payload of another kind or number of bins, or a full bin.
+        """
+        decoded = {self._check_bin(b): self._decode(b, payload) for b, payload in data.items()}
+        for b, (_, _, deleted) in decoded.items():
+            if deleted is None:
+                raise ValueError(f"cannot apply changes to bin {b}: the payload is a full bin (install_bins)")
+        for b, (version, items, deleted) in decoded.items():
+            entries = self._bins.setdefault(b, {})
+            entries.update(items)
+            for key in deleted or ():
+                entries.pop(key, None)
+            if not entries:
+                del self._bins[b]
+            self._carry_version(b, version)
+        self._changed.forget(decoded)
+
+    def _encode_changes(self, b: int) -> bytes:
+        entries = self._bins.get(b, {})
+        changed = self._changed.keys(b)
+        return self._encode(b, {k: entries[k] for k in changed if k in entries}, [k for k in changed if k not in entries])
+
+    def _encode(self, b: int, items: dict[Any, Any] | None = None, deleted: list[Any] | None = None) -> bytes:
+        """Bin ``b`` (``items``, ``deleted`` None), or changes to it: ``items`` written, ``deleted`` keys."""
+        doc = {"format": _DICT_FORMAT, "num_bins": self._num_bins, "bin": b, "version": int(self._versions[b]),
+               "items": dict(self._bins.get(b, {})) if items is None else items}
+        if deleted is not None:
+            doc["deleted"] = deleted
+        if self.pickled and (doc["items"] or deleted):  # (nothing to pickle: Arrow IPC, as below)
             return dumps_compact(doc)
         try:
             return codec.encode(doc)
@@ -263,7 +394,8 @@ class DictState(BinnedState):
             raise TypeError(f"bin {b} of a DictState: {exc} (state of arbitrary Python objects, that of user "
                             "functions, needs DictState(..., pickled=True))") from None
 
-    def _decode(self, b: int, payload: bytes) -> tuple[int, dict[Any, Any]]:
+    def _decode(self, b: int, payload: bytes) -> tuple[int, dict[Any, Any], list[Any] | None]:
+        """(version, items, deleted keys: None for a full bin)."""
         if self.pickled and codec.is_pickle(payload):
             doc = _unpickle_bin(b, payload)
         else:  # Arrow IPC; a pickle is refused here unread
@@ -273,7 +405,7 @@ class DictState(BinnedState):
                 f"bin {b}: payload is bin {doc['bin']} of a state with {doc['num_bins']} bins; "
                 f"this state has {self._num_bins} bins"
             )
-        return int(doc["version"]), doc["items"]
+        return int(doc["version"]), doc["items"], doc.get("deleted")
 
 
 def _unpickle_bin(b: int, payload: bytes) -> dict[str, Any]:
@@ -438,6 +570,8 @@ class ColumnarAggState(BinnedState):
         >>> s.keys_at(s.slots()).to_pylist(), s.values(s.slots())["n"].tolist()
         (['a', 'b'], [2, 3])
     """
+
+    tracks_changes = True
 
     _n: int
     _bin: np.ndarray
@@ -674,6 +808,27 @@ class ColumnarAggState(BinnedState):
 
         return encode
 
+    def snapshot_changes_later(self, full: Iterable[int],
+                               since: Mapping[int, int]) -> Callable[[], tuple[dict[int, bytes], dict[int, bytes]]]:
+        """As :meth:`BinnedState.snapshot_changes_later`: copies the rows now (those of ``full``, and those
+        of the bins of ``since`` stamped after their versions, as :meth:`extract_changes` picks them);
+        encodes them when called. A key leaves a bin only with the whole bin, so changes delete nothing."""
+        whole = self._check_bins(full)
+        unknown = set(since) - self.changes_since(since)
+        if unknown:
+            raise ValueError(f"the changes of bins {sorted(unknown)} since the versions asked for are not known here")
+        encode_full = self._encode_later(whole, self._slots_in(whole))
+        encode_changes = self._changes_later(since)[1]
+        return lambda: (encode_full(), encode_changes())
+
+    def _changes_later(self, since: Mapping[int, int]) -> tuple[list[int], Callable[[], dict[int, bytes]]]:
+        """The bins of ``since``, and their rows stamped after ``since[b]``, copied now, encoded later."""
+        wanted = self._check_bins(since)
+        base = np.full(self._num_bins + 1, np.iinfo(np.int64).max, dtype=np.int64)  # tombstones: never
+        base[wanted] = [int(since[b]) for b in wanted]
+        members = self._slots_in(wanted)
+        return wanted, self._encode_later(wanted, members[self._stamp[members] > base[self._bin[members]]])
+
     def extract_bins(self, bins: Iterable[int]) -> dict[int, bytes]:
         """Snapshot and remove ``bins``. The rows become tombstones (cost proportional to the
         bins, not the state), compacted away once live keys are few (``_remove``); a key that
@@ -692,11 +847,8 @@ class ColumnarAggState(BinnedState):
         from a copy taken at ``since[b]``. One pass over the slots, whatever the
         number of bins.
         """
-        wanted = self._check_bins(since)
-        base = np.full(self._num_bins + 1, np.iinfo(np.int64).max, dtype=np.int64)  # tombstones: never
-        base[wanted] = [int(since[b]) for b in wanted]
-        members = self._slots_in(wanted)
-        out = self._encode_later(wanted, members[self._stamp[members] > base[self._bin[members]]])()
+        wanted, encode = self._changes_later(since)
+        out = encode()
         self._remove(wanted)
         return out
 

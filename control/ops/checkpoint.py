@@ -4,9 +4,12 @@ At each instance, in ``on_complete`` (so the barrier has arrived on every input
 and the instance's state reflects exactly the records before it):
 
 * a source acknowledges its split offsets;
-* a keyed instance copies its bins' rows, then serialises and writes them to
+* a keyed instance decides per bin what to write (``chains.BinChains``): a
+  full copy, only its changes since its previous checkpoint (incremental), or
+  nothing (unchanged); it copies those rows, then serialises and writes them to
   storage in a background thread (off the processing path) and acknowledges
-  the file;
+  the files each bin is made of. A ``full`` checkpoint (a savepoint's) writes
+  every bin whole, so its directory holds all it needs;
 * a sink closes its output of this epoch as staged files and acknowledges them,
   with what it staged in earlier epochs whose checkpoint the controller has not
   seen durable (``durable``: a checkpoint that failed after the sinks staged
@@ -19,7 +22,9 @@ sink output the manifest lists visible (idempotently: committing a file twice
 is harmless) and deletes old checkpoints beyond the retention. The op's result
 is the checkpoint id. The manifest's ``sink_staged`` maps each sink instance to
 its staged output per epoch (``sinks``, one value per instance, in checkpoints
-of earlier versions).
+of earlier versions); ``state_chains`` maps each keyed instance to the files
+of each of its bins (format 2, ``chains.manifest_chains``; format 1 had one
+full file per instance in ``state_files``).
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from chiray.operators.errors import ChirayError
 
 from ..message import InstanceId
 from ..op import ControlOp, InstanceHandler
+from .chains import MANIFEST_FORMAT, ChainBound, CutPlan
 
 __all__ = ["Checkpoint", "CheckpointStore", "InconsistentCheckpointError", "ResumeSources", "bins_held_twice",
            "encode_offsets", "decode_offsets", "instance_key"]
@@ -67,7 +73,12 @@ def bins_held_twice(state_bins: dict[str, list[int]]) -> dict[str, dict[int, lis
 class CheckpointStore(Protocol):
     """What the checkpoint op needs of durable storage (``actors.storage.CheckpointStorage``)."""
 
-    def write_state(self, checkpoint_id: int, operator: str, index: int, bins: dict[int, bytes]) -> str: ...
+    root_uri: str
+
+    def state_file(self, checkpoint_id: int, operator: str, index: int) -> str: ...
+
+    def write_state(self, checkpoint_id: int, operator: str, index: int, bins: dict[int, bytes],
+                    changes: dict[int, bytes] | None = None) -> str: ...
 
     def commit(self, checkpoint_id: int, manifest: dict[str, Any]) -> None: ...
 
@@ -106,6 +117,8 @@ class Checkpoint(ControlOp):
         final: a stop's last checkpoint: each source *halts* at the cut (reads nothing after it), so
             the job's input ends where the checkpoint does; :class:`ResumeSources` undoes it if the
             checkpoint fails and the job runs on.
+        bound: when a bin's chain of changes gets a full copy again.
+        full: write every bin whole (a savepoint's checkpoint: self-contained, needing no other's files).
     """
 
     blocking = True
@@ -114,7 +127,8 @@ class Checkpoint(ControlOp):
                  commit_sinks: Callable[[str, list], None] | None = None,
                  job: dict[str, Any] | None = None, timeout_s: float | None = 120.0,
                  commit_sources: Callable[[str, int, dict[str, Any]], None] | None = None,
-                 durable: int = 0, on_durable: Callable[[int], None] | None = None, final: bool = False):
+                 durable: int = 0, on_durable: Callable[[int], None] | None = None, final: bool = False,
+                 bound: ChainBound | None = None, full: bool = False):
         super().__init__()
         self.checkpoint_id = checkpoint_id
         self.storage = storage
@@ -126,6 +140,8 @@ class Checkpoint(ControlOp):
         self.durable = durable
         self.on_durable = on_durable
         self.final = final
+        self.bound = bound or ChainBound()
+        self.full = full
         self.started = time.time()
 
     acks: dict[InstanceId, Any]  # filled at the controller as instances acknowledge
@@ -149,25 +165,20 @@ class Checkpoint(ControlOp):
             elif ctx.kind == "sink":
                 ctx.ack({"staged": ctx.sink_prepare(op.checkpoint_id, op.durable)})
             elif ctx.state is not None:
-                state = ctx.state
-                bins = state.bins()
-                encode = state.snapshot_later(bins)  # copies now; serialises in the background
-                operator, index = ctx.instance
-                ctx.ack_in_background(lambda: {
-                    "file": op.storage.write_state(op.checkpoint_id, operator, index, encode()),
-                    "bins": sorted(bins)})
+                ctx.ack_in_background(_cut_state(op, ctx))
             else:
                 ctx.ack(None)
 
     def manifest(self, acks: dict[InstanceId, Any]) -> dict[str, Any]:
-        manifest: dict[str, Any] = {"job": self.job, "created": time.time(), "epoch": self.checkpoint_id,
-                                    "state_files": {}, "state_bins": {}, "sources": {}, "sink_staged": {}}
+        manifest: dict[str, Any] = {"format_version": MANIFEST_FORMAT, "job": self.job, "created": time.time(),
+                                    "epoch": self.checkpoint_id, "full": self.full, "state_chains": {},
+                                    "state_bins": {}, "sources": {}, "sink_staged": {}}
         for instance, ack in acks.items():
             key = instance_key(instance)
             if not ack:
                 continue
-            if "file" in ack:
-                manifest["state_files"][key] = ack["file"]
+            if "chains" in ack:
+                manifest["state_chains"][key] = ack["chains"]
                 manifest["state_bins"][key] = ack["bins"]
             if "offsets" in ack:
                 manifest["sources"][key] = ack["offsets"]
@@ -200,6 +211,36 @@ class Checkpoint(ControlOp):
                 self.commit_sources(source, self.checkpoint_id, merged)
         self.storage.retain(self.keep)
         return self.checkpoint_id
+
+
+def _cut_state(op: Checkpoint, ctx: Any) -> Callable[[], dict[str, Any]]:
+    """At a keyed instance, in ``on_complete``: plan what each bin writes and copy those rows now; returns
+    the work that serialises and writes them off the processing path, and gives the acknowledgement."""
+    state, chains = ctx.state, ctx.checkpoint_chains
+    operator, index = ctx.instance
+    versions = {b: state.version(b) for b in state.bins()}
+    plan: CutPlan = chains.cut(op.storage.root_uri, op.checkpoint_id,
+                               op.storage.state_file(op.checkpoint_id, operator, index), versions, op.bound,
+                               op.full, state.changes_since if state.tracks_changes else None)
+    try:
+        encode = state.snapshot_changes_later(plan.full, plan.since)  # copies now
+    except BaseException:
+        chains.failed(plan)
+        raise
+
+    def write() -> dict[str, Any]:
+        try:
+            full, changes = encode()
+            if full or changes:
+                op.storage.write_state(op.checkpoint_id, operator, index, full, changes)
+        except BaseException:
+            chains.failed(plan)
+            raise
+        chains.written(plan, {b: len(data) for part in (full, changes) for b, data in part.items()})
+        chains.settle(plan, op.timeout_s)
+        return {"chains": plan.manifest_entry(), "bins": sorted(versions)}
+
+    return write
 
 
 class ResumeSources(ControlOp):

@@ -123,12 +123,12 @@ def test_a_checkpoint_with_a_bin_snapshotted_by_two_instances_is_not_committed()
 
     storage, committed = Storage(set()), []
     op = Checkpoint(8, storage, commit_sinks=lambda sink, staged: committed.append(staged))
-    op.acks = {("check", 0): {"file": "a", "bins": [0, 1, 2]}, ("check", 1): {"file": "b", "bins": [8, 9, 11]},
-               ("check", 2): {"file": "c", "bins": [6, 7, 8, 9]}, ("count", 0): {"file": "d", "bins": [8]},
+    op.acks = {("check", 0): {"chains": {"files": [], "chains": []}, "bins": [0, 1, 2]}, ("check", 1): {"chains": {"files": [], "chains": []}, "bins": [8, 9, 11]},
+               ("check", 2): {"chains": {"files": [], "chains": []}, "bins": [6, 7, 8, 9]}, ("count", 0): {"chains": {"files": [], "chains": []}, "bins": [8]},
                ("out", 0): {"staged": ["x"]}}
     with pytest.raises(InconsistentCheckpointError, match=r"operator 'check': bin 8 by \[1, 2\], bin 9 by \[1, 2\]"):
         op.on_complete(None)
     assert storage.manifests == {} and committed == []
-    op.acks[("check", 2)] = {"file": "c", "bins": [6, 7]}  # each bin in one instance: committed
+    op.acks[("check", 2)] = {"chains": {"files": [], "chains": []}, "bins": [6, 7]}  # each bin in one instance: committed
     assert op.on_complete(None) == 8 and set(storage.manifests) == {8} and committed == [["x"]]
     assert bins_held_twice({"a/0": [1], "a/1": [2], "b/0": [1]}) == {}  # the same bin of two operators is fine

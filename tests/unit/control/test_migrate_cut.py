@@ -19,6 +19,7 @@ import pytest
 
 from chiray.control.message import Configs, ControlMessage, InstanceId
 from chiray.control.op import ControlOp
+from chiray.control.ops.chains import BinChains
 from chiray.control.ops.checkpoint import Checkpoint, bins_held_twice, instance_key
 from chiray.control.ops.migrate import MigrateBins
 from chiray.control.processor import Completion, ControlProcessor, extra_input
@@ -32,10 +33,17 @@ SOURCE = ("src", 0)
 class Store:
     """Checkpoint storage in memory: (operator/index) -> the bins written."""
 
+    root_uri = "memory"
+
     def __init__(self) -> None:
         self.files: dict[str, dict[int, bytes]] = {}
 
-    def write_state(self, checkpoint_id: int, operator: str, index: int, bins: dict[int, bytes]) -> str:
+    def state_file(self, checkpoint_id: int, operator: str, index: int) -> str:
+        return instance_key((operator, index))
+
+    def write_state(self, checkpoint_id: int, operator: str, index: int, bins: dict[int, bytes],
+                    changes: dict[int, bytes] | None = None) -> str:
+        assert not changes, "a first checkpoint writes every bin whole"
         key = instance_key((operator, index))
         self.files[key] = bins
         return key
@@ -54,6 +62,7 @@ class Owner:
                 self.state.put(key, b, value)
         self.acks: dict[str, Any] = {}
         self.held: set[int] = set()
+        self.checkpoint_chains = BinChains()
 
     def queue_ack(self, message: ControlMessage, payload: Any, background: bool) -> None:
         self.acks[message.op_id] = payload() if background else payload

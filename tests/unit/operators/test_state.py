@@ -478,8 +478,8 @@ def test_apply_changes_rejects_foreign_payloads_and_dict_state_does_not_track() 
     d = DictState(16)
     d.put("a", _bin("a", 16), 1)
     assert d.extract_changes({_bin("a", 16): 0}) is None and d.bins() == [_bin("a", 16)]
-    with pytest.raises(NotImplementedError):
-        d.apply_changes({})
+    with pytest.raises(ValueError, match="full bin"):  # changes (of checkpoints) only, never a whole bin
+        d.apply_changes(d.snapshot_bins(d.bins()))
 
 
 def test_columnar_state_compacts_only_when_few_keys_are_live_and_resets_when_none() -> None:

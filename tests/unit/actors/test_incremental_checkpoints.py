@@ -1,0 +1,343 @@
+"""Incremental checkpoints against a full-copy oracle: every retained checkpoint restores to the state it cut.
+
+Several instances of one keyed logic (built-in aggregation, ``reduce``, ``process``, join) take random
+batches routed by a bin table; between checkpoints bins move between instances (some out and back before
+the next one). Each checkpoint runs the real ``Checkpoint`` op at every instance (its cut, then its
+background write, sometimes only after the next checkpoint's cut) and commits its manifest into a real
+``CheckpointStorage``, whose retention then runs. Now and then a state file's write fails (that checkpoint
+fails, and those that build on it), or the checkpoint is full (a savepoint's). The oracle is a plain dict
+of every key's state, kept by a Python loop over the same records and copied at each cut. After each
+commit, every retained checkpoint is restored into fresh instances, at another parallelism too, and must
+equal the oracle's copy at its cut; and no file that no retained checkpoint needs survives retention.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import random
+from typing import Any, Callable
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from chiray.actors.restore import RestoreInfo
+from chiray.actors.storage import CheckpointError, CheckpointStorage
+from chiray.control.ops.chains import BinChains, ChainBound, ChainWriteError, manifest_chains
+from chiray.control.ops.checkpoint import Checkpoint
+from chiray.operators.hashing import bins_of
+from chiray.operators.joins import JoinLogic
+from chiray.operators.keyed import AggregateLogic, AggSpec, ProcessLogic, ReduceLogic
+from chiray.operators.state import ColumnarAggState
+
+BINS = 16
+OP = "op"
+
+
+class FlakyStorage(CheckpointStorage):
+    """A checkpoint storage whose write of one instance's state file fails at chosen checkpoints."""
+
+    fail: set[tuple[int, int]] = set()
+
+    def write_state(self, checkpoint_id, operator, index, bins, changes=None):  # type: ignore[override]
+        if (checkpoint_id, index) in self.fail:
+            raise OSError(f"injected: writing the state of {operator}/{index} at checkpoint {checkpoint_id}")
+        return super().write_state(checkpoint_id, operator, index, bins, changes)
+
+
+class Ctx:
+    """The little of an ``InstanceContext`` a keyed instance offers the checkpoint op."""
+
+    kind = "keyed"
+
+    def __init__(self, index: int, logic: Any):
+        self.instance = (OP, index)
+        self.logic = logic
+        self.checkpoint_chains = BinChains()
+        self.work: Callable[[], Any] | None = None
+
+    @property
+    def state(self) -> Any:
+        return self.logic.state
+
+    def ack_in_background(self, work: Callable[[], Any]) -> None:
+        self.work = work
+
+
+# -- the keyed kinds, each with its oracle ---------------------------------------------------------------
+
+def _aggregate() -> Any:
+    return AggregateLogic("k", [AggSpec("n", "count"), AggSpec("s", "sum", "v")], BINS)
+
+
+def _reduce() -> Any:
+    return ReduceLogic("k", lambda acc, row: {"k": row["k"], "v": acc["v"] + row["v"]}, BINS)
+
+
+def _keep(key: Any, rows: pa.RecordBatch, state: Any) -> None:
+    """Per key a list of its values, changed in place; a negative value clears the key."""
+    for v in rows.column("v").to_pylist():
+        if v < 0:
+            state.clear()
+        elif state.value is None:
+            state.value = [v]
+        else:
+            state.value.append(v)  # in place, never put back: the state must notice all the same
+
+
+def _process() -> Any:
+    return ProcessLogic("k", _keep, BINS)
+
+
+def _join() -> Any:
+    return JoinLogic(("k", "k"), BINS)
+
+
+def _oracle_step(kind: str, oracle: dict, rows: list[dict], side: int) -> None:
+    for row in rows:
+        k, v = row["k"], row["v"]
+        if kind == "aggregate":
+            n, s = oracle.get(k, (0, 0))
+            oracle[k] = (n + 1, s + v)
+        elif kind == "reduce":
+            oracle[k] = oracle[k] + v if k in oracle else v
+        elif kind == "process":
+            if v < 0:
+                oracle.pop(k, None)
+            else:
+                oracle.setdefault(k, []).append(v)
+        else:
+            sides = oracle.setdefault(k, ([], []))
+            sides[side].append(v)
+
+
+def _dump(kind: str, logic: Any) -> dict:
+    state = logic.state
+    if isinstance(state, ColumnarAggState):
+        return {row["k"]: (row["n"], row["s"]) for batch in logic.finish() for row in batch.to_pylist()}
+    if kind == "reduce":
+        return {k: acc["v"] for k, acc in state.items()}
+    if kind == "process":
+        return dict(state.items())
+    return {k: tuple([v for batch in side for v in batch.column("v").to_pylist()] for side in sides)
+            for k, sides in state.items()}
+
+
+KINDS = {"aggregate": _aggregate, "reduce": _reduce, "process": _process, "join": _join}
+
+
+# -- the run ---------------------------------------------------------------------------------------------
+
+class Run:
+    def __init__(self, kind: str, root: str, seed: int, parallelism: int = 3, bound: ChainBound | None = None):
+        self.kind, self.rng = kind, random.Random(seed)
+        self.storage = FlakyStorage(root)
+        self.storage.fail = set()
+        self.ctxs = [Ctx(i, KINDS[kind]()) for i in range(parallelism)]
+        self.table = [b % parallelism for b in range(BINS)]
+        self.oracle: dict = {}
+        self.at_cut: dict[int, dict] = {}
+        self.bound = bound or ChainBound(max_deltas=3, max_delta_ratio=2.0)
+        self.next_id = 1
+        self.keys = [f"k{i}" for i in range(60)]
+
+    def feed(self, records: int) -> None:
+        keys = self.rng.choices(self.keys[: self.rng.randint(5, len(self.keys))], k=records)
+        clears = 0.1 if self.kind == "process" else 0.0  # a negative value deletes the key
+        rows = [{"k": k, "v": -1 if self.rng.random() < clears else self.rng.randint(0, 9)} for k in keys]
+        side = self.rng.randint(0, 1)
+        _oracle_step(self.kind, self.oracle, rows, side)
+        batch = pa.RecordBatch.from_pylist(rows)
+        owners = np.array(self.table)[bins_of(batch.column("k"), BINS)]
+        for i, ctx in enumerate(self.ctxs):
+            part = batch.filter(pa.array(owners == i))
+            if part.num_rows:
+                ctx.logic.process(part, side)
+
+    def move(self, bins: list[int], to: int) -> None:
+        """Move ``bins`` to instance ``to`` (what ``MigrateBins`` does to the states)."""
+        for b in bins:
+            old = self.table[b]
+            if old != to:
+                self.ctxs[to].state.install_bins(self.ctxs[old].state.extract_bins([b]))
+                self.table[b] = to
+
+    def cut(self, full: bool = False) -> tuple[Checkpoint, list]:
+        op = Checkpoint(self.next_id, self.storage, keep=3, bound=self.bound, full=full)
+        self.next_id += 1
+        works = []
+        for ctx in self.ctxs:
+            Checkpoint.Instance(op, None).on_complete(ctx)
+            works.append(ctx.work)
+        self.at_cut[op.checkpoint_id] = copy.deepcopy(self.oracle)
+        return op, works
+
+    def finish(self, op: Checkpoint, works: list) -> bool:
+        """Run the background writes and commit; whether the checkpoint completed."""
+        acks, failed = {}, False
+        for ctx, work in zip(self.ctxs, works):
+            try:
+                acks[ctx.instance] = work()
+            except (OSError, ChainWriteError):
+                failed = True
+        if failed:
+            return False
+        op.acks = acks
+        assert op.on_complete(None) == op.checkpoint_id
+        return True
+
+    def restore(self, checkpoint_id: int, parallelism: int) -> dict:
+        info = RestoreInfo(self.storage, self.storage.load(checkpoint_id))
+        table = [self.rng.randrange(parallelism) for _ in range(BINS)]
+        restored: dict = {}
+        for i in range(parallelism):
+            logic = KINDS[self.kind]()
+            stored = info.load_bins(OP, i, table)
+            logic.state.restore_bins(stored.full, stored.changes)
+            part = _dump(self.kind, logic)
+            assert not set(part) & set(restored)
+            restored.update(part)
+        return restored
+
+    def check_retained(self) -> list[int]:
+        kept = self.storage.committed()
+        for checkpoint_id in kept:
+            for parallelism in (len(self.ctxs), self.rng.choice([1, 2, 4])):
+                assert self.restore(checkpoint_id, parallelism) == self.at_cut[checkpoint_id], \
+                    f"checkpoint {checkpoint_id} restored at parallelism {parallelism}"
+        needed = set().union(*(self.storage.files_of(self.storage.load(i)) for i in kept))
+        for name in os.listdir(self.storage.root):
+            if name.startswith("chk-") and int(name[4:]) < kept[0]:
+                for f in os.listdir(os.path.join(self.storage.root, name)):
+                    assert f == "_RETIRED" or f"{name}/{f}" in needed, f"{name}/{f} survived retention"
+        return kept
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+@pytest.mark.parametrize("seed", [1, 2])
+def test_every_retained_incremental_checkpoint_restores_to_the_state_at_its_cut(kind, seed, tmp_path):
+    run = Run(kind, str(tmp_path / "chk"), seed)
+    deltas_seen = 0
+    pending: tuple[Checkpoint, list] | None = None
+    for _ in range(24):
+        for _ in range(run.rng.randint(1, 3)):
+            run.feed(run.rng.randint(1, 40))
+        roll = run.rng.random()
+        if roll < 0.3:  # bins move between instances
+            run.move(run.rng.sample(range(BINS), run.rng.randint(1, 3)), run.rng.randrange(len(run.ctxs)))
+        elif roll < 0.4:  # a bin moves out and back before the next checkpoint
+            b = run.rng.randrange(BINS)
+            home = run.table[b]
+            run.move([b], (home + 1) % len(run.ctxs))
+            if run.rng.random() < 0.5:
+                run.feed(5)
+            run.move([b], home)
+        if run.rng.random() < 0.1:
+            run.storage.fail.add((run.next_id, run.rng.randrange(len(run.ctxs))))
+        op, works = run.cut(full=run.rng.random() < 0.1)
+        if pending is not None:  # the previous checkpoint's writes end only after this cut
+            run.finish(*pending)
+            pending = None
+        if run.rng.random() < 0.3:
+            pending = (op, works)
+            continue
+        if run.finish(op, works):
+            manifest = run.storage.load(op.checkpoint_id)
+            chains = manifest_chains(manifest)
+            deltas_seen += sum(len(files) > 1 for bins in chains.values() for files in bins.values())
+            if op.full:
+                assert all(f.startswith(f"chk-{op.checkpoint_id:06d}/") for f in run.storage.files_of(manifest))
+            assert all(len(files) <= 1 + run.bound.max_deltas for bins in chains.values() for files in bins.values())
+            run.check_retained()
+    if pending is not None:
+        run.finish(*pending)
+    assert run.check_retained(), "no checkpoint completed"
+    assert deltas_seen, "no checkpoint wrote changes only"
+
+
+def test_a_checkpoint_building_on_a_failed_write_fails_and_the_next_writes_those_bins_whole(tmp_path):
+    run = Run("reduce", str(tmp_path / "chk"), seed=3, parallelism=1)
+    run.feed(50)
+    assert run.finish(*run.cut())
+    run.feed(5)
+    run.storage.fail.add((2, 0))
+    second = run.cut()
+    run.feed(5)
+    third = run.cut()  # its chains name the file of checkpoint 2, which is never written
+    assert not run.finish(*second)
+    with pytest.raises(ChainWriteError, match="checkpoint 3 builds on the state file of checkpoint 2"):
+        third[1][0]()
+    run.feed(5)
+    op, works = run.cut()
+    assert run.finish(op, works)
+    chains = manifest_chains(run.storage.load(op.checkpoint_id))[f"{OP}/0"]
+    assert not [f for files in chains.values() for f in files if f.startswith("chk-000002/")]
+    assert run.restore(4, 2) == run.oracle
+
+
+def test_unchanged_bins_write_nothing_and_keep_their_chain(tmp_path):
+    run = Run("aggregate", str(tmp_path / "chk"), seed=4, parallelism=1)
+    run.feed(200)
+    assert run.finish(*run.cut())
+    first = manifest_chains(run.storage.load(1))[f"{OP}/0"]
+    touched = {int(b) for b in bins_of(pa.array(["k1"]), BINS)}
+    run.ctxs[0].logic.process(pa.RecordBatch.from_pylist([{"k": "k1", "v": 1}]))
+    _oracle_step("aggregate", run.oracle, [{"k": "k1", "v": 1}], 0)
+    assert run.finish(*run.cut())
+    second = manifest_chains(run.storage.load(2))[f"{OP}/0"]
+    assert {b for b in second if second[b] != first[b]} == touched
+    assert second[min(touched)] == first[min(touched)] + [f"chk-000002/state-{OP}-0.arrow"]
+    parts = run.storage.read_parts(f"chk-000002/state-{OP}-0.arrow")
+    assert set(parts) == touched and all(delta for _, delta in parts.values())
+    assert run.restore(2, 3) == run.oracle
+
+
+def test_a_bound_of_zero_deltas_writes_every_bin_whole_every_time(tmp_path):
+    run = Run("process", str(tmp_path / "chk"), seed=5, parallelism=2, bound=ChainBound(max_deltas=0))
+    for _ in range(3):
+        run.feed(30)
+        op, works = run.cut()
+        assert run.finish(op, works)
+        own = f"chk-{op.checkpoint_id:06d}/"
+        assert all(f.startswith(own) for f in run.storage.files_of(run.storage.load(op.checkpoint_id)))
+    assert run.restore(3, 1) == run.oracle
+
+
+def test_a_checkpoint_written_before_incremental_checkpoints_still_restores(tmp_path):
+    """Format 1: one full state file per instance (columns bin and data only), ``state_files`` in the
+    manifest, no ``format_version``."""
+    import pyarrow.ipc as ipc
+
+    logic = _reduce()
+    rows = [{"k": f"k{i % 7}", "v": i} for i in range(40)]
+    logic.process(pa.RecordBatch.from_pylist(rows))
+    oracle: dict = {}
+    _oracle_step("reduce", oracle, rows, 0)
+    bins = logic.state.snapshot_bins(logic.state.bins())
+    storage = CheckpointStorage(str(tmp_path / "chk"))
+    os.makedirs(storage.chk_dir(1))
+    schema = pa.schema([("bin", pa.int32()), ("data", pa.large_binary())])
+    with ipc.new_file(os.path.join(storage.chk_dir(1), f"state-{OP}-0.arrow"), schema) as writer:
+        writer.write_table(pa.table({"bin": pa.array(list(bins), pa.int32()),
+                                     "data": pa.array(list(bins.values()), pa.large_binary())}, schema=schema))
+    rel = f"chk-000001/state-{OP}-0.arrow"
+    storage.commit(1, {"job": {}, "state_files": {f"{OP}/0": rel}, "state_bins": {f"{OP}/0": sorted(bins)},
+                       "sources": {}, "sink_staged": {}})
+    info = RestoreInfo(storage, storage.load(1))
+    restored: dict = {}
+    for i in range(2):
+        fresh = _reduce()
+        stored = info.load_bins(OP, i, [b % 2 for b in range(BINS)])
+        assert stored.changes == []
+        fresh.state.restore_bins(stored.full, stored.changes)
+        restored.update(_dump("reduce", fresh))
+    assert restored == oracle
+
+
+def test_a_manifest_of_an_unknown_format_is_refused_clearly(tmp_path):
+    storage = CheckpointStorage(str(tmp_path / "chk"))
+    storage.commit(1, {"format_version": 99, "state_chains": {}})
+    with pytest.raises(CheckpointError, match=r"checkpoint 1 .*manifest format 99 .*formats 1 to 2.*newer"):
+        storage.load(1)
+    assert storage.committed() == []
