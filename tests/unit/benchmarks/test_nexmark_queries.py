@@ -12,8 +12,8 @@ from chiray.actors.harness import LocalRun
 
 from .nexmark_process import PROCESS_QUERIES
 
-# 1,000 events per second of event time: 100 s, so 10 tumbling windows and 50 hopping ones
-EVENTS = Events(100_000, NexmarkConfig(event_rate=1_000), batch_events=2_000)  # 2 s of events a batch
+# 1,000 events per second of event time: 50 s, so 5 tumbling windows and 25 hopping ones
+EVENTS = Events(50_000, NexmarkConfig(event_rate=1_000), batch_events=2_000)  # 2 s of events a batch
 
 
 @pytest.fixture(scope="module")
