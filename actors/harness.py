@@ -5,6 +5,12 @@ harness in parcels, as the transport sends them, optionally shuffled and
 duplicated (as Ray may do), so channel ordering, credits, the mailbox loop
 and the control plane are exercised exactly as in the actors. A built-in controller runs control ops.
 
+Topology changes too: ``LocalRun.rescale`` runs a rescale's steps
+(``rescaler.Rescaler``, the runner a job on Ray uses) between steps of the
+loop: new hosts join, every host prepares each change, retired hosts leave
+once drained. With a counting clock (``clock=counting_clock()``) a seeded run
+is the same every time.
+
 Example:
     >>> from chiray.operators import Dataflow, from_items
     >>> flow = Dataflow("t"); flow.source(from_items([{"x": 1}])).collect(name="out")  # doctest: +SKIP
@@ -14,24 +20,41 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import random
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Mapping, Sequence
 
 from chiray.control.coordination import OpCoordinator
-from chiray.control.oprun import OpRun, job_view
+from chiray.control.message import InstanceId
+from chiray.control.oprun import JobView, OpRun, OpState, job_view
 from chiray.control.trees import Relay
 from chiray.operators.dataflow import Dataflow
-from chiray.operators.graph import OperatorKind, physical_plan
+from chiray.operators.graph import OperatorKind, PhysicalPlan, physical_plan
 
 from .config import JobConfig
 from .build import control_trees
+from .jobvalues import RescaleProgress, RescaleState
 from .mailbox import HostCore
 from .outbox import Outbox
 from .messages import Parcel
 from .placement import place
+from .rescaler import HostChange, RescaleError, Rescaler, Tally, check_request, place_change
+from .topology import ChangePrepared
 
-__all__ = ["LocalRun"]
+__all__ = ["LocalRun", "counting_clock"]
+
+MAX_ROUNDS = 1_000_000
+"""Rounds of the loop a wait may take before it gives up (a bug, not a slow run)."""
+PAUSE_ROUNDS = 20
+"""A rescale's pause between steps (``gap_s``) in-process: this many rounds of the loop."""
+
+
+def counting_clock(step_s: float = 0.001) -> Callable[[], float]:
+    """A clock that moves ``step_s`` on at each reading: the loop's timers (credit owed) fire after a
+    fixed number of readings, so a seeded run is the same every time."""
+    ticks = itertools.count()
+    return lambda: next(ticks) * step_s
 
 
 class LocalRun:
@@ -50,7 +73,11 @@ class LocalRun:
         self.config = config or JobConfig()
         self.plan = physical_plan(flow.graph)
         n, self.placement = place(self.plan, self.config.num_hosts, self.config.placement, self.config.colocate)
+        self.clock = clock
         self.hosts = [HostCore(i, self.plan, self.placement, self.config, clock=clock) for i in range(n)]
+        self._by_id = {host.host_id: host for host in self.hosts}  # the live hosts (ids are never reused)
+        self._next_host_id = n
+        self.abandoned: list[str] = []  # why rescale steps were given up (a job on Ray would roll back)
         self.rng = random.Random(seed) if seed is not None else None
         self._in_flight: list[tuple[int, Parcel]] = []
         self.broadcast, _ = control_trees(self.plan, self.placement, self.config.control_fanout)
@@ -60,9 +87,16 @@ class LocalRun:
 
     # -- control ---------------------------------------------------------------------
 
-    def run_control(self, op: Any) -> OpRun:
-        """Inject ``op`` now (at the sources' next step); returns its run (see ``.state``)."""
-        message = dataclasses.replace(self.ops.start(op), seq=self._seq)
+    def run_control(self, op: Any, op_id: str | None = None,
+                    views: tuple[JobView, JobView] | None = None) -> OpRun:
+        """Inject ``op`` now (at the sources' next step); returns its run (see ``.state``).
+
+        ``views``: a topology-changing op sees the first, the ops after it the second.
+        """
+        started = self.ops.start(op, op_id, None if views is None else views[0])
+        message = dataclasses.replace(started, seq=self._seq)
+        if views is not None:
+            self.ops.view = views[1]
         self._seq += 1
         for node in self.broadcast.top:
             if isinstance(node, Relay):
@@ -102,6 +136,9 @@ class LocalRun:
             k = self.rng.randint(1, len(self._in_flight))
             batch, self._in_flight = self._in_flight[:k], self._in_flight[k:]
         for dst, parcel in batch:
+            host = self._by_id.get(dst)
+            if host is None:  # retired: what still went to it is for no one (its peers forget it)
+                continue
             if self.rng is not None:
                 for items in (parcel.envelopes, parcel.runs, parcel.grants, parcel.extra, parcel.ended,
                               parcel.relays, parcel.injections, parcel.collects):
@@ -111,7 +148,7 @@ class LocalRun:
                     parcel.runs.extend(dataclasses.replace(r, channels=list(r.channels), seqs=list(r.seqs),
                                                            senders=list(r.senders))
                                        for r in parcel.runs[: self.rng.randint(0, len(parcel.runs))])
-            self.hosts[dst].receive(parcel)
+            host.receive(parcel)
         return True
 
     def step_all(self) -> bool:
@@ -149,4 +186,142 @@ class LocalRun:
 
     def instance(self, name: tuple[str, int]) -> Any:
         """The ``OperatorInstance`` called ``name``."""
-        return self.hosts[self.placement[name]].by_name[name]
+        return self._by_id[self.placement[name]].by_name[name]
+
+    def wait_op(self, run: OpRun) -> Any:
+        """Step until ``run`` ends; returns its result.
+
+        Raises:
+            OpFailedError / OpTimeoutError: the op failed.
+            TimeoutError: the job came to rest with the op still running.
+        """
+        self._until(lambda: run.state is not OpState.RUNNING, f"control op {run.op_id}")
+        if run.state is OpState.FAILED:
+            assert run.error is not None
+            raise run.error
+        return run.result
+
+    def _until(self, condition: Callable[[], bool], what: str) -> None:
+        """Step until ``condition()``; ``TimeoutError`` if the job comes to rest first (nothing in flight or
+        runnable, and no timer due but a paused source's)."""
+        for _ in range(MAX_ROUNDS):
+            if condition():
+                return
+            if not self.step_all() and not self._in_flight and self._at_rest():
+                raise TimeoutError(f"{what}: still waiting with the job at rest")
+        raise TimeoutError(f"{what}: still waiting after {MAX_ROUNDS} rounds")
+
+    def _at_rest(self) -> bool:
+        now = self.clock()
+        wakeups = [w for w in (h.next_wakeup() for h in self.hosts) if w is not None]
+        return not wakeups or min(wakeups) > now + 3600.0
+
+    # -- topology changes ------------------------------------------------------------------------
+
+    def rescale(self, operator: str, parallelism: int | None = None, strategy: str = "all_at_once",
+                planner: str = "ssm", assignment: Sequence[int] | None = None,
+                **knobs: Any) -> RescaleProgress:
+        """Rescale ``operator`` as ``Job.rescale`` (or ``migrate``, with ``assignment``) does, stepping the
+        loop while each step's op runs; returns the final progress.
+
+        Raises:
+            ValueError / TypeError: a bad call (as ``Job.rescale``).
+            RescaleError: a step could not be carried out (``abandoned`` says why, where a job on Ray
+                would roll back to its last checkpoint).
+        """
+        request = check_request(self.plan.graph.name, self.plan, operator, parallelism, strategy, planner,
+                                assignment, knobs)
+        tally = Tally(request)
+        Rescaler(_LocalTarget(self, operator), request, tally).run()
+        tally.end(RescaleState.DONE)
+        return tally.progress()
+
+    def add_hosts(self, plan: PhysicalPlan, placement: Mapping[InstanceId, int],
+                  host_ids: Sequence[int]) -> None:
+        """Start hosts ``host_ids`` with their instances of ``plan``."""
+        for hid in host_ids:
+            host = HostCore(hid, plan, dict(placement), self.config, clock=self.clock)
+            self.hosts.append(host)
+            self._by_id[hid] = host
+
+    def new_host_ids(self, count: int) -> range:
+        first, self._next_host_id = self._next_host_id, self._next_host_id + count
+        return range(first, first + count)
+
+    def retire_hosts(self, host_ids: Sequence[int]) -> None:
+        """Step until hosts ``host_ids`` drained (their instances finished, output sent), then remove them."""
+        gone = [self._by_id[h] for h in host_ids]
+        self._until(lambda: all(h.done for h in gone), f"retired hosts {list(host_ids)} to drain")
+        for host in gone:
+            self.hosts.remove(host)
+            del self._by_id[host.host_id]
+
+
+class _LocalOp:
+    """An op running in a ``LocalRun``: ``result()`` steps the loop until it ends."""
+
+    def __init__(self, local: LocalRun, run: OpRun):
+        self._local, self._run = local, run
+
+    @property
+    def elapsed_s(self) -> float:
+        return self._run.elapsed_s
+
+    def result(self, timeout: float | None = None) -> Any:
+        return self._local.wait_op(self._run)
+
+
+class _LocalTarget:
+    """A ``LocalRun`` as the rescale of ``operator`` sees it (``rescaler.RescaleTarget``)."""
+
+    def __init__(self, local: LocalRun, operator: str):
+        self.local, self.operator = local, operator
+        self.name = local.plan.graph.name
+
+    @property
+    def plan(self) -> PhysicalPlan:
+        return self.local.plan
+
+    def placement(self) -> dict[InstanceId, int]:
+        return dict(self.local.placement)
+
+    def wait_running(self, timeout_s: float) -> None:
+        pass  # never recovering
+
+    def finished(self) -> set[InstanceId]:
+        return {inst.name for host in self.local.hosts for inst in host.instances if inst.finished}
+
+    def start_op(self, op: Any, op_id: str | None = None,
+                 views: tuple[JobView, JobView] | None = None) -> Any:
+        return _LocalOp(self.local, self.local.run_control(op, op_id, views))
+
+    def wait_op(self, handle: Any, timeout_s: float | None) -> Any:
+        return handle.result(timeout_s)
+
+    def place(self, new: PhysicalPlan) -> HostChange:
+        return place_change(self.local.placement, [h.host_id for h in self.local.hosts], new,
+                            self.local.new_host_ids)
+
+    def prepare(self, op_id: str, new: PhysicalPlan, change: HostChange) -> list[ChangePrepared]:
+        self.local.add_hosts(new, change.placement, change.added)
+        return [host.prepare_change(op_id, new, dict(change.placement))
+                for host in self.local.hosts if host.host_id not in change.added]
+
+    def apply(self, new: PhysicalPlan, placement: Mapping[InstanceId, int]) -> None:
+        self.local.plan, self.local.placement = new, dict(placement)
+
+    def retire(self, host_ids: Sequence[int]) -> None:
+        try:
+            self.local.retire_hosts(host_ids)
+        except TimeoutError as exc:
+            raise RescaleError(f"rescale of {self.operator!r}: retired hosts {list(host_ids)} did not "
+                               "drain") from exc
+
+    def abandon(self, reason: str) -> None:
+        self.local.abandoned.append(reason)
+
+    def pause(self, seconds: float) -> None:
+        """Let queues drain a while: a few rounds of the loop."""
+        for _ in range(PAUSE_ROUNDS):
+            if not self.local.step_all():
+                return

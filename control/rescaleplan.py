@@ -17,6 +17,13 @@ A step never holds bins whose old -> new owner edges form a cycle (two
 instances waiting for each other's bins would wait for ever): such a step is
 split, keeping the order.
 
+The whole rescale is one value: :func:`plan_rescale` turns the options, the
+operator's bin table and what was measured of its bins into a
+:class:`RescalePlan`, a tuple of frozen steps (``Replicate``, ``Migrate``,
+``Drain``, ``Pause``) that says everything the runtime carries out: each
+migration step's bin table, moves, parallelism, whether it blocks, the room
+new owners reserve and the instances that retire.
+
 Pure code, no Ray: ``actors/rescale.py`` runs the steps.
 """
 
@@ -26,9 +33,15 @@ import collections
 import dataclasses
 import enum
 import random
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence, Union
 
-__all__ = ["Strategy", "Priority", "RescaleOptions", "plan_steps", "acyclic_steps", "pair_chunks", "unreached"]
+import numpy as np
+
+from .planning import Assignment, plan as plan_assignment
+
+__all__ = ["Strategy", "Priority", "RescaleOptions", "BinMetrics", "Replicate", "Migrate", "Drain", "Pause",
+           "Step", "RescalePlan", "plan_rescale", "bin_metrics", "plan_steps", "acyclic_steps", "pair_chunks",
+           "unreached"]
 
 
 class Strategy(str, enum.Enum):
@@ -122,6 +135,10 @@ class RescaleOptions:
         return cls(kind, priority=priority, replicate=bool(knobs.get("replicate")), pace=bool(knobs.get("pace")),
                    **fields)
 
+    def measures(self, planner: str) -> bool:
+        """Whether planning needs the bins' loads and sizes measured first (``ssm`` or ``hot_first``)."""
+        return planner == "ssm" or self.priority is Priority.HOT_FIRST
+
     def chunk_size(self, moving: int) -> int:
         """Bins a step when ``moving`` bins move."""
         if self.strategy is Strategy.ALL_AT_ONCE:
@@ -163,6 +180,173 @@ def plan_steps(options: RescaleOptions, moves: Mapping[int, tuple[int, int]],
     if options.replicate and scale_out:
         steps = [[]] + steps  # creates the new instances that the first copies go to
     return steps
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BinMetrics:
+    """What was measured of a keyed operator's bins before planning (an in-band ``Monitor``).
+
+    Attributes:
+        loads: records routed to each bin, or ``None`` (not measured).
+        sizes: state bytes of each bin, or ``None``.
+        keys: keys each bin holds (bins without keys left out).
+    """
+
+    loads: Sequence[float] | None = None
+    sizes: Sequence[float] | None = None
+    keys: Mapping[int, int] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Replicate:
+    """Copy the next migration's bins to their new owners ahead of it (``ReplicateBins``; counted as a step).
+
+    Attributes:
+        moves: bin -> (old owner, new owner) of the bins to copy.
+    """
+
+    moves: Mapping[int, tuple[int, int]]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Migrate:
+    """One migration step: one ``MigrateBins`` op, and the topology change that goes with it.
+
+    Attributes:
+        table: the operator's bin table after the step (``None``: a stateless operator).
+        moves: bin -> (old owner, new owner) of the bins this step moves.
+        parallelism: the operator's instances after the step (a scale-out adds its instances with the
+            first step, a scale-in retires its instances with the last).
+        blocking: aligned (Chi, Megaphone) or Spacker's non-disruptive protocol.
+        everywhere: a blocking step holds every instance's inputs (``all_at_once``), not only its owners'.
+        reserve: new owner -> keys the whole rescale brings it (the first step only), or ``None``.
+        retiring: the instances that give every bin away in the whole rescale (a scale-in's).
+    """
+
+    table: tuple[int, ...] | None
+    moves: Mapping[int, tuple[int, int]]
+    parallelism: int
+    blocking: bool = True
+    everywhere: bool = True
+    reserve: Mapping[int, int] | None = None
+    retiring: tuple[int, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Drain:
+    """``pace``: wait until the records queued behind the last step have gone through (a non-blocking op)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Pause:
+    """``gap_s``: let queues drain for ``seconds`` before the next step."""
+
+    seconds: float
+
+
+Step = Union[Replicate, Migrate, Drain, Pause]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RescalePlan:
+    """A whole rescale as a value: its steps, in order, and what it predicts.
+
+    Attributes:
+        operator: the operator.
+        before / after: its parallelism before and after.
+        steps: the steps.
+        bins: the bins that change owner.
+        predicted_bytes: the planner's estimate of the state bytes that move.
+    """
+
+    operator: str
+    before: int
+    after: int
+    steps: tuple[Step, ...]
+    bins: int = 0
+    predicted_bytes: int = 0
+
+    @property
+    def counted_steps(self) -> int:
+        """The steps a rescale's progress counts: migrations and replications."""
+        return sum(1 for s in self.steps if isinstance(s, (Migrate, Replicate)))
+
+
+def plan_rescale(options: RescaleOptions, operator: str, before: int, after: int,
+                 table: Sequence[int] | None = None, metrics: BinMetrics | None = None,
+                 assignment: Sequence[int] | None = None, planner: str = "ssm") -> RescalePlan:
+    """The steps that take ``operator`` from ``before`` to ``after`` instances.
+
+    Args:
+        options: the strategy and knobs.
+        operator: the operator.
+        before / after: its parallelism now and the target.
+        table: its bin table now; ``None`` for a stateless operator (one step changes its instances).
+        metrics: what was measured of its bins (``None``: nothing; uniform loads and sizes).
+        assignment: the new table, given (a migration); else ``planner`` chooses it.
+        planner: a planner of ``control.planning``.
+
+    Raises:
+        ValueError / PlanningError: the planner's (see ``control.planning.plan``).
+
+    Example:
+        >>> fluid = RescaleOptions.of("fluid", {})
+        >>> plan = plan_rescale(fluid, "count", 1, 2, [0, 0, 0, 0], assignment=[0, 0, 1, 1])
+        >>> [(s.table, dict(s.moves), s.parallelism) for s in plan.steps]
+        [((0, 0, 1, 0), {2: (0, 1)}, 2), ((0, 0, 1, 1), {3: (0, 1)}, 2)]
+    """
+    if table is None:
+        return RescalePlan(operator, before, after, (Migrate(None, {}, after),))
+    metrics = metrics or BinMetrics()
+    if assignment is not None:
+        given = [int(a) for a in assignment]
+        moves = {b: (o, n) for b, (o, n) in enumerate(zip(table, given)) if o != n}
+        chosen = Assignment(given, moves, 0, 0.0, "given")
+    else:
+        loads = None if metrics.loads is None else list(np.asarray(metrics.loads, dtype=np.float64) + 1)
+        chosen = plan_assignment(planner, list(table), after, loads, metrics.sizes, theta=options.theta)
+    chunks = plan_steps(options, chosen.moves, metrics.loads, scale_out=after > before)
+    steps = _steps(options, chunks, chosen, list(table), before, after, metrics.keys)
+    return RescalePlan(operator, before, after, steps, len(chosen.moves), chosen.bytes_moved)
+
+
+def _steps(options: RescaleOptions, chunks: list[list[int]], chosen: Assignment, table: list[int],
+           before: int, after: int, keys: Mapping[int, int]) -> tuple[Step, ...]:
+    """Each chunk as a migration step (a copy first with ``replicate``; a drain or pause after with ``pace``
+    or ``gap_s``, but for the last)."""
+    incoming: dict[int, int] = {}  # new owner -> keys the rescale brings it
+    for b, (_, new_owner) in chosen.moves.items():
+        incoming[new_owner] = incoming.get(new_owner, 0) + keys.get(b, 0)
+    steps: list[Step] = []
+    for k, chunk in enumerate(chunks):
+        last = k == len(chunks) - 1
+        for b in chunk:
+            table[b] = chosen.table[b]
+        moves = {b: chosen.moves[b] for b in chunk}
+        if options.replicate and moves:
+            steps.append(Replicate(moves))
+        steps.append(Migrate(tuple(table), moves, after if after > before or last else before,
+                             blocking=options.strategy is not Strategy.NON_DISRUPTIVE,
+                             everywhere=options.strategy is Strategy.ALL_AT_ONCE,
+                             reserve={i: n for i, n in incoming.items() if n} if k == 0 else None,
+                             retiring=tuple(range(after, before))))
+        if options.pace and not last:
+            steps.append(Drain())
+        if options.gap_s and not last:
+            steps.append(Pause(options.gap_s))
+    return tuple(steps)
+
+
+def bin_metrics(result: Any, operator: str, num_bins: int) -> BinMetrics:
+    """``operator``'s bins as a ``Monitor``'s ``result`` measured them (sizes padded to ``num_bins``)."""
+    sizes = result.bin_bytes.get(operator)
+    if sizes is not None and len(sizes) < num_bins:
+        sizes = np.concatenate([sizes, np.zeros(num_bins - len(sizes), dtype=np.int64)])
+    keys: dict[int, int] = {}
+    for (name, _), m in result.instances.items():
+        for b, n in ((m.get("keys_per_bin") or {}) if name == operator else {}).items():
+            keys[int(b)] = keys.get(int(b), 0) + int(n)
+    return BinMetrics(result.bin_loads.get(operator), sizes, keys)
 
 
 def pair_chunks(bins: Sequence[int], moves: Mapping[int, tuple[int, int]], size: int,

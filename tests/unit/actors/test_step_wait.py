@@ -7,8 +7,9 @@ import types
 
 import pytest
 
-from chiray.actors import rescale
-from chiray.actors.rescale import RescaleError, RescaleRun
+from chiray.actors import rescalejob
+from chiray.actors.rescalejob import JobTarget
+from chiray.actors.rescaler import RescaleError
 from chiray.control.coordination import JobState
 from chiray.control.oprun import OpTimeoutError
 
@@ -27,22 +28,21 @@ class StillRunning:
         raise TimeoutError(f"still running after {timeout} s")
 
 
-def run_with(state: JobState) -> RescaleRun:
-    run = RescaleRun.__new__(RescaleRun)
-    run.operator, run.steps_done, run.steps_total = "count", 1, 2
-    run.job = types.SimpleNamespace(final_snapshot=types.SimpleNamespace(state=state))
-    return run
+def run_with(state: JobState) -> JobTarget:
+    """The rescale of 'count' after 1 of its 2 steps, on a job in ``state``."""
+    job = types.SimpleNamespace(name="j", final_snapshot=types.SimpleNamespace(state=state))
+    return JobTarget(job, "count", types.SimpleNamespace(where=lambda: "1 of 2 steps"))
 
 
 @pytest.fixture(autouse=True)
 def quick_polls(monkeypatch):
-    monkeypatch.setattr(rescale, "STEP_POLL_S", 0.05)
+    monkeypatch.setattr(rescalejob, "STEP_POLL_S", 0.05)
 
 
 def test_a_step_of_a_job_that_ended_fails_at_the_first_look():
     started = time.monotonic()
     with pytest.raises(RescaleError, match=r"the job ended \(FINISHED\) after 1 of 2 steps"):
-        run_with(JobState.FINISHED)._wait_step(StillRunning(), timeout_s=60.0)
+        run_with(JobState.FINISHED).wait_op(StillRunning(), timeout_s=60.0)
     assert time.monotonic() - started < 5.0  # not the step's 60 s
 
 
@@ -50,10 +50,10 @@ def test_a_step_of_a_running_job_waits_for_its_timeout():
     handle = StillRunning()
     started = time.monotonic()
     with pytest.raises(TimeoutError):
-        run_with(JobState.RUNNING)._wait_step(handle, timeout_s=0.3)
+        run_with(JobState.RUNNING).wait_op(handle, timeout_s=0.3)
     assert 0.3 <= time.monotonic() - started < 5.0 and handle.calls >= 3  # polled, job checked between
 
 
 def test_the_ops_own_timeout_and_failures_pass_through():
     with pytest.raises(OpTimeoutError):
-        run_with(JobState.FINISHED)._wait_step(StillRunning(OpTimeoutError("op timed out")), timeout_s=60.0)
+        run_with(JobState.FINISHED).wait_op(StillRunning(OpTimeoutError("op timed out")), timeout_s=60.0)
