@@ -109,7 +109,9 @@ class RowBins:
         positions = np.asarray(positions, dtype=np.int64)
         if self.schema is None:
             raise ValueError("bug in RowBins.take(): no rows were ever added")
-        if len(self._chunks) == 1 or not len(positions):
+        if not len(positions):
+            return self.schema.empty_table()
+        if len(self._chunks) == 1:
             return self._chunks[0].take(pa.array(positions))
         chunk = np.searchsorted(np.asarray(self._starts), positions, side="right") - 1
         order = np.argsort(chunk, kind="stable")
