@@ -83,30 +83,28 @@ class KeyedTopLogic(_KeyedLogic):
         self.n, self.by, self.descending = n, tuple(by), tuple(descending)
         self.idle, self.on = idle, on
         self._idle_ticks: int | None = None
+        self._checked: pa.Schema | None = None
         self._state = KeptRows(self.num_bins, n, key, "chiray.KeyedTop/1")
-        self._tie = 0
 
     @property
     def state(self) -> KeptRows:
         return self._state
 
-    @property
-    def _where(self) -> str:
-        info = getattr(self, "info", None)
-        return f"operator {info.operator!r}" if info is not None else "top"
-
     def process(self, batch: pa.RecordBatch, input_index: int = 0) -> list[pa.RecordBatch]:
+        if self._checked is not batch.schema:  # what the build could not check (a stream of unknown schema)
+            keyed_top_schema(batch.schema, self.by, self.where("top"))
+            self._checked = batch.schema
         if batch.num_rows == 0:
             return []
         uniques, codes = encode_keys(self._key_column(batch))
         slots = self._state.slots(uniques)
         if self.on is not None:
             if self._idle_ticks is None:
-                self._idle_ticks = ticks(self.idle, batch.schema.field(self.on).type, f"{self._where}: idle",
+                self._idle_ticks = ticks(self.idle, batch.schema.field(self.on).type, self.where("top") + ": idle",
                                          self.on)
             fresh = self._state.counts(slots) == 0
             self._state.mark[slots[fresh]] = _MIN_TIME
-            np.maximum.at(self._state.mark, slots[codes], time_values(batch, self.on, self._where))
+            np.maximum.at(self._state.mark, slots[codes], time_values(batch, self.on, self.where("top")))
         rows = pa.Table.from_batches([batch])
         chosen = self._candidates(rows, slots, codes)
         if chosen is not None:

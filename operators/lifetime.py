@@ -42,7 +42,7 @@ import pyarrow.compute as pc
 from .eventtime import time_values
 from .hashing import bins_of
 from .joins import _TwoInputKeyed
-from .ordering import sort_keys
+from .ordering import check_orderable, sort_keys
 from .rowbins import DUE, RowBins, RowsState
 
 __all__ = ["LifetimeJoinLogic", "LifetimeState", "lifetime_output_schema"]
@@ -182,21 +182,15 @@ class LifetimeJoinLogic(_TwoInputKeyed):
         self.by, self.descending = tuple(by), tuple(descending)
         self.watermark = -(1 << 63)
         self.late_records = 0
+        self._checked: pa.Schema | None = None
         self._state = LifetimeState(self.num_bins)
-        self._schemas: list[pa.Schema | None] = [None, None]
 
     @property
     def state(self) -> LifetimeState:
         return self._state
 
-    @property
-    def _where(self) -> str:
-        info = getattr(self, "info", None)
-        return f"operator {info.operator!r}" if info is not None else "lifetime_join"
-
     def process(self, batch: pa.RecordBatch, input_index: int = 0) -> list[pa.RecordBatch]:
         key = self._key(batch, input_index)
-        self._schemas[input_index] = batch.schema
         if batch.num_rows == 0:
             return []
         if input_index == 0:
@@ -207,7 +201,8 @@ class LifetimeJoinLogic(_TwoInputKeyed):
 
     def _open(self, batch: pa.RecordBatch, key: str) -> None:
         """New lifetimes: kept open, and matched with the pending right rows of their keys."""
-        start, end = time_values(batch, self.start, self._where), time_values(batch, self.end, self._where)
+        where = self.where("lifetime_join")
+        start, end = time_values(batch, self.start, where), time_values(batch, self.end, where)
         live = end > self.watermark  # a lifetime that ended already would match nothing more
         self.late_records += int((~live).sum())
         rows = pa.Table.from_batches([batch]).append_column(START, pa.array(start)).append_column(END, pa.array(end))
@@ -229,7 +224,10 @@ class LifetimeJoinLogic(_TwoInputKeyed):
 
     def _arrive(self, batch: pa.RecordBatch, key: str) -> None:
         """Right rows: offered to the open lifetimes of their keys; kept pending if after the watermark."""
-        t = time_values(batch, self.on, self._where)
+        if self._checked is not batch.schema:  # what the build could not check (a stream of unknown schema)
+            check_orderable(batch.schema, self.by, self.where("lifetime_join"), "lifetime_join")
+            self._checked = batch.schema
+        t = time_values(batch, self.on, self.where("lifetime_join"))
         rows = (pa.Table.from_batches([batch]).append_column(TIME, pa.array(t))
                 .append_column(SEQ, pa.array(self._state.numbers(len(t)))))
         opened = self._state.parts[OPEN]

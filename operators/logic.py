@@ -78,6 +78,11 @@ class OperatorLogic(abc.ABC):
         """Called once before the first batch, inside the host actor."""
         self.info = info
 
+    def where(self, verb: str) -> str:
+        """What messages call this operator: ``operator 'name'`` once opened, else ``verb`` (its verb)."""
+        info = getattr(self, "info", None)
+        return f"operator {info.operator!r}" if info is not None else verb
+
     @abc.abstractmethod
     def process(self, batch: pa.RecordBatch, input_index: int) -> Sequence[pa.RecordBatch]:
         """Process one input batch from input ``input_index``; return output batches."""

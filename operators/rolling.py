@@ -40,6 +40,7 @@ from .hashing import bins_of
 from .keptrows import KeptRows
 from .keyed import _KeyedLogic
 from .keyindex import encode_keys
+from .ordering import check_orderable
 
 __all__ = ["RollingLogic", "ROLLING_FUNCS", "rolling_output_schema"]
 
@@ -110,6 +111,7 @@ class RollingLogic(_KeyedLogic):
         self.columns = list(dict.fromkeys(c for _, _, c in self.aggregates if c is not None))
         self.watermark = -(1 << 63)
         self.late_records = 0
+        self._checked: pa.Schema | None = None
         self._state = KeptRows(self.num_bins, max(n - 1, 1), key, "chiray.Rolling/1", extra=(PENDING,),
                                sequence=ARRIVAL)
 
@@ -117,15 +119,14 @@ class RollingLogic(_KeyedLogic):
     def state(self) -> KeptRows:
         return self._state
 
-    @property
-    def _where(self) -> str:
-        info = getattr(self, "info", None)
-        return f"operator {info.operator!r}" if info is not None else "rolling"
-
     def process(self, batch: pa.RecordBatch, input_index: int = 0) -> list[pa.RecordBatch]:
+        if self._checked is not batch.schema:  # what the build could not check (a stream of unknown schema)
+            check_orderable(batch.schema, self.tiebreak, self.where("rolling"), "rolling")
+            rolling_output_schema(batch.schema, self.aggregates, self.where("rolling"))
+            self._checked = batch.schema
         if batch.num_rows == 0:
             return []
-        times = time_values(batch, self.on, self._where)
+        times = time_values(batch, self.on, self.where("rolling"))
         rows = pa.Table.from_batches([batch]).append_column(ARRIVAL, pa.array(self._state.numbers(batch.num_rows)))
         late = times <= self.watermark
         if late.any():
@@ -163,7 +164,7 @@ class RollingLogic(_KeyedLogic):
         state, n = self._state, self.n
         uniques, codes = encode_keys(rows.column(self.key))
         slots = state.slots(uniques)
-        ordering = pa.table([pa.array(slots[codes]), pa.array(time_values(rows, self.on, self._where)),
+        ordering = pa.table([pa.array(slots[codes]), pa.array(time_values(rows, self.on, self.where("rolling"))),
                              *(rows.column(c) for c in self.tiebreak), rows.column(ARRIVAL)],
                             names=["__slot", "__t", *(f"__tie{i}" for i in range(len(self.tiebreak))), ARRIVAL])
         order = pc.sort_indices(ordering, sort_keys=[(c, "ascending") for c in ordering.column_names])

@@ -93,3 +93,8 @@ def test_build_time_errors_name_the_operator_and_the_column():
         ranked.top(2, by="rank", name="best")
     assert keyed.top(2, by=["v", "ts"], descending=[True, False], name="best").schema.names == \
         ["k", "v", "ts", "tags", "rank"]
+
+
+def test_a_column_the_build_could_not_check_is_named_at_the_first_batch():
+    with pytest.raises(ValueError, match=r"top\(\) ranks by column 'v'"):
+        make().process(pa.record_batch({"k": ["a"], "w": [1], "t": [0]}))

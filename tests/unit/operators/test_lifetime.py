@@ -138,3 +138,8 @@ def test_build_time_errors_name_the_operator_and_the_column():
         mixed.lifetime_join(start="start", end="end", on="t", by="price", name="winners")
     stream = keyed.lifetime_join(start="start", end="end", on="t", by="price", name="winners")
     assert stream.schema.names == ["id", "start", "end", "t", "price", "tags"]
+
+
+def test_a_column_the_build_could_not_check_is_named_at_the_first_batch():
+    with pytest.raises(ValueError, match=r"lifetime_join\(\) ranks by column 'price'"):
+        make().process(pa.record_batch({"kk": [1], "t": [4], "cost": [3]}), 1)

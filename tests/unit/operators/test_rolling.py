@@ -109,3 +109,11 @@ def test_build_time_errors_name_the_operator_and_the_column():
     stream = keyed.rolling(3, on="t", tiebreak="name", avg=("p", "mean"), n=(None, "count"), name="avg")
     assert stream.schema.names == ["k", "t", "p", "name", "avg", "n"]
     assert [str(f.type) for f in stream.schema][-2:] == ["double", "int64"]
+
+
+def test_a_column_the_build_could_not_check_is_named_at_the_first_batch():
+    logic = RollingLogic("k", 2, "t", ("id",), [("s", "sum", "v")], NUM_BINS)
+    with pytest.raises(ValueError, match=r"rolling\(\) aggregate 's': unknown column 'v'"):
+        logic.process(pa.record_batch({"k": [1], "t": [5], "w": [1], "id": [0]}))
+    with pytest.raises(ValueError, match=r"rolling\(\) ranks by column 'id'"):
+        logic.process(pa.record_batch({"k": [1], "t": [5], "v": [1]}))
