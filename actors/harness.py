@@ -25,7 +25,7 @@ import random
 import time
 from typing import Any, Callable, Mapping, Sequence
 
-from chiray.control.coordination import OpCoordinator
+from chiray.control.coordination import JobState, OpCoordinator
 from chiray.control.message import InstanceId
 from chiray.control.oprun import JobView, OpRun, OpState, job_view
 from chiray.control.trees import Relay
@@ -78,6 +78,7 @@ class LocalRun:
         self._by_id = {host.host_id: host for host in self.hosts}  # the live hosts (ids are never reused)
         self._next_host_id = n
         self.abandoned: list[str] = []  # why rescale steps were given up (a job on Ray would roll back)
+        self.stalled: set[int] = set()  # hosts that take no step (busy elsewhere); deliveries wait there
         self.rng = random.Random(seed) if seed is not None else None
         self._in_flight: list[tuple[int, Parcel]] = []
         self.broadcast, _ = control_trees(self.plan, self.placement, self.config.control_fanout)
@@ -155,7 +156,8 @@ class LocalRun:
         """One step of every host that can run, then some deliveries; False when quiescent."""
         progressed = False
         for host in self.hosts:
-            progressed |= host.run_step()
+            if host.host_id not in self.stalled:
+                progressed |= host.run_step()
         self._collect()
         progressed |= self._deliver_some()
         return progressed
@@ -212,6 +214,8 @@ class LocalRun:
         raise TimeoutError(f"{what}: still waiting after {MAX_ROUNDS} rounds")
 
     def _at_rest(self) -> bool:
+        if self.stalled:
+            return False
         now = self.clock()
         wakeups = [w for w in (h.next_wakeup() for h in self.hosts) if w is not None]
         return not wakeups or min(wakeups) > now + 3600.0
@@ -232,7 +236,7 @@ class LocalRun:
         request = check_request(self.plan.graph.name, self.plan, operator, parallelism, strategy, planner,
                                 assignment, knobs)
         tally = Tally(request)
-        Rescaler(_LocalTarget(self, operator), request, tally).run()
+        Rescaler(_LocalTarget(self, operator, tally), request, tally).run()
         tally.end(RescaleState.DONE)
         return tally.progress()
 
@@ -272,10 +276,11 @@ class _LocalOp:
 
 
 class _LocalTarget:
-    """A ``LocalRun`` as the rescale of ``operator`` sees it (``rescaler.RescaleTarget``)."""
+    """A ``LocalRun`` as the rescale of ``operator`` sees it (``rescaler.RescaleTarget``; its errors count the
+    steps in ``tally``)."""
 
-    def __init__(self, local: LocalRun, operator: str):
-        self.local, self.operator = local, operator
+    def __init__(self, local: LocalRun, operator: str, tally: Tally):
+        self.local, self.operator, self.tally = local, operator, tally
         self.name = local.plan.graph.name
 
     @property
@@ -296,7 +301,14 @@ class _LocalTarget:
         return _LocalOp(self.local, self.local.run_control(op, op_id, views))
 
     def wait_op(self, handle: Any, timeout_s: float | None) -> Any:
-        return handle.result(timeout_s)
+        """The op's result; a job that ended meanwhile (its input did) raises, as on Ray."""
+        try:
+            return handle.result(timeout_s)
+        except TimeoutError as exc:
+            if not all(host.done for host in self.local.hosts):
+                raise
+            raise RescaleError(f"rescale of {self.operator!r} did not complete: the job ended "
+                               f"({JobState.FINISHED.value}) after {self.tally.where()}") from exc
 
     def place(self, new: PhysicalPlan) -> HostChange:
         return place_change(self.local.placement, [h.host_id for h in self.local.hosts], new,
@@ -304,8 +316,13 @@ class _LocalTarget:
 
     def prepare(self, op_id: str, new: PhysicalPlan, change: HostChange) -> list[ChangePrepared]:
         self.local.add_hosts(new, change.placement, change.added)
-        return [host.prepare_change(op_id, new, dict(change.placement))
-                for host in self.local.hosts if host.host_id not in change.added]
+        try:
+            return [host.prepare_change(op_id, new, dict(change.placement))
+                    for host in self.local.hosts if host.host_id not in change.added]
+        except RuntimeError as exc:  # an instance finished meanwhile: as on Ray, the job would roll back
+            self.abandon(f"preparing the new topology failed: {exc!r}")
+            raise RescaleError(f"rescale of {self.operator!r}: could not start its new instances: "
+                               f"{exc}") from exc
 
     def apply(self, new: PhysicalPlan, placement: Mapping[InstanceId, int]) -> None:
         self.local.plan, self.local.placement = new, dict(placement)

@@ -352,7 +352,7 @@ class Rescaler:
     def _replicate(self, step: Replicate) -> None:
         handle = self.target.start_op(ReplicateBins(self.request.operator, step.moves))
         try:
-            result = handle.result(self.timeout_s)
+            result = self.target.wait_op(handle, self.timeout_s)
         except (OpFailedError, TimeoutError) as exc:
             raise RescaleError(f"rescale of {self.request.operator!r}: replicating bins failed: "
                                f"{exc}") from exc

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
-from chiray.control.rescaleplan import Priority, RescaleOptions, Strategy, acyclic_steps, pair_chunks, plan_steps
+from chiray.control.rescaleplan import (BinMetrics, Drain, Migrate, Pause, Priority, Replicate,
+                                        RescaleOptions, RescalePlan, Strategy, acyclic_steps, pair_chunks,
+                                        plan_rescale, plan_steps)
 
 # bins 0..9 move from instance 0 to instance 1; bin b's load is b (so hot_first is 9, 8, ..., 0)
 MOVES = {b: (0, 1) for b in range(10)}
@@ -104,3 +108,78 @@ def test_options_are_checked():
         RescaleOptions.of("batched", {"pace": "False"})  # a CLI --option pace=False arrives as text
     assert RescaleOptions.of("batched", {"pace": True}).pace and not RescaleOptions.of("batched", {}).pace
     assert not Strategy.ALL_AT_ONCE.moves_bins and Strategy.FLUID.moves_bins
+
+
+# -- whole plans: hundreds of random ones against a plain simulation of the table ---------------------------
+
+
+def random_plan(rng: random.Random) -> tuple[RescaleOptions, list[int], int, int, list[int] | None,
+                                            RescalePlan]:
+    """A random rescale (strategy, knobs, bins, parallelisms, planner or a given table) and its plan."""
+    strategy = rng.choice(["all_at_once", "batched", "fluid", "non_disruptive"])
+    knobs: dict = {"priority": rng.choice(["hot_first", "arrival", "random"]), "seed": rng.randrange(9),
+                   "theta": 3.0}  # a bin never carries over 4 times the mean: ssm always has an answer
+    if strategy in ("batched", "non_disruptive"):
+        knobs.update(rng.choice([{}, {"chunk_bins": rng.randint(1, 8)}, {"chunks": rng.randint(1, 5)}]))
+    knobs["pace"] = strategy != "all_at_once" and rng.random() < 0.3
+    knobs["replicate"] = strategy == "non_disruptive" and rng.random() < 0.5
+    knobs["gap_s"] = rng.choice([0.0, 0.05])
+    options = RescaleOptions.of(strategy, knobs)
+    bins, before, after = rng.choice([4, 16, 64]), rng.randint(1, 4), rng.randint(1, 4)
+    table = [rng.randrange(before) for _ in range(bins)]
+    given = [rng.randrange(after) for _ in range(bins)] if rng.random() < 0.4 else None
+    loads = [float(rng.randint(0, 100)) for _ in range(bins)]
+    sizes = [rng.randint(0, 1000) for _ in range(bins)]
+    metrics = BinMetrics(loads, sizes, {b: rng.randint(0, 9) for b in range(bins)})
+    plan = plan_rescale(options, "op", before, after, table, metrics if rng.random() < 0.8 else None, given,
+                        rng.choice(["ssm", "round_robin", "consistent_hash"]))
+    return options, table, before, after, given, plan
+
+
+@pytest.mark.parametrize("seed", range(500))
+def test_a_random_plan_moves_each_changed_bin_once_from_its_owner_and_ends_at_the_new_table(seed):
+    """Carry the plan out on a dict (bin -> owner): every step moves bins from the owner they have then,
+    its table is the dict after it, each bin whose owner changes moves exactly once, the last table is the
+    given one (or the planner's, within the new parallelism), instances exist for every owner at every step
+    (a scale-out adds them with the first step, a scale-in retires them with the last), and the knobs show
+    where they should."""
+    options, table, before, after, given, plan = random_plan(random.Random(seed))
+    owner = dict(enumerate(table))
+    migrations = [s for s in plan.steps if isinstance(s, Migrate)]
+    moved: list[int] = []
+    for k, step in enumerate(migrations):
+        for b, (old, new) in step.moves.items():
+            assert owner[b] == old != new, (seed, k, b)
+            owner[b] = new
+        moved.extend(step.moves)
+        assert step.table == tuple(owner[b] for b in range(len(table)))
+        last = k == len(migrations) - 1
+        assert step.parallelism == (after if after > before or last else before)
+        assert max(step.table) < step.parallelism, "a bin's owner does not exist at this step"
+        assert step.blocking == (options.strategy is not Strategy.NON_DISRUPTIVE)
+        assert step.everywhere == (options.strategy is Strategy.ALL_AT_ONCE)
+        assert (step.reserve is not None) == (k == 0) and step.retiring == tuple(range(after, before))
+        if options.strategy is Strategy.ALL_AT_ONCE and step.moves:  # no cycle of owners in one step
+            assert acyclic_steps([list(step.moves)], step.moves) == [list(step.moves)]
+        elif step.moves:  # one pair of owners a step
+            assert len(set(step.moves.values())) == 1
+    final = [owner[b] for b in range(len(table))]
+    assert sorted(moved) == [b for b in range(len(table)) if table[b] != final[b]] and plan.bins == len(moved)
+    assert final == (given if given is not None else final) and max(final) < after
+    if plan.bins:
+        assert plan.steps[-1] == migrations[-1], "nothing waits after the last step"
+    for i, step in enumerate(plan.steps):
+        if isinstance(step, Replicate):  # a copy of exactly the next step's bins, just before it
+            assert options.replicate and plan.steps[i + 1].moves == step.moves and step.moves
+        elif isinstance(step, Drain):
+            assert options.pace and isinstance(plan.steps[i - 1], Migrate)
+        elif isinstance(step, Pause):
+            assert step.seconds == options.gap_s > 0
+    replicas = sum(isinstance(s, Replicate) for s in plan.steps)
+    assert replicas == (sum(1 for s in migrations if s.moves) if options.replicate else 0)
+    assert plan.counted_steps == len(migrations) + replicas
+
+
+def test_a_stateless_operator_is_one_step_that_changes_its_instances():
+    plan = plan_rescale(RescaleOptions(), "map", 2, 5)
+    assert plan.steps == (Migrate(None, {}, 5),) and (plan.bins, plan.counted_steps) == (0, 1)
