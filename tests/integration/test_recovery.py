@@ -15,6 +15,8 @@ import json
 import os
 import time
 
+import pandas as pd
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import ray
@@ -22,6 +24,7 @@ import ray
 from chiray.actors import submit
 from chiray.actors.errors import JobFailedError
 from chiray.actors.storage import CheckpointError, CheckpointStorage
+from chiray.control.ops.chains import manifest_chains
 from chiray.control.ops.checkpoint import decode_offsets
 from chiray.operators import Dataflow, Source, generate, to_parquet
 from chiray.operators.staging import OutputInUseError
@@ -537,3 +540,61 @@ def test_rescale_called_while_the_job_recovers_waits_for_it(tmp_path):
     finally:
         job.cancel()
     assert_exact(job, src)
+
+
+def _changed_chains(chk: str, checkpoint_id: int, operator: str) -> int:
+    """How many bins of ``operator`` checkpoint ``checkpoint_id`` wrote as changes over an earlier full copy."""
+    chains = manifest_chains(CheckpointStorage(chk).load(checkpoint_id))
+    return sum(len(files) > 1 for key, bins in chains.items() if key.rsplit("/", 1)[0] == operator
+               for files in bins.values())
+
+
+SMALL = 30_000  # records of the incremental checkpoints' test (a reduce calls Python per record)
+
+
+def _reduce_flow(name: str, src, parallelism: int) -> Dataflow:
+    """A keyed reduce (per-key user state): the sum of ``value`` per key."""
+    flow = Dataflow(name)
+    flow.source(src, parallelism=SPLITS, name="src").key_by("key").reduce(
+        lambda acc, row: {**acc, "value": acc["value"] + row["value"]}, parallelism=parallelism,
+        name="sum").collect(name="out")
+    return flow
+
+
+def _assert_sums(job, src) -> None:
+    got = job.result("out").to_pandas().set_index("key")["value"].sort_index()
+    expected = pa.Table.from_batches(source_batches(src)).to_pandas().groupby("key")["value"].sum().sort_index()
+    pd.testing.assert_series_equal(got, expected, check_names=False)
+
+
+def test_an_incremental_checkpoint_recovers_a_killed_host_and_restores_at_another_parallelism(tmp_path):
+    """Checkpoint 2 writes only the changes of the bins since checkpoint 1: a recovery from it after a host
+    dies is exact, and so is a new job restored from it at parallelism 3 instead of 2 (against pandas)."""
+    small = generate(SMALL, batch_size=BATCH, num_keys=300, num_splits=SPLITS, seed=11)
+    os.makedirs(tmp_path / "gate")
+    gate = Gate(tmp_path / "gate")
+    src = gated(small, gate, SMALL / SPLITS, fast=0.3, trickle=2_000, position=_records_at)
+    chk = str(tmp_path / "chk")
+    job = _reduce_flow("incremental", src, 2).submit(poll_interval_s=0.2, checkpoint_dir=chk)
+    emitted = lambda n: lambda: job.statistics().records_out("src") >= n  # noqa: E731
+    try:
+        wait_for(emitted(0.3 * SMALL), 60, "30 % of the input emitted")
+        job.checkpoint(timeout=60)
+        since = job.statistics().records_out("src")
+        wait_for(emitted(since + 2 * BATCH), 60, "records trickled in after checkpoint 1")
+        second = job.checkpoint(timeout=60)
+        assert _changed_chains(chk, second, "sum"), "checkpoint 2 wrote no changes over checkpoint 1"
+        ray.kill(job.actors[0], no_restart=True)  # keyed instance sum[0] lives on host 0
+        gate.open()
+        job.wait(timeout=180)
+    finally:
+        job.cancel()
+    assert any(e.startswith(f"recovered from checkpoint {second}") for e in job.status().events), \
+        job.status().events
+    _assert_sums(job, small)  # the records the gated source reads
+    restored = _reduce_flow("after", small, 3).submit(restore_from=f"{chk}/chk-{second:06d}")
+    try:
+        restored.wait(timeout=180)
+    finally:
+        restored.cancel()
+    _assert_sums(restored, small)
