@@ -245,7 +245,7 @@ class Tally:
                 self.first_step_ns = time.time_ns()
 
     def where(self) -> str:
-        """"``k`` of ``n`` steps" (for errors)."""
+        """The steps done so far, as "k of n steps" (for errors)."""
         with self._lock:
             return f"{self.counts['steps_done']} of {self.counts['steps']} steps"
 

@@ -88,7 +88,8 @@ def _recovered_from(job) -> list[int]:
 # moved. The two-input operators (q3's join, q4's co-process, q8's window join: where the new owner holds
 # back each input's records by that input's own key column) move with each strategy, one out and the
 # other in; the one-input ones (q5's sliding window, q7's keyed process) all at once. That suffices here:
-# tests/integration/test_rescale.py scales out and in with every strategy and kills a host mid-migration,
+# tests/integration/test_rescale.py scales out and in with each strategy family and kills a host mid-migration
+# (tests/unit/actors/test_rescaler.py runs every strategy and knob in-process),
 # test_event_time.py moves window-join and timer state non-disruptively and windows all at once, and the
 # unit tests cover the planners and the migration ops.
 AAO, ND = ("all_at_once", {}), ("non_disruptive", {"chunk_bins": 8})  # ND: a few steps of 8 bins
