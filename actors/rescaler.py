@@ -186,7 +186,7 @@ class RescaleTarget(Protocol):
 
 COUNTERS = ("steps_done", "steps", "bins_moved", "bins", "bytes_moved", "bins_reloaded", "bytes_replicated",
             "predicted_bytes")
-"""A rescale's counters: ``RescaleProgress``'s fields of the same names, in its order."""
+"""A rescale's counters: ``RescaleProgress``'s fields of the same names."""
 
 
 class Tally:
@@ -208,10 +208,13 @@ class Tally:
     def progress(self) -> RescaleProgress:
         with self._lock:
             request, c = self._request, self.counts
+            elapsed = (self.finished or time.monotonic()) - self.started
             return RescaleProgress(
                 request.operator, request.strategy, self.state, request.parallelism,
-                *(c[name] for name in COUNTERS), (self.finished or time.monotonic()) - self.started,
-                self.first_step_ns, tuple(self.step_log))
+                steps_done=c["steps_done"], steps=c["steps"], bins_moved=c["bins_moved"], bins=c["bins"],
+                bytes_moved=c["bytes_moved"], bins_reloaded=c["bins_reloaded"],
+                bytes_replicated=c["bytes_replicated"], predicted_bytes=c["predicted_bytes"],
+                elapsed_s=elapsed, first_step_ns=self.first_step_ns, step_log=tuple(self.step_log))
 
     def set(self, state: RescaleState) -> None:
         with self._lock:
