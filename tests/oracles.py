@@ -13,7 +13,8 @@ from typing import Any, Iterable, Mapping
 
 import pyarrow as pa
 
-__all__ = ["assert_counts_equal", "key_counts", "output_counts", "source_batches"]
+__all__ = ["assert_counts_equal", "assert_in_order", "key_counts", "output_counts", "source_batches",
+           "track_positions"]
 
 _SHOWN = 10  # keys named per kind of difference
 
@@ -87,3 +88,30 @@ def assert_counts_equal(got: pa.Table | Mapping[Any, int], expected: Mapping[Any
         lines.append(f"  {len(wrong)} keys counted wrong (got vs expected): "
                      + ", ".join(f"{k!r} {got[k]} vs {expected[k]}" for k in wrong[:_SHOWN]))
     raise AssertionError("\n".join(lines))
+
+
+def track_positions(key: Any, rows: pa.RecordBatch, state: Any) -> pa.RecordBatch:
+    """A keyed ``process`` function whose output :func:`assert_in_order` checks: keeps each key's ``seq``
+    values in its state, in arrival order, and emits each record's position in that list (columns ``key``,
+    ``seq``, ``pos``). A record lost, applied twice or out of order, or state lost in a move, shows there."""
+    seqs = state.value or []
+    start = len(seqs)
+    new = rows.column("seq").to_pylist()
+    seqs.extend(new)
+    state.value = seqs
+    return pa.record_batch({"key": [key] * len(new), "seq": new, "pos": list(range(start, start + len(new)))})
+
+
+def assert_in_order(positions: pa.Table, arrival: Mapping[Any, list[int]]) -> None:
+    """Assert that :func:`track_positions`' output ``positions`` holds, for each key, the ``seq`` values of
+    ``arrival`` (key -> its seqs in the order they were sent), each at its own position, in that order."""
+    seen: dict[Any, dict[int, int]] = {}
+    for row in positions.to_pylist():
+        by_pos = seen.setdefault(row["key"], {})
+        assert row["pos"] not in by_pos, f"key {row['key']}: position {row['pos']} twice"
+        by_pos[row["pos"]] = row["seq"]
+    lost, invented = set(arrival) - set(seen), set(seen) - set(arrival)
+    assert not lost and not invented, f"keys lost: {sorted(lost, key=repr)}, invented: {sorted(invented, key=repr)}"
+    for key, by_pos in seen.items():
+        got = [by_pos.get(i) for i in range(len(by_pos))]
+        assert got == list(arrival[key]), f"key {key}: state lost or reordered"

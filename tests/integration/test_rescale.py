@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import collections
 
-import pyarrow as pa
 import pytest
 import ray
 
@@ -33,7 +32,7 @@ from chiray.actors import release_warm_actors
 from chiray.actors.rescale import RescaleError
 from chiray.operators import Dataflow, generate
 from tests.gate import Gate, Gated
-from tests.oracles import assert_counts_equal, key_counts
+from tests.oracles import assert_counts_equal, assert_in_order, key_counts, track_positions
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.usefixtures("ray_session")
@@ -60,22 +59,12 @@ def gated_sources(tmp_path):
     return counted, ordered, gate
 
 
-def track(key, rows, state):
-    """Per key, the list of record sequence numbers in arrival order; emits each record's position."""
-    seqs = state.value or []
-    start = len(seqs)
-    new = rows.column("seq").to_pylist()
-    seqs.extend(new)
-    state.value = seqs
-    return pa.record_batch({"key": [key] * len(new), "seq": new, "pos": list(range(start, start + len(new)))})
-
-
 def build(name: str, counted, ordered) -> Dataflow:
     flow = Dataflow(name)
     flow.source(counted, parallelism=2, name="src").key_by("key", num_bins=BINS).count(
         parallelism=2, name="count").collect(name="counts")
     flow.source(ordered, parallelism=1, name="src1").key_by("key", num_bins=BINS).process(
-        track, parallelism=2, name="seqs").collect(name="positions")
+        track_positions, parallelism=2, name="seqs").collect(name="positions")
     return flow
 
 
@@ -85,13 +74,7 @@ def check_exact(job, counted: Gated, ordered: Gated) -> None:
     for batch in ordered.emitted():
         for k, s in zip(batch.column("key").to_pylist(), batch.column("seq").to_pylist()):
             arrival[k].append(s)
-    seen: dict[str, dict[int, int]] = collections.defaultdict(dict)
-    for row in job.result("positions").to_pylist():
-        assert row["pos"] not in seen[row["key"]], f"key {row['key']}: position {row['pos']} twice"
-        seen[row["key"]][row["pos"]] = row["seq"]
-    assert set(seen) == set(arrival)
-    for key, by_pos in seen.items():
-        assert [by_pos[i] for i in range(len(by_pos))] == arrival[key], f"key {key}: state lost or reordered"
+    assert_in_order(job.result("positions"), arrival)
 
 
 def emitted(job, operator: str, n: int):

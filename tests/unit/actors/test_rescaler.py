@@ -18,7 +18,6 @@ import functools
 import random
 from typing import Any, Callable
 
-import pyarrow as pa
 import pytest
 
 from chiray.actors.config import JobConfig
@@ -27,7 +26,7 @@ from chiray.actors.jobvalues import RescaleState
 from chiray.actors.rescaler import RescaleError
 from chiray.control.ops.migrate import MigrateBins
 from chiray.operators import Dataflow
-from tests.oracles import assert_counts_equal, output_counts
+from tests.oracles import assert_counts_equal, assert_in_order, output_counts, track_positions
 
 from ..control.support import SeqSource, run_until
 
@@ -41,16 +40,6 @@ STRATEGIES = [
     ("non_disruptive", {"chunk_bins": 4, "replicate": True}),
 ]
 KEYED = ("count", "seqs")
-
-
-def track(key: Any, rows: pa.RecordBatch, state: Any) -> pa.RecordBatch:
-    """Per key, the list of ``seq`` in arrival order; emits each record's position in it."""
-    seqs = state.value or []
-    start = len(seqs)
-    new = rows.column("seq").to_pylist()
-    seqs.extend(new)
-    state.value = seqs
-    return pa.record_batch({"key": [key] * len(new), "seq": new, "pos": list(range(start, start + len(new)))})
 
 
 class Driven(LocalRun):
@@ -95,7 +84,7 @@ class Job:
         flow.source(self.counted, parallelism=2, name="src").key_by("value").count(
             parallelism=2, name="count", emit="final").collect(name="counts")
         flow.source(self.ordered, parallelism=1, name="src1").key_by("value").process(
-            track, parallelism=2, name="seqs").collect(name="positions")
+            track_positions, parallelism=2, name="seqs").collect(name="positions")
         self.local = Driven(flow, JobConfig(channel_capacity=capacity, num_hosts=num_hosts), seed=seed,
                             clock=counting_clock())
         self.local.hooks.append(self._trickle)
@@ -141,15 +130,10 @@ class Job:
         counted = self.counted
         expected = collections.Counter(r["value"] for s in counted.split_numbers for r in counted.rows(s))
         assert_counts_equal(output_counts(out["counts"], key="value"), expected)
-        order: dict[int, list[int]] = collections.defaultdict(list)
+        order: dict[int, list[int]] = collections.defaultdict(list)  # one split: arrival order is seq order
         for r in self.ordered.rows(2):
             order[r["value"]].append(r["seq"])
-        seen: dict[int, dict[int, int]] = collections.defaultdict(dict)
-        for row in out["positions"].to_pylist():
-            assert row["pos"] not in seen[row["key"]], f"key {row['key']}: position {row['pos']} twice"
-            seen[row["key"]][row["pos"]] = row["seq"]
-        assert {k: [by_pos[i] for i in range(len(by_pos))] for k, by_pos in seen.items()} == order, \
-            "a key's state was lost or reordered"
+        assert_in_order(out["positions"], order)
 
     def live(self, operator: str) -> list[int]:
         """The indexes of ``operator``'s instances that still run."""
