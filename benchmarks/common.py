@@ -33,7 +33,9 @@ def start_ray(num_cpus: int | None = None, ray_metrics: bool = True) -> bool:
     os.environ.setdefault("RAY_ENABLE_AUTO_CONNECT", "0")
     if not ray_metrics:
         os.environ["RAY_enable_metrics_collection"] = "0"  # the processes ray.init starts inherit it
-    ray.init(num_cpus=num_cpus, include_dashboard=False, logging_level="ERROR")
+    # "local": a new instance even while a ray.cluster_utils.Cluster of another process is alive (ray.init()
+    # would connect to the one named in /tmp/ray/ray_current_cluster).
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, logging_level="ERROR")
     return True
 
 

@@ -13,18 +13,31 @@ os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 os.environ.setdefault("CHIRAY_REUSE_HOSTS", "6")
 
 
-@pytest.fixture(scope="session")
-def ray_session():
-    """A private local Ray instance for the whole session (never attaches to another cluster)."""
+def start_private_ray() -> None:
+    """Start this process's own local Ray, unless it has one.
+
+    ``address="local"``: without it, ``ray.init()`` connects to the cluster named in
+    ``/tmp/ray/ray_current_cluster`` when one is alive, as a ``ray.cluster_utils.Cluster`` of another
+    test process is while it runs (``make test`` runs two pytest processes at once), and then fails on
+    ``num_cpus`` ("When connecting to an existing cluster, num_cpus ... must not be provided")."""
     import ray
 
     if not ray.is_initialized():
         ray.init(
+            address="local",
             num_cpus=4,
             include_dashboard=False,
             logging_level="WARNING",
             log_to_driver=True,
             object_store_memory=512 * 1024 * 1024,
         )
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """A private local Ray instance for the whole session (never attaches to another cluster)."""
+    import ray
+
+    start_private_ray()
     yield ray
     ray.shutdown()
