@@ -54,6 +54,9 @@ class LocalCluster:
     max_worker_restarts = 2
     """How many times in all workers are started again while the cluster comes up."""
 
+    host = "127.0.0.1"
+    """The address the head listens on (``address`` is ``host:port``)."""
+
     def __init__(self, num_cpus: int = 4, metrics_report_ms: int = 500, worker_nodes: int = 0,
                  worker_cpus: int = 2, dashboard: bool = False):
         self.dashboard = dashboard
@@ -74,10 +77,7 @@ class LocalCluster:
     def __enter__(self) -> "LocalCluster":
         port, self.metrics_port, agent, agent_grpc, runtime_env, client, node_mgr, obj_mgr, dash = free_ports(9)
         self.metrics_ports = [self.metrics_port]
-        env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_ENABLE_AUTO_CONNECT": "0", "PYTHONWARNINGS": "ignore",
-               "RAY_metrics_report_interval_ms": str(self.metrics_report_ms),
-               "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}  # a node stops at once on SIGTERM: no drain to wait out
-        env.pop("RAY_ADDRESS", None)
+        env = self._environment()
         cmd = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block", f"--port={port}",
                f"--temp-dir={self.temp}", f"--num-cpus={self.num_cpus}",
                *(["--include-dashboard=true", f"--dashboard-port={dash}", "--dashboard-host=127.0.0.1"]
@@ -85,10 +85,10 @@ class LocalCluster:
                f"--metrics-export-port={self.metrics_port}", f"--dashboard-agent-listen-port={agent}",
                f"--dashboard-agent-grpc-port={agent_grpc}", f"--runtime-env-agent-port={runtime_env}",
                f"--ray-client-server-port={client}", f"--node-manager-port={node_mgr}",
-               f"--object-manager-port={obj_mgr}", "--disable-usage-stats"]
+               f"--object-manager-port={obj_mgr}", "--disable-usage-stats", *self._head_options()]
         self._head = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
                                       stderr=subprocess.DEVNULL)
-        self.address = f"127.0.0.1:{port}"
+        self.address = f"{self.host}:{port}"
         self.dashboard_address = f"http://127.0.0.1:{dash}" if self.dashboard else ""
         self.env = {**env, "RAY_ADDRESS": self.address}
         try:
@@ -100,6 +100,18 @@ class LocalCluster:
             self.__exit__(None, None, None)
             raise
         return self
+
+    def _environment(self) -> dict[str, str]:
+        """The environment of every node's ``ray start`` (and, with ``RAY_ADDRESS``, of ``env``)."""
+        env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_ENABLE_AUTO_CONNECT": "0", "PYTHONWARNINGS": "ignore",
+               "RAY_metrics_report_interval_ms": str(self.metrics_report_ms),
+               "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}  # a node stops at once on SIGTERM: no drain to wait out
+        env.pop("RAY_ADDRESS", None)
+        return env
+
+    def _head_options(self) -> list[str]:
+        """Options the head's ``ray start`` takes beyond ports and sizes (a subclass adds its own)."""
+        return []
 
     def _spawn_worker(self, env: dict[str, str]) -> tuple[subprocess.Popen, str]:
         """A second node on this machine: a ``ray start`` that joins the head, with ports and a temp dir of its own."""
@@ -172,7 +184,7 @@ class LocalCluster:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                socket.create_connection((self.host, port), timeout=1).close()
                 return
             except OSError:
                 assert self._head is not None
