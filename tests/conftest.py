@@ -41,3 +41,13 @@ def ray_session():
     start_private_ray()
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """A private S3-compatible server (moto's, ``benchmarks.s3server.S3Server``) for the whole session,
+    started by the first test that asks for it; stopped at the end of the session."""
+    from benchmarks.s3server import S3Server
+
+    with S3Server() as server:
+        yield server
