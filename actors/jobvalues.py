@@ -25,6 +25,7 @@ import time
 from typing import Any, Callable, Iterator, Mapping
 
 from chiray.control.coordination import JobState
+from chiray.operators.sides import SourceSideStatus
 
 __all__ = ["EventKind", "JobEvent", "JobInfo", "RescaleProgress", "RescaleRecord", "CheckpointInfo", "RescaleState",
            "RescaleOutcome", "plain_json"]
@@ -147,6 +148,8 @@ class EventKind(str, enum.Enum):
     STOPPED = "stopped"
     CANCELLED = "cancelled"
     ENDED = "ended"
+    SOURCE_RECOVERY = "source_recovery"
+    """A source's side (a Spark driver the job owns) failed: the job restarted from its last checkpoint."""
     RUN = "run"
     """An event of the job's current run (its controller's lifecycle: failures, recoveries)."""
 
@@ -173,6 +176,7 @@ def _text(kind: EventKind, f: Mapping[str, Any]) -> str:
                                     + (f" (savepoint {f['savepoint']})" if f.get("savepoint") else "")),
         EventKind.CANCELLED: lambda: "cancelled",
         EventKind.ENDED: lambda: f"job {str(f.get('state', '')).lower()}{error}",
+        EventKind.SOURCE_RECOVERY: lambda: f"recovery: {f.get('cause')}; the job rolled back to {f.get('where')}",
         EventKind.RUN: lambda: (f"run {f['run']}: " if "run" in f else "") + str(f.get("text")),
     }
     return render[kind]()
@@ -344,3 +348,5 @@ class JobInfo(_Value):
         last = self.last_checkpoint
         out["last_checkpoint"] = None if last is None else {"id": last.id, "path": last.path}
         return out
+        sources: the status of each source's side (a Spark driver the job owns), running jobs only.
+    sources: tuple[SourceSideStatus, ...] = ()

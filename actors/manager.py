@@ -36,6 +36,7 @@ import ray
 
 from chiray.control.coordination import JobState
 from chiray.operators.graph import OperatorKind
+from chiray.operators.sides import SourceSide, SourceSideStatus, source_sides
 
 from . import jobstore
 from .config import JobConfig
@@ -93,6 +94,7 @@ class JobManagerCore:
         self._run_events = 0  # the events of the running job's run already in the record
         self._submitted: dict[str, int] | None = None  # see _submitted_parallelism
         stored = jobstore.load(name) if reconstructed else None
+        self._sides: list[tuple[str, SourceSide]] = []  # the running job's sources' sides (Spark drivers)
         self._restarted = stored is not None
         if stored is not None:
             self.record = dataclasses.replace(stored, restarts=stored.restarts + 1)
@@ -142,12 +144,14 @@ class JobManagerCore:
         if self._job is not None:
             self._watch()
 
-    def _deploy(self) -> None:
+    def _deploy(self, cause: str | None = None) -> None:
+        """Deploy the job: as submitted, or (after this manager restarted, or because of ``cause``: a source's
+        side failed) from its last checkpoint, its sinks recovered first."""
         record = self.record
         flow = with_parallelism(cloudpickle.loads(record.flow), dict(record.parallelism))
         self._exporter.describe(flow.graph)
         restore_from = record.restore_from
-        if self._restarted:
+        if self._restarted or cause is not None:
             storage = self.storage
             latest = storage.latest()
             restore = RestoreInfo(storage, latest) if latest is not None else None
@@ -157,11 +161,17 @@ class JobManagerCore:
             where = (f"checkpoint {restore.checkpoint_id}" if restore is not None else
                      f"the restore point {restore_from}" if restore_from is not None else "the start")
             self._exporter.recovery()
-            self._update(JobEvent.of(EventKind.RECOVERY, restart=record.restarts, where=where), state=JobState.RUNNING,
-                         rescales=tuple(interrupted(r) for r in record.rescales))
+            event = (JobEvent.of(EventKind.RECOVERY, restart=record.restarts, where=where) if cause is None else
+                     JobEvent.of(EventKind.SOURCE_RECOVERY, cause=cause, where=where))
+            self._update(event, state=JobState.RUNNING, rescales=tuple(interrupted(r) for r in record.rescales))
         config = dataclasses.replace(record.config, detached=False, name=None,
                                      checkpoint_dir=record.checkpoint_dir)
-        self._job = self._ran = submit(flow, config=config, restore_from=restore_from)
+        try:
+            self._job = self._ran = submit(flow, config=config, restore_from=restore_from)
+        finally:  # the sides its sources' splits() started: this manager owns them (closed if the submit failed)
+            self._sides = source_sides(flow.graph)
+            if self._job is None:
+                self._close_sides()
         self._seen_checkpoint = max(self.storage.checkpoint_ids(), default=0)
         self._seen_autoscale = 0
         self._run_events = 0  # the events of this run already in the record (see _keep_run_events)
@@ -188,9 +198,15 @@ class JobManagerCore:
                 if self._ended.is_set():
                     return
                 ended = self._poll_end(job)
+                failed = self._failed_side()
+                if failed is not None:
+                    self._recover_side(job, failed)
+                    continue
             if ended:
                 return
             events = self._keep_run_events(job)
+            if job is not self._job:  # it was started again (a source's side failed)
+                continue
             interval = self.record.config.metrics_interval_s
             if interval is not None:
                 try:
@@ -208,6 +224,43 @@ class JobManagerCore:
             self._ended.wait(interval or POLL_S)
 
     def _poll_end(self, job: Job) -> bool:
+    # -- sources' sides --------------------------------------------------------------------
+
+    def _failed_side(self) -> str | None:
+        """Why a side of the running job's sources failed (the first one found), or ``None``."""
+        for _, side in self._sides:
+            reason = side.failure()
+            if reason is not None:
+                return reason
+        return None
+
+    def _recover_side(self, job: Job, cause: str) -> None:
+        """A source's side failed: stop the job's run and start it again from its last checkpoint (new sides
+        resume there); the job fails if that start fails."""
+        log.warning("job %s: %s; restarting it from its last checkpoint", self.name, cause)
+        self._keep_run_events(job)
+        try:
+            job.cancel()
+        except Exception as exc:  # its actors may be gone already
+            log.debug("job %s: cancelling the run failed: %r", self.name, exc)
+        self._close_sides()
+        self._job = None
+        try:
+            self._deploy(cause)
+        except Exception as exc:
+            self._end(JobState.FAILED, exc)
+
+    def _close_sides(self) -> None:
+        sides, self._sides = self._sides, []
+        for name, side in sides:
+            try:
+                side.close()
+            except Exception as exc:
+                log.warning("job %s: closing the side of source %s failed: %r", self.name, name, exc)
+
+    def _side_statuses(self) -> tuple[SourceSideStatus, ...]:
+        return tuple(side.status() for _, side in self._sides)
+
         try:
             job.wait(timeout=0)
         except TimeoutError:
@@ -217,6 +270,10 @@ class JobManagerCore:
             return True
         except Exception as exc:
             self._end(JobState.FAILED, exc)
+            failed = self._failed_side()  # the run failed because its source's side died: run it again
+            if failed is not None:
+                self._recover_side(job, failed)
+                return self._ended.is_set()
             return True
         self._end(JobState.FINISHED, None)
         return True
@@ -241,6 +298,7 @@ class JobManagerCore:
                         log.debug("job %s: no result for %s: %r", self.name, sink, exc)
         self._note_rescales()
         error = None if failure is None else f"{type(failure).__name__}: {failure}"
+        self._close_sides()
         self._update(JobEvent.of(EventKind.ENDED, state=state, error=error), state=state, error=error,
                      failure=None if failure is None else portable(failure), results=tuple(results.items()),
                      statistics=stats, ended_at=time.time())
@@ -378,7 +436,8 @@ class JobManagerCore:
         last = CheckpointInfo(ids[-1], self.storage.chk_dir(ids[-1])) if ids else None
         return JobInfo(self.name, self.status().state, record.submitted_at, record.ended_at,
                        (record.ended_at or time.time()) - record.submitted_at, tuple(operators.items()),
-                       record.restarts, record.error, record.checkpoint_dir, last, self._rate())
+                       record.restarts, record.error, record.checkpoint_dir, last, self._rate(),
+                       sources=self._side_statuses())
 
     def _submitted_parallelism(self) -> dict[str, int]:
         """Each operator's parallelism in the submitted flow (unpickled once: it holds the user's code)."""
@@ -561,6 +620,7 @@ class JobManagerCore:
             self._job.cancel()
             self._job = None
             self._update(JobEvent.of(EventKind.CANCELLED), state=JobState.CANCELLED, ended_at=time.time())
+            self._close_sides()
             self._ended.set()
 
     def wait(self, timeout: float | None = None) -> JobState:
@@ -578,6 +638,7 @@ class JobManagerCore:
             raise ChirayError(f"job {self.name!r} is {record.state.value.lower()}: it has no result")
         results = dict(record.results)
         if sink is None:
+            self._close_sides()
             if len(results) != 1:
                 raise ValueError(f"job {self.name!r} has sinks {sorted(results)}; name one")
             return next(iter(results.values()))

@@ -106,7 +106,8 @@ def do_status(args: argparse.Namespace) -> int:
                  f"last checkpoint: {last.id} at {last.path}" if last else "last checkpoint: none"]
         if info.error:
             lines.append(f"error: {info.error}")
-        return "\n".join([*lines, "events:", *(f"  {e}" for e in events)])
+        sides = ["sources:", *(f"  {s.describe()}" for s in info.sources)] if info.sources else []
+        return "\n".join([*lines, *sides, "events:", *(f"  {e}" for e in events)])
     return _emit(args, data, human)
 
 
@@ -165,11 +166,33 @@ def _metrics_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+def _side_rows(job: Any) -> list[dict[str, Any]]:
+    """One row per source side (a Spark driver the job owns): ``{"operator", "instance": None, "source_side"}``."""
+    from chiray.actors.jobvalues import plain_json
+
+    try:
+        sides = job.info().sources
+    except Exception:  # the job ended meanwhile
+        return []
+    return [{"operator": s.source, "instance": None, "source_side": plain_json(s)} for s in sides]
+
+
+def _side_lines(rows: list[dict[str, Any]]) -> str:
+    out = []
+    for r in rows:
+        s = r["source_side"]
+        rate = "-" if s["input_rows_per_s"] is None else f"{s['input_rows_per_s']:,.0f}"
+        out.append(f"{r['operator']:<14} {s['kind']}: {s['state']}  last batch {s['last_batch']}  "
+                   f"input rows/s {rate}  rows waiting {s['rows_waiting']}  {s['detail']}")
+    return "\n".join(out)
+
+
 def do_metrics(args: argparse.Namespace) -> int:
     job = _attach(args)
     while True:
         rows = _metrics_rows(job)
-        _emit(args, rows, lambda: _metrics_table(rows))
+        sides = _side_rows(job)
+        _emit(args, rows + sides, lambda: "\n".join(filter(None, [_metrics_table(rows), _side_lines(sides)])))
         if not args.watch or job.info().state.terminal:
             return 0
         sys.stdout.flush()

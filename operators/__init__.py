@@ -9,6 +9,7 @@ from .dataflow import Dataflow, KeyedStream, Stream
 from .delta import to_delta
 from .generator import generate
 from .logic import InstanceInfo, OperatorLogic, Sink, SinkWriter, Source, SourceSplit, SplitAddress, SplitReader
+from .sides import SideState, SourceSide, SourceSideStatus
 from .sinks import collect, to_parquet
 from .sources import from_arrow, from_items, from_parquet
 from .textsources import from_csv, from_json
@@ -36,6 +37,9 @@ __all__ = [
     "SourceSplit",
     "SplitAddress",
     "SplitReader",
+    "SourceSide",
+    "SourceSideStatus",
+    "SideState",
     "Sink",
     "SinkWriter",
     "OperatorLogic",

@@ -17,9 +17,12 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import pyarrow as pa
+
+if TYPE_CHECKING:
+    from .sides import SourceSide
 
 __all__ = [
     "InstanceInfo",
@@ -243,6 +246,14 @@ class Source(abc.ABC):
 
         A detached job (``submit(..., detached=True)``) outlives its driver, so
         ``submit`` refuses a source that answers with a reason.
+        """
+        return None
+
+    def side(self) -> "SourceSide | None":
+        """What ``splits()`` started beside the job for this source (a Spark driver), or ``None`` (the default).
+
+        The job's owner (a detached job's manager) watches it, restarts the job from its last checkpoint
+        when it fails, and closes it with the job (see ``operators.sides``).
         """
         return None
 

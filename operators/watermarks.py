@@ -170,6 +170,15 @@ class WatermarkedSource(Source):
         inner = self.source.for_parallelism(parallelism)
         return self if inner is self.source else WatermarkedSource(inner, self.strategy)
 
+    def fed_from_outside(self) -> bool:
+        return self.source.fed_from_outside()
+
+    def driver_bound(self) -> str | None:
+        return self.source.driver_bound()
+
+    def side(self) -> Any:
+        return self.source.side()
+
     def checkpoint_complete(self, checkpoint_id: int, offsets: dict[str, Any]) -> None:
         """The inner source learns its own offsets (without the watermarks)."""
         inner = {k: (v[0] if isinstance(v, tuple) else v) for k, v in offsets.items()}

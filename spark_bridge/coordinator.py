@@ -251,6 +251,10 @@ class StreamCoordinator(_Shell):
     async def take_released(self) -> list[int]:
         return self._core.take_released()
 
+    async def registered(self, timeout_s: float) -> dict[int, int] | None:
+        """Each lane's epoch to start from, once every lane's reader registered (waits up to ``timeout_s``)."""
+        return await self._until(self._core.registered, lambda answer: answer is not None, timeout_s)
+
     async def statistics(self) -> EpochStatistics:
         return self._core.statistics()
 

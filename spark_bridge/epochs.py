@@ -69,6 +69,9 @@ class EpochStatistics:
         delivered_bytes: Arrow IPC bytes lanes read (pushed to their hosts).
         repushes: Spark jobs that pushed kept epochs again (replays, lost shares).
         row_bytes_received: bytes of row data in the calls the coordinator received (0).
+        rows_waiting: rows of committed epochs that a lane has not read yet.
+        skipped_epochs: lane shares of epochs a lane's reader registered past (a query re-ran an epoch
+            that the dataflow's checkpoint holds already).
     """
 
     committed_epochs: int
@@ -82,6 +85,8 @@ class EpochStatistics:
     delivered_bytes: int = 0
     repushes: int = 0
     row_bytes_received: int = 0
+    rows_waiting: int = 0
+    skipped_epochs: int = 0
 
 
 @dataclasses.dataclass(slots=True)
@@ -115,6 +120,9 @@ class EpochDirectory:
         self._ended = False
         self._error: str | None = None
         self._lane_last: dict[int, int] = {}  # the last epoch each lane took
+        self._lane_from: dict[int, int] = {}  # the epoch each lane's reader registered from
+        self._rows_waiting: dict[tuple[int, int], int] = {}  # (epoch, lane) -> rows committed, not taken
+        self._skipped = 0
         self._acked: dict[int, int] = {}  # lane -> the next epoch its checkpointed offset needs
         self._kept_from = 0  # epochs below this may have been dropped
         self._released: list[int] = []  # dropped epochs whose copy the driver may free
@@ -140,8 +148,8 @@ class EpochDirectory:
 
     def begin(self, epoch: int) -> int | None:
         """The driver is about to push micro-batch ``epoch``: its generation, or ``None`` (a re-run: ignore it)."""
-        if self.is_committed(epoch):
-            self._ignored += 1
+        if self.is_committed(epoch) or all(epoch < self._lane_from.get(lane, 0) for lane in range(self.lanes)):
+            self._ignored += 1  # committed already, or every lane's checkpoint holds it: a re-run
             return None
         self._generation += 1
         self._begun = (epoch, self._generation)
@@ -172,8 +180,22 @@ class EpochDirectory:
         self._done.append(epoch)
         self._partitions[epoch] = tuple(sorted(partitions))
         self._taken[epoch] = set()
+        forwards = []
+        for lane in range(self.lanes):
+            if epoch < self._lane_from.get(lane, 0):  # its reader's checkpoint holds this epoch already
+                self._skip(epoch, lane)
+                continue
+            rows = sum(r for p, _, _, r in succeeded if p % self.lanes == lane)
+            self._rows_waiting[(epoch, lane)] = rows
+            forwards += self._offer(epoch, lane, generation, succeeded)
         self._peak = max(self._peak, self._waiting())
-        return [f for lane in range(self.lanes) for f in self._offer(epoch, lane, generation, succeeded)]
+        return forwards
+
+    def _skip(self, epoch: int, lane: int) -> None:
+        """Lane ``lane`` has ``epoch`` already (a re-run of it after the query restarted): taken, nothing sent."""
+        self._lanes[lane].shares[epoch] = (Share.SENT, 0)
+        self._taken[epoch].add(lane)
+        self._skipped += 1
 
     def _mine(self, epoch: int, lane: int) -> list[int]:
         return [p for p in self._partitions[epoch] if p % self.lanes == lane]
@@ -204,6 +226,7 @@ class EpochDirectory:
         if state.destination is not None and state.destination.token == destination.token:
             return []
         state.destination, state.shares = destination, {}
+        self._lane_from[lane] = from_epoch
         last = self._lane_last.get(lane, -1)
         if from_epoch <= last and from_epoch < self._kept_from:
             error = (
@@ -226,6 +249,7 @@ class EpochDirectory:
         last = self._lane_last.get(lane, -1)
         self._replayed += epoch <= last
         self._lane_last[lane] = max(last, epoch)
+        self._rows_waiting.pop((epoch, lane), None)
         self._delivered += rows
         self._bytes += nbytes
         if epoch in self._taken:
@@ -364,4 +388,11 @@ class EpochDirectory:
         return EpochStatistics(
             len(self._done), self._ignored, self._waiting(), self._peak, self._delivered, self._discarded,
             retained, self._replayed, self._bytes, self._repushes, self._received,
+            sum(self._rows_waiting.values()), self._skipped,
         )
+
+    def registered(self) -> dict[int, int] | None:
+        """Each lane's epoch to start from, once every lane's reader registered (``None`` before)."""
+        if len(self._lane_from) < self.lanes:
+            return None
+        return dict(self._lane_from)

@@ -70,6 +70,12 @@ class CoordinatorLink:
 
         return ray.get_runtime_context().current_actor
 
+    def ask(self, method: str, *args: Any) -> Any:
+        """Call ``method`` and wait for its answer (for the driver or the job's owner, never in a host's loop)."""
+        import ray
+
+        return ray.get(getattr(self.handle(), method).remote(*args))
+
     def call(self, method: str, *args: Any) -> None:
         import ray
 

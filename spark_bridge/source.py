@@ -28,20 +28,26 @@ from __future__ import annotations
 
 import functools
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+
+if TYPE_CHECKING:
+    from .staged import StagedSource
 
 from chiray.operators import Source, SourceSplit, SplitReader
 
 from .env import gcs_address, require_pyspark, worker_env
 from .push import SUMMARY_SCHEMA, PushTarget, push_ipc_partition, push_partition
+from .coordinator import NAMESPACE
+from .owned import Owned, OwnedStagedSource, check_build, push_target
 from .readers import CoordinatorLink, UnitReader
 from .schema import to_arrow_schema
-from .staged import StagedSource
+from .sparkconfig import SparkConfig
+from .sparkside import SideKind, SideSpec
 from .units import BufferStatistics
 
-__all__ = ["SparkSource", "from_spark", "release_warm_coordinators"]
+__all__ = ["OwnedBatchSource", "SparkSource", "from_spark", "release_warm_coordinators"]
 
 
 class _Driver:
@@ -227,6 +233,36 @@ class SparkSource(Source):
         return self._name
 
 
+class OwnedBatchSource(Owned, SparkSource):
+    """``from_spark(build, spark=...)``: a batch DataFrame that its job's Spark side pushes (``owned.py``)."""
+
+    def __init__(self, build: Any, spark: SparkConfig, name: str, options: dict[str, Any]) -> None:
+        self._own(SideKind.BATCH, build, spark, options, _start_batch)
+        self._schema: pa.Schema | None = None  # type: ignore[assignment]
+        self._name, self._coordinator, self._namespace = name, name, NAMESPACE
+        self._read_ahead = int(options["max_units"])
+        self._num_partitions = 0
+        self._driver = None
+
+    def schema(self) -> pa.Schema | None:
+        return self._schema
+
+    def splits(self) -> list[SourceSplit]:
+        self._schema, splits = self._start_side()
+        self._num_partitions = len(splits)
+        return list(splits)
+
+    def statistics(self) -> BufferStatistics:
+        return CoordinatorLink(self._coordinator, self._namespace).ask("statistics")
+
+
+def _start_batch(spec: SideSpec, df: Any) -> tuple[SparkSource, pa.Schema]:
+    """In the Spark side: the driver-side source over ``df`` (Spark jobs start at its ``splits()``)."""
+    schema = to_arrow_schema(df.schema)
+    target = push_target(spec, schema, stream=False)
+    return SparkSource(df, schema, target, spec.name, spec.option("max_units"), spec.option("max_jobs")), schema
+
+
 def from_spark(
     df: Any,
     *,
@@ -238,8 +274,16 @@ def from_spark(
     max_jobs: int = 4,
     name: str | None = None,
     keep_warm: bool = False,
-) -> SparkSource | StagedSource:
+    spark: Any = None,
+) -> SparkSource | StagedSource | OwnedStagedSource:
     """A source over a Spark DataFrame, fed by Spark's executors.
+
+    Given a DataFrame, its driver side (coordinator, Spark jobs; or the
+    staging) runs in this process. Given a function that builds the DataFrame
+    from a session, the source lives with its job: the job's submit (a
+    detached job's manager) starts an actor that makes the session from
+    ``spark`` and runs the driver side there (staged mode: stages the data
+    once, then stops it; a restarted job reads what was staged).
 
     Push mode (default): Spark computes partitions on demand, at most
     ``max_units`` ahead of the dataflow; each task pushes its Arrow batches to
@@ -256,7 +300,7 @@ def from_spark(
 
     Args:
         df: a batch ``pyspark.sql.DataFrame`` (for streaming ones use
-            :func:`streaming.from_spark_stream`).
+            :func:`streaming.from_spark_stream`), or a function ``SparkSession -> DataFrame``.
         staged: stage to files instead of pushing.
         path: where staged files go (required with ``staged=True``).
         max_units: push mode's credit, in partitions computed ahead.
@@ -269,13 +313,15 @@ def from_spark(
             the next ``from_spark`` of this driver (any ``from_spark`` takes a
             warm one if there is one), so that it does not wait for a process
             to start; ``spark_bridge.release_warm_coordinators()`` stops it.
+        spark: with a build function, how to make its session (a :class:`SparkConfig`; default
+            ``SparkConfig()``, a local master).
 
     Returns:
         A :class:`SparkSource` (push) or a staged source; close it after the job.
 
     Raises:
         UnsupportedSparkType: a column's type has no Arrow mapping (named).
-        TypeError: ``df`` is not a batch DataFrame.
+        TypeError: ``df`` is neither a batch DataFrame nor a function; ``spark`` with a DataFrame.
         RuntimeError: Ray is not running in this process.
 
     Example:
@@ -284,12 +330,6 @@ def from_spark(
     require_pyspark()
     from pyspark.sql import DataFrame
 
-    if not isinstance(df, DataFrame):
-        raise TypeError(f"from_spark: expected a pyspark.sql.DataFrame, got {type(df).__name__}")
-    if df.isStreaming:
-        raise TypeError("from_spark: this DataFrame is a streaming one; use from_spark_stream")
-    if not isinstance(keep_warm, bool):
-        raise TypeError(f"from_spark: keep_warm must be a bool, got {keep_warm!r}")
     for arg, value in (
         ("max_units", max_units),
         ("window", window),
@@ -298,20 +338,41 @@ def from_spark(
     ):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"from_spark: {arg} must be a positive integer, got {value!r}")
+    if staged and path is None:
+        raise ValueError("from_spark: staged=True needs path= (a directory or a pyarrow.fs URI)")
+    if not isinstance(df, DataFrame) and callable(df):
+        return _owned(df, spark, staged, path, max_units, window, batch_bytes, max_jobs, name)
+    if spark is not None:
+        raise TypeError("from_spark: spark= goes with a build function; a DataFrame has its session already")
+    if not isinstance(df, DataFrame):
+        raise TypeError(f"from_spark: expected a pyspark.sql.DataFrame, got {type(df).__name__}")
+    if df.isStreaming:
+        raise TypeError("from_spark: this DataFrame is a streaming one; use from_spark_stream")
+    if not isinstance(keep_warm, bool):
+        raise TypeError(f"from_spark: keep_warm must be a bool, got {keep_warm!r}")
     schema = to_arrow_schema(df.schema)
     name = name or f"from_spark-{uuid.uuid4().hex[:8]}"
     if staged:
         from .staged import stage
 
-        if path is None:
-            raise ValueError("from_spark: staged=True needs path= (a directory or a pyarrow.fs URI)")
-        return stage(df, schema, path, name=name, batch_bytes=batch_bytes)
-    from .coordinator import NAMESPACE, take_warm_coordinator
+        return stage(df, schema, str(path), name=name, batch_bytes=batch_bytes)
+    from .coordinator import take_warm_coordinator
 
     warm = take_warm_coordinator()
     coordinator_name, warm_handle = warm if warm is not None else (name, None)
     target = PushTarget(gcs_address(), NAMESPACE, coordinator_name, schema, window, batch_bytes, worker_env())
     return SparkSource(df, schema, target, name, max_units, max_jobs, warm_handle, keep_warm)
+
+
+def _owned(build: Any, spark: Any, staged: bool, path: str | None, max_units: int, window: int, batch_bytes: int,
+           max_jobs: int, name: str | None) -> SparkSource | OwnedStagedSource:
+    """``from_spark(build, ...)``: a source whose Spark side the job starts and owns (``owned.py``)."""
+    config = check_build("from_spark", build, spark)
+    name = name or f"from_spark-{uuid.uuid4().hex[:8]}"
+    if staged:
+        return OwnedStagedSource(build, config, name, {"path": path, "batch_bytes": batch_bytes})
+    options = {"max_units": max_units, "window": window, "batch_bytes": batch_bytes, "max_jobs": max_jobs}
+    return OwnedBatchSource(build, config, name, options)
 
 
 def release_warm_coordinators() -> int:

@@ -50,21 +50,30 @@ from .env import gcs_address, require_pyspark, worker_env
 from .epochs import EpochStatistics
 from .launcher import JobLauncher
 from .push import SUMMARY_SCHEMA, PushTarget, push_partition
+from .owned import Owned, check_build, push_target
+from .querylog import rollback
+from .sparkconfig import SparkConfig
+from .sparkside import SideKind, SideSpec
 from .readers import CoordinatorLink, LaneReader
 from .schema import to_arrow_schema
 
-__all__ = ["SparkStreamSource", "from_spark_stream"]
+__all__ = ["OwnedStreamSource", "SparkStreamSource", "ends_by_itself", "from_spark_stream"]
 
 REPUSH_JOBS = 2
 """Spark jobs that push kept epochs again at once (after a restore)."""
+
+
+def ends_by_itself(trigger: dict[str, Any] | None, until_terminated: bool) -> bool:
+    """Whether the source ends when its query does: an ``availableNow`` or ``once`` trigger stops it."""
+    return until_terminated and bool(trigger) and any(trigger.get(k) for k in ("availableNow", "once"))  # type: ignore[union-attr]
 
 
 class _StreamDriver:
     """The driver-only half of a :class:`SparkStreamSource`: the query, the coordinator, the kept copies."""
 
     def __init__(self, sdf: Any, target: PushTarget, max_epochs: int, retain_epochs: int,
-                 checkpoint: str, trigger: dict[str, Any] | None, until_terminated: bool) -> None:
-        self.sdf, self.target = sdf, target
+                 checkpoint: str, trigger: dict[str, Any] | None, until_terminated: bool, resume: bool) -> None:
+        self.sdf, self.target, self.resume = sdf, target, resume
         self.max_epochs, self.retain_epochs = max_epochs, retain_epochs
         self.checkpoint, self.trigger, self.until_terminated = checkpoint, trigger, until_terminated
         self.coordinator: Any = None
@@ -100,17 +109,22 @@ class SparkStreamSource(Source):
     ``end()`` (the lanes finish after the last committed epoch) and
     ``close()`` (stop the query, free the kept micro-batches, kill the
     coordinator; idempotent).
+
+    With ``resume`` (the Spark side of a job-owned source, ``sparkside.py``)
+    the query starts only once every lane's reader registered, after its logs
+    were rolled back to the first epoch those readers need
+    (``querylog.rollback``): the dataflow restored from its checkpoint and the
+    query restarted from its own meet at that epoch.
     """
 
     def __init__(self, sdf: Any, target: PushTarget, name: str, lanes: int, max_epochs: int,
                  retain_epochs: int, checkpoint_location: str, trigger: dict[str, Any] | None,
-                 until_terminated: bool) -> None:
+                 until_terminated: bool, resume: bool = False) -> None:
         self._schema, self._name, self._lanes = target.schema, name, lanes
-        ending = bool(trigger) and any(trigger.get(k) for k in ("availableNow", "once"))  # type: ignore[union-attr]
-        self._ends = until_terminated and ending
+        self._ends = ends_by_itself(trigger, until_terminated)
         self._coordinator = target.coordinator
         self._driver: _StreamDriver | None = _StreamDriver(
-            sdf, target, max_epochs, retain_epochs, checkpoint_location, trigger, until_terminated
+            sdf, target, max_epochs, retain_epochs, checkpoint_location, trigger, until_terminated, resume
         )
 
     def __getstate__(self) -> dict[str, Any]:
@@ -128,7 +142,10 @@ class SparkStreamSource(Source):
             d.launcher = JobLauncher(d.sdf.sparkSession, d.kept_rdd, d.coordinator, self._name,
                                      REPUSH_JOBS, job_per_unit=False)
             d.launcher.start()
-            self.restart()
+            if d.resume:
+                threading.Thread(target=self._resume, name=f"{self._name}-resume", daemon=True).start()
+            else:
+                self.restart()
         return [SourceSplit(f"{self._name}-lane{lane}", lane) for lane in range(self._lanes)]
 
     def read_ahead(self) -> int:
@@ -175,6 +192,28 @@ class SparkStreamSource(Source):
             raise
         succeeded = [(r["partition"], r["attempt"], r["batches"], r["rows"]) for r in rows if r["complete"]]
         ray.get(coordinator.commit.remote(batch_id, generation, [r["partition"] for r in rows], succeeded))
+
+    def _resume(self) -> None:
+        """Wait for every lane's reader, roll the query's logs back to the first epoch they need, start it.
+
+        A failure reaches the lanes (and so the job) through the coordinator.
+        """
+        d = self._need_driver()
+        try:
+            offsets = None
+            while offsets is None and not d.closing:
+                offsets = ray.get(d.coordinator.registered.remote(1.0))
+            if offsets is None:
+                return
+            rollback(d.checkpoint, min(offsets.values()))
+            self.restart()
+        except Exception as e:
+            if not d.closing:
+                ray.get(d.coordinator.end.remote(f"restarting the streaming query failed: {type(e).__name__}: {e}"))
+
+    def query(self) -> Any:
+        """The running ``StreamingQuery`` (driver only; ``None`` before it started)."""
+        return self._need_driver().query
 
     def restart(self) -> None:
         """(Re)start the streaming query from its checkpoint location."""
@@ -256,6 +295,41 @@ class SparkStreamSource(Source):
         return self._name
 
 
+class OwnedStreamSource(Owned, SparkStreamSource):
+    """``from_spark_stream(build, spark=...)``: a streaming query that runs in its job's Spark side (``owned.py``)."""
+
+    def __init__(self, build: Any, spark: SparkConfig, name: str, options: dict[str, Any]) -> None:
+        self._own(SideKind.STREAM, build, spark, options, _start_stream)
+        self._schema: pa.Schema | None = None  # type: ignore[assignment]
+        self._name, self._lanes, self._coordinator = name, int(options["lanes"]), name
+        self._ends = ends_by_itself(options["trigger"], options["until_terminated"])
+        self._driver = None
+
+    def schema(self) -> pa.Schema | None:
+        return self._schema
+
+    def splits(self) -> list[SourceSplit]:
+        self._schema, splits = self._start_side()
+        return list(splits)
+
+    def statistics(self) -> EpochStatistics:
+        return CoordinatorLink(self._coordinator, NAMESPACE).ask("statistics")
+
+    def end(self) -> None:
+        """No more epochs: each lane finishes after the last committed epoch."""
+        CoordinatorLink(self._coordinator, NAMESPACE).ask("end")
+
+
+def _start_stream(spec: SideSpec, sdf: Any) -> tuple[SparkStreamSource, pa.Schema]:
+    """In the Spark side: the driver-side stream source over ``sdf``, its query resumed once the lanes register."""
+    schema = to_arrow_schema(sdf.schema)
+    opt = spec.option
+    source = SparkStreamSource(sdf, push_target(spec, schema, stream=True), spec.name, opt("lanes"),
+                               opt("max_epochs"), opt("retain_epochs"), opt("checkpoint_location"), opt("trigger"),
+                               opt("until_terminated"), resume=True)
+    return source, schema
+
+
 def from_spark_stream(
     sdf: Any,
     *,
@@ -268,11 +342,22 @@ def from_spark_stream(
     window: int = 4,
     batch_bytes: int = 4 << 20,
     name: str | None = None,
+    spark: Any = None,
 ) -> SparkStreamSource:
     """A source over a Structured Streaming DataFrame; epochs are Spark's micro-batches, each seen once.
 
+    Given a DataFrame, the query runs in this process (the driver), which must
+    outlive the job. Given a function that builds the DataFrame from a
+    session, the source lives with its job: the job's submit (a detached
+    job's manager) starts an actor that makes the session from ``spark``,
+    builds the DataFrame and runs the query there; a restarted job restarts
+    it, the query rolled back from its checkpoint location to the epoch the
+    dataflow's checkpoint needs (exactly once, for Spark's replayable sources
+    and a deterministic plan).
+
     Args:
-        sdf: a streaming ``DataFrame`` (``spark.readStream...`` plus preprocessing).
+        sdf: a streaming ``DataFrame`` (``spark.readStream...`` plus preprocessing), or a function
+            ``SparkSession -> DataFrame`` that builds it.
         checkpoint_location: the query's checkpoint directory (offset and commit logs).
         trigger: keywords for ``DataStreamWriter.trigger`` (e.g. ``{"availableNow": True}``).
         lanes: source splits; use the source's parallelism.
@@ -286,26 +371,42 @@ def from_spark_stream(
         window: pushes in flight per Spark task.
         batch_bytes: Arrow batches are re-chunked to about this size.
         name: the source's name (default: a unique one).
+        spark: with a build function, how to make its session (a :class:`SparkConfig`; default
+            ``SparkConfig()``, a local master).
 
     Raises:
-        TypeError: ``sdf`` is not a streaming DataFrame.
+        TypeError: ``sdf`` is neither a streaming DataFrame nor a function; ``spark`` with a DataFrame.
+        ValueError: ``lanes`` other than 1 with a build function (a stream the job owns has one lane).
         UnsupportedSparkType: a column's type has no Arrow mapping (named).
 
     Example:
         >>> src = from_spark_stream(sdf, checkpoint_location="chk/")  # doctest: +SKIP
+        >>> src = from_spark_stream(lambda spark: spark.readStream.schema(s).json("in/"),  # doctest: +SKIP
+        ...                         checkpoint_location="s3://bucket/chk/", spark=SparkConfig(master="local[2]"))
     """
     require_pyspark()
     from pyspark.sql import DataFrame
 
+    for arg, value, least in (("lanes", lanes, 1), ("max_epochs", max_epochs, 1), ("window", window, 1),
+                              ("batch_bytes", batch_bytes, 1), ("retain_epochs", retain_epochs, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise ValueError(f"from_spark_stream: {arg} must be an integer >= {least}, got {value!r}")
+    if not isinstance(sdf, DataFrame) and callable(sdf):
+        config = check_build("from_spark_stream", sdf, spark)
+        if lanes != 1:
+            raise ValueError(f"from_spark_stream: a stream built by a function (it lives with its job) has one "
+                             f"lane, got lanes={lanes}; Spark's executors still push each micro-batch in parallel")
+        options = dict(checkpoint_location=checkpoint_location, trigger=trigger, lanes=lanes, max_epochs=max_epochs,
+                       retain_epochs=retain_epochs, until_terminated=until_terminated, window=window,
+                       batch_bytes=batch_bytes)
+        return OwnedStreamSource(sdf, config, name or f"from_spark_stream-{uuid.uuid4().hex[:8]}", options)
+    if spark is not None:
+        raise TypeError("from_spark_stream: spark= goes with a build function; a DataFrame has its session already")
     if not isinstance(sdf, DataFrame) or not sdf.isStreaming:
         raise TypeError(
             f"from_spark_stream: expected a streaming DataFrame, got {type(sdf).__name__}"
             + (" (a batch one: use from_spark)" if isinstance(sdf, DataFrame) else "")
         )
-    for arg, value, least in (("lanes", lanes, 1), ("max_epochs", max_epochs, 1), ("window", window, 1),
-                              ("batch_bytes", batch_bytes, 1), ("retain_epochs", retain_epochs, 0)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < least:
-            raise ValueError(f"from_spark_stream: {arg} must be an integer >= {least}, got {value!r}")
     schema = to_arrow_schema(sdf.schema)
     name = name or f"from_spark_stream-{uuid.uuid4().hex[:8]}"
     target = PushTarget(
