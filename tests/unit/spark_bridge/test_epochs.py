@@ -133,3 +133,32 @@ def test_a_lane_with_nothing_in_a_kept_epoch_is_sent_it_at_once_and_a_late_reade
     forwards = d.register(1, lane_reader(1, "new"), 0)
     assert shares(forwards) == {1: (0, -1, ())}
     assert [f.message for f in forwards if isinstance(f.message, EndStream)] == [EndStream("new1", 0, None)]
+
+
+def test_a_restarted_query_re_running_epochs_a_lane_holds_already_is_skipped_then_the_rest_flows():
+    """After a restart the lanes register from their checkpointed epochs; Spark re-runs its last batch: a lane
+    past it takes none of it (it counts as taken, so credit is not held), the next epochs reach every lane."""
+    d = EpochDirectory(2, max_epochs=1)
+    assert d.registered() is None
+    d.register(0, lane_reader(0), 5)
+    assert d.registered() is None
+    d.register(1, lane_reader(1), 4)
+    assert d.registered() == {0: 5, 1: 4}
+    forwards = push_epoch(d, 4, 4)  # lane 0 holds epoch 4 already: only lane 1 gets its share
+    assert set(shares(forwards)) == {1}
+    deliver(d, forwards)
+    d.taken(1, 4, 20, 0)
+    assert d.statistics().skipped_epochs == 1 and d.statistics().rows_waiting == 0
+    assert d.has_room()  # epoch 4 is taken by both lanes
+    forwards = push_epoch(d, 5, 4)
+    assert {lane: (e, prev) for lane, (e, prev, _) in shares(forwards).items()} == {0: (5, 4), 1: (5, 4)}
+    assert d.statistics().rows_waiting == 40
+    d.taken(0, 5, 20, 0)
+    assert d.statistics().rows_waiting == 20
+
+
+def test_an_epoch_every_lane_holds_is_ignored_at_begin():
+    d = EpochDirectory(1, max_epochs=2)
+    d.register(0, lane_reader(0), 8)
+    assert d.begin(7) is None and d.statistics().ignored_commits == 1
+    assert d.begin(8) is not None
