@@ -48,8 +48,11 @@ def build_instance(plan: PhysicalPlan, name: tuple[str, int], config: JobConfig,
         logic = SinkLogic(node.sink)
     else:
         assert node.make_logic is not None
+        code = restore.code_change(node.name, name[1]) if restore is not None else node.code
         try:
             logic = node.make_logic()
+            if code is not None:
+                logic.replace_code(code.fn, code.on_timer, code.schema)
         except Exception as exc:
             raise OperatorFailure(info, exc) from exc
     inputs = [InputChannel(c.channel_id, c.input_index) for c in plan.inputs_of(name)]
@@ -63,6 +66,8 @@ def build_instance(plan: PhysicalPlan, name: tuple[str, int], config: JobConfig,
         routers.append(make_router(edge, len(chans), plan.bin_tables.get(down), down, name[1]))
     cls = SourceInstance if node.kind is OperatorKind.SOURCE else OperatorInstance
     instance = cls(info, logic, inputs, outputs, routers, host, targets, node.kind.value)
+    if node.kind in (OperatorKind.TRANSFORM, OperatorKind.KEYED):
+        instance.code = code
     if restore is not None and node.kind is OperatorKind.KEYED:
         stored = restore.load_bins(node.name, name[1], plan.bin_tables[node.name])
         if stored.full:

@@ -25,7 +25,7 @@ from .errors import ChirayError, JobCancelledError, JobFailedError
 from .handle import READING_VERBS, JobNotFoundError, check_timeout
 from .jobstore import NAMESPACE
 from .joblogs import JobLogs
-from .jobvalues import CheckpointInfo, JobInfo, RescaleProgress, RescaleRecord
+from .jobvalues import CheckpointInfo, JobInfo, RescaleProgress, RescaleRecord, UpgradeRecord
 from .savepoints import SavepointInfo
 
 __all__ = ["attach", "jobs", "AttachedJob", "RemoteRescale", "JobNotFoundError", "ManagerRestartedError",
@@ -191,6 +191,17 @@ class AttachedJob:
     def autoscale(self, enabled: bool = True, **options: Any) -> dict[str, Any]:
         """Switch the job's DS2 autoscaler on (options as ``Job.autoscale``) or off; a summary of the switch."""
         return self._call(self._manager.autoscale, "autoscale", enabled, options)
+
+    def upgrade(self, operator: str, fn: Any, *, on_timer: Any = None, schema: Any = None,
+                migrate_state: Any = None, canary: int = 0, rate_bound: float = 0.5,
+                timeout: float | None = 60.0) -> UpgradeRecord:
+        """As ``Job.upgrade`` (the functions travel to the job's manager pickled)."""
+        return self._call(self._manager.upgrade, "upgrade", operator, fn, on_timer, schema, migrate_state, canary,
+                          rate_bound, timeout)
+
+    def upgrades(self) -> tuple[UpgradeRecord, ...]:
+        """The job's upgrade history (kept by its manager)."""
+        return self._call(self._manager.upgrades, "upgrades")
 
     def checkpoint(self, timeout: float | None = 120.0) -> int:
         """An aligned checkpoint now; returns its id once durable (``checkpoint_info`` for its path)."""

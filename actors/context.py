@@ -13,6 +13,7 @@ from chiray.control.message import InstanceId
 from chiray.control.ops.chains import BinChains
 from chiray.operators.endpoints import SinkLogic, SourceLogic
 from chiray.operators.logic import InstanceInfo
+from chiray.operators.upgrade import CanaryTrial
 
 from .instanceview import InstanceView
 
@@ -98,6 +99,29 @@ class InstanceControlContext:
             raise TypeError(f"{self._instance.info}: this operator takes no parameters "
                             "(create it with params={...} to make it reconfigurable)")
         params.update(changes)
+
+    def input_records(self) -> dict[int, int]:
+        """Records taken so far per input channel id."""
+        return dict(self._instance.records_by_channel)
+
+    def recent_input(self) -> list[Any]:
+        """A sample of the recent input: (record batch, input index) per input."""
+        return self._instance.recent_input()
+
+    def code(self) -> Any:
+        """The code an upgrade put in place here (an ``operators.upgrade.CodeChange``), or None."""
+        return self._instance.code
+
+    def upgrade_code(self, change: Any, migrate: Any = None) -> None:
+        """Run ``change`` from now on, ``migrate`` applied to each key's state first."""
+        self._instance.upgrade_code(change, migrate)
+
+    def start_trial(self, change: Any, migrate: Any, batches: int, schema: Any, reference: float | None,
+                    bound: float, report: Any) -> None:
+        """Run ``change`` on trial here for ``batches`` batches (a canary); ``report(verdict)`` when it ends."""
+        logic = self._instance.logic
+        self._instance.start_trial(lambda: CanaryTrial(logic, change, migrate, batches, schema, reference, bound,
+                                                       report))
 
     def attach(self, target: Any, payload: Any) -> None:
         raise RuntimeError("attach() is only available inside on_complete")

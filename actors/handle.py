@@ -31,7 +31,7 @@ from chiray.control.oprun import OpFailedError
 
 from .errors import ChirayError
 from .joblogs import JobLogs
-from .jobvalues import CheckpointInfo, JobInfo, RescaleProgress, RescaleRecord
+from .jobvalues import CheckpointInfo, JobInfo, RescaleProgress, RescaleRecord, UpgradeRecord
 from .rescale import RescaleError
 from .savepoints import SavepointInfo
 
@@ -120,6 +120,16 @@ class JobHandle(Protocol):
         """The rescale history: when, operator, from -> to, strategy, duration, bytes, outcome."""
         ...
 
+    def upgrade(self, operator: str, fn: Any, *, on_timer: Any = None, schema: Any = None,
+                migrate_state: Any = None, canary: int = 0, rate_bound: float = 0.5,
+                timeout: float | None = 60.0) -> UpgradeRecord:
+        """Replace an operator's code while the job runs (see ``Job.upgrade``); its history entry."""
+        ...
+
+    def upgrades(self) -> tuple[UpgradeRecord, ...]:
+        """The upgrade history: when, operator, old and new code, canary result, duration, pause, cut."""
+        ...
+
     def checkpoint(self, timeout: float | None = 120.0) -> int:
         """An aligned, durable checkpoint now; its id."""
         ...
@@ -187,6 +197,6 @@ VERBS: tuple[str, ...] = tuple(name for name, value in vars(JobHandle).items()
                                if callable(value) and not name.startswith("_"))
 """Every verb of a job, in the protocol's order: what the job manager answers and the CLI offers."""
 
-READING_VERBS = frozenset({"status", "info", "statistics", "rescales", "wait", "result", "tail", "logs",
+READING_VERBS = frozenset({"status", "info", "statistics", "rescales", "upgrades", "wait", "result", "tail", "logs",
                            "savepoints", "rescale_progress", "rescale_result"})
 """The verbs that change nothing: a client retries them while a job manager restarts."""

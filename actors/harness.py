@@ -41,6 +41,7 @@ from .messages import Parcel
 from .placement import place
 from .rescaler import HostChange, RescaleError, Rescaler, Tally, check_request, place_change
 from .topology import ChangePrepared
+from .upgrader import run_upgrade
 
 __all__ = ["LocalRun", "counting_clock"]
 
@@ -219,6 +220,12 @@ class LocalRun:
         now = self.clock()
         wakeups = [w for w in (h.next_wakeup() for h in self.hosts) if w is not None]
         return not wakeups or min(wakeups) > now + 3600.0
+
+    def upgrade(self, operator: str, fn: Any, **options: Any) -> Any:
+        """Upgrade ``operator``'s code as ``Job.upgrade`` does, stepping the loop while its ops run; returns its
+        ``UpgradeRecord``."""
+        return run_upgrade(lambda op, timeout: self.wait_op(self.run_control(op)), self.plan, operator, fn,
+                           **options)
 
     # -- topology changes ------------------------------------------------------------------------
 

@@ -31,6 +31,7 @@ from chiray.control.processor import Completion, ControlProcessor, extra_input
 from chiray.operators.endpoints import SinkLogic, SourceLogic
 from chiray.operators.errors import ChirayError
 from chiray.operators.logic import InstanceInfo, OperatorLogic, SideOutput
+from chiray.operators.upgrade import CanaryTrial, CodeChange, migrate_values
 
 from .channel import InputChannel, OutputChannel
 from .held import HeldRecords
@@ -47,6 +48,9 @@ if TYPE_CHECKING:
 
 CONTROL_RUN = 256
 """At most this many control messages at the heads of its inputs an instance takes in one step."""
+
+RECENT_ROWS = 64
+"""Rows per input an instance hands an upgrade's checks (a slice of its last batch)."""
 
 __all__ = ["OperatorInstance", "OperatorFailure"]
 
@@ -115,6 +119,10 @@ class OperatorInstance:
         self.replicas = BinReplicas(info)  # copies of other instances' bins kept here
         self._held = HeldRecords(info.num_bins)  # records of bins whose state is on its way (migration)
         self._sent_mark: Watermark | None = None  # the last watermark sent on the outputs
+        self.code: CodeChange | None = None  # the code an upgrade put in place of the submitted one
+        self._recent: dict[int, pa.RecordBatch] = {}  # input index -> a slice of its last batch (upgrade checks)
+        self.records_by_channel: dict[int, int] = {}  # records taken per input channel (an upgrade's cut)
+        self._trial: CanaryTrial | None = None  # new code on trial here (``start_trial``)
         self._call(self.logic.open, info)
 
     # -- scheduling ---------------------------------------------------------------
@@ -267,6 +275,8 @@ class OperatorInstance:
                 if ich.offer(Envelope(channel, seq, copy)):
                     self.refresh_input(channel)
         if arrived:
+            if self._trial is not None and not getattr(message.op, "observes_only", False):
+                self._settle_trial(f"control op {message.kind} reached the canary")
             self._complete_ops(self._call(self.control.arrive_many, message, arrived, senders, self.ctx))
 
     def _take_input(self) -> Envelope:
@@ -282,6 +292,8 @@ class OperatorInstance:
     def _dispatch(self, env: Envelope, channel: InputChannel) -> None:
         message = env.message
         if isinstance(message, Data):
+            self.records_by_channel[channel.channel] = (self.records_by_channel.get(channel.channel, 0)
+                                                        + message.batch.num_rows)
             batch = self._held.split(message.batch, channel.input_index) if self._held.active else message.batch
             if batch is not None:
                 self._process(batch, channel.input_index)
@@ -302,7 +314,44 @@ class OperatorInstance:
     def _process(self, batch: pa.RecordBatch, input_index: int) -> None:
         self.records_in += batch.num_rows
         self.batches_in += 1
+        self._recent[input_index] = batch
+        if self._trial is not None:
+            self._emit(self._call(self._trial.process, batch, input_index))
+            if self._trial.verdict is not None:
+                self._end_trial()
+            return
         self._emit(self._call(self.logic.process, batch, input_index))  # type: ignore[union-attr]
+
+    # -- upgrades: new code at a cut, a canary trial ------------------------------------
+
+    def recent_input(self, rows: int = RECENT_ROWS) -> list[tuple[pa.RecordBatch, int]]:
+        """A sample of the recent input: the last batch of each input, up to ``rows`` rows each."""
+        return [(batch.slice(0, rows), index) for index, batch in sorted(self._recent.items())]
+
+    def upgrade_code(self, change: CodeChange, migrate: Any = None) -> None:
+        """Run ``change`` from the next batch on (at an upgrade's cut), ``migrate`` applied to the state first."""
+        self._call(self.logic.replace_code, change.fn, change.on_timer, change.schema)  # type: ignore[union-attr]
+        if migrate is not None:
+            self._call(migrate_values, self.logic.state, migrate)  # type: ignore[union-attr]
+        self.code = change
+
+    def start_trial(self, trial: Any) -> None:
+        """Run new code on trial here (a canary): its output is held, event time waits, until it ends."""
+        self._trial = self._call(trial)
+        self.pause_event_time()
+
+    def _settle_trial(self, why: str) -> None:
+        """Something must see this instance's state or output now: end a trial under way first."""
+        if self._trial is not None:
+            self._emit(self._call(self._trial.settle, why))
+            self._end_trial()
+
+    def _end_trial(self) -> None:
+        trial, self._trial = self._trial, None
+        assert trial is not None and trial.verdict is not None
+        if trial.verdict.passed:
+            self.code = trial.change
+        self.resume_event_time()
 
     # -- migration: holding the records of bins whose state is on its way -----------
 
@@ -339,6 +388,8 @@ class OperatorInstance:
     # -- control ------------------------------------------------------------------
 
     def _on_control(self, message: ControlMessage, source: Any) -> None:
+        if self._trial is not None and not getattr(message.op, "observes_only", False):
+            self._settle_trial(f"control op {message.kind} reached the canary")
         self._complete_ops(self._call(self.control.arrive, message, source, self.ctx))
 
     def _complete_ops(self, completions: list[Completion]) -> None:
@@ -447,6 +498,7 @@ class OperatorInstance:
         self._finish()
 
     def _finish(self) -> None:
+        self._settle_trial("its input ended")
         self._emit(self._call(self.logic.finish))  # type: ignore[union-attr]
         self._close_outputs()
 

@@ -34,7 +34,7 @@ from .errors import ChirayError, JobCancelledError, JobFailedError, JobUnrespons
 from .handle import JobNotFoundError, check_timeout, ended_error
 from .jobfiles import RescaleOutcome, commit_stopped, copy_savepoint
 from .jobtopology import JobTopology
-from .jobvalues import CheckpointInfo, EventKind, JobEvent, JobInfo, RescaleRecord
+from .jobvalues import CheckpointInfo, EventKind, JobEvent, JobInfo, RescaleRecord, UpgradeOutcome, UpgradeRecord
 from .statistics import InstanceStatistics
 from .storage import child_uri
 from .tail import sink_node, tail_rows
@@ -45,6 +45,7 @@ from .restore import RestoreInfo
 from .joblogs import JobLogs, job_log_actors, job_logs
 from .savepoints import SavepointInfo, delete_savepoint, find_savepoints, life_dir, running_restores, savepoint_root
 from .supervisor import CONTROLLER_POOL_KEY, Deployment, Supervisor, release_outputs
+from .upgrader import CanaryRolledBackError, UpgradeError, run_upgrade
 
 __all__ = ["Job", "JobStatus", "JobStatistics"]
 
@@ -131,6 +132,7 @@ class Job:
         self._stopping = False  # stop() is taking its final checkpoint: other changes are refused
         self._forgotten = False
         self._savepoints_taken: list[str] = []  # the savepoints this handle took (savepoints() lists them)
+        self._upgrades: list[UpgradeRecord] = []  # this handle's upgrades, oldest first
 
     def launch(self, deployment: Deployment, restore: RestoreInfo | None,
                make_controller: Callable[..., Any]) -> None:
@@ -616,6 +618,82 @@ class Job:
             out.append(entry.replace(state=outcome, error=error, duration_s=progress.elapsed_s,
                                      bytes_moved=progress.bytes_moved, bins_moved=progress.bins_moved))
         return tuple(out)
+
+    def upgrade(self, operator: str, fn: Any, *, on_timer: Any = None, schema: Any = None,
+                migrate_state: Any = None, canary: int = 0, rate_bound: float = 0.5,
+                timeout: float | None = 60.0) -> UpgradeRecord:
+        """Replace ``operator``'s code while the job runs: every record is processed wholly by the old or wholly
+        by the new code, the operators upstream never stop, and keyed state is kept.
+
+        The new code is first run on a sample of the operator's recent input (it must not raise, and must return
+        the declared ``schema``, else the old code's output schema). Then a blocking control op that holds only the
+        operator's inputs swaps it in at each instance, at a cut whose position the returned record gives. A later
+        checkpoint records the new code, so a recovery or a restore runs it.
+
+        Example::
+
+            record = job.upgrade("enrich", enrich_v2)                  # map, filter, flat_map
+            job.upgrade("sessions", count_v2, migrate_state=lambda key, old: {"n": old, "sum": 0}, canary=20)
+            job.upgrades()                                             # the history
+
+        Args:
+            operator: a ``map``, ``filter``, ``flat_map`` (batch or record level) or keyed ``process``.
+            fn: the new function (its signature as the old one's).
+            on_timer: a keyed process's new ``on_timer`` (None: keep it).
+            schema: the output schema the new code returns (None: the old code's).
+            migrate_state: ``fn(key, old_value) -> new_value`` (None deletes the key), applied to each key's
+                state of a keyed process at the cut.
+            canary: run the new code on instance 0 for this many batches first, its output held; if it raises,
+                changes the output schema or its records out per record in depart from the old code's by more
+                than ``rate_bound`` (a fraction of the larger), the old code and state come back at the cut and
+                the records it saw are processed again by the old code (nothing lost, nothing emitted twice).
+            rate_bound: the canary's output rate bound.
+            timeout: seconds each of its control ops may take (the canary's trial included).
+
+        Returns:
+            The upgrade's ``UpgradeRecord``: old and new code identity, cut, pause, duration.
+
+        Raises:
+            UpgradeError: refused before the cut: an unknown operator or one without user code, code that does not
+                pickle, raises on the sample or returns another schema.
+            CanaryRolledBackError: the canary failed (an ``UpgradeError``); the old code runs on.
+            JobEndedError: the job has ended.
+        """
+        self._not_stopping("upgrade")
+        started = time.time()
+
+        def run_op(op: Any, op_timeout: float | None) -> Any:
+            return self.run_control(op).result(op_timeout)
+
+        try:
+            record = run_upgrade(run_op, self.plan, operator, fn, on_timer, schema, migrate_state, canary,
+                                 rate_bound, timeout)
+        except CanaryRolledBackError as exc:
+            self._upgrades.append(exc.record)
+            raise
+        except UpgradeError as exc:
+            self._upgrades.append(UpgradeRecord(uuid.uuid4().hex[:10], started, operator, "-", "-",
+                                                UpgradeOutcome.REFUSED, time.time() - started, canary=canary,
+                                                error=str(exc)))
+            raise
+        except Exception as exc:
+            self._upgrades.append(UpgradeRecord(uuid.uuid4().hex[:10], started, operator, "-", "-",
+                                                UpgradeOutcome.FAILED, time.time() - started, canary=canary,
+                                                error=str(exc)))
+            raise
+        if self._deployment is not None and self._deployment.plan is not self.plan:
+            node = self._deployment.plan.graph.nodes.get(operator) if self._deployment.plan else None
+            if node is not None:
+                node.code = self.plan.graph.nodes[operator].code
+        self._upgrades.append(record)
+        self.note_event(f"upgrade {operator} {record.old_code} -> {record.new_code} (pause "
+                        f"{record.pause_ms or 0:.1f} ms)")
+        return record
+
+    def upgrades(self) -> tuple[UpgradeRecord, ...]:
+        """The upgrades made through this handle, oldest first, with their outcomes."""
+        self._known()
+        return tuple(self._upgrades)
 
     def refill_spare_hosts(self, timeout: float | None = None) -> None:
         """Start spare hosts for those scale-outs took (``JobConfig.spare_hosts``) and wait until they are up.

@@ -52,6 +52,7 @@ class JobRecord:
         parallelism: operator -> parallelism now (rescales change it).
         events: the manager's ``JobEvent``s, oldest first (submits, recoveries, rescales, checkpoints).
         rescales: the rescale history, one ``RescaleRecord`` per rescale.
+        upgrades: the upgrade history, one ``UpgradeRecord`` per upgrade.
         results: sink -> its result, once the job finished.
         statistics: the last ``JobStatistics`` of a finished job.
         error: what made the job fail, as text.
@@ -71,6 +72,7 @@ class JobRecord:
     parallelism: tuple[tuple[str, int], ...] = ()
     events: tuple[JobEvent, ...] = ()
     rescales: tuple[RescaleRecord, ...] = ()
+    upgrades: tuple[Any, ...] = ()
     results: tuple[tuple[str, Any], ...] = ()
     statistics: Any = None
     error: str | None = None

@@ -28,7 +28,7 @@ from chiray.control.coordination import JobState
 from chiray.operators.sides import SourceSideStatus
 
 __all__ = ["EventKind", "JobEvent", "JobInfo", "RescaleProgress", "RescaleRecord", "CheckpointInfo", "RescaleState",
-           "RescaleOutcome", "plain_json"]
+           "RescaleOutcome", "UpgradeOutcome", "UpgradeRecord", "plain_json"]
 
 _RENAMED = {"from_": "from"}
 """Attribute -> key in the dict form, where the key is a Python keyword."""
@@ -77,6 +77,15 @@ class RescaleOutcome(str, enum.Enum):
 
 def _plain(value: Any) -> Any:
     return value.value if isinstance(value, enum.Enum) else value
+
+
+class UpgradeOutcome(str, enum.Enum):
+    """How an upgrade ended (``UpgradeRecord.outcome``)."""
+
+    DONE = "done"
+    ROLLED_BACK = "rolled back"
+    REFUSED = "refused"
+    FAILED = "failed"
 
 
 class _Value:
@@ -150,6 +159,7 @@ class EventKind(str, enum.Enum):
     ENDED = "ended"
     SOURCE_RECOVERY = "source_recovery"
     """A source's side (a Spark driver the job owns) failed: the job restarted from its last checkpoint."""
+    UPGRADE = "upgrade"
     RUN = "run"
     """An event of the job's current run (its controller's lifecycle: failures, recoveries)."""
 
@@ -177,6 +187,8 @@ def _text(kind: EventKind, f: Mapping[str, Any]) -> str:
         EventKind.CANCELLED: lambda: "cancelled",
         EventKind.ENDED: lambda: f"job {str(f.get('state', '')).lower()}{error}",
         EventKind.SOURCE_RECOVERY: lambda: f"recovery: {f.get('cause')}; the job rolled back to {f.get('where')}",
+        EventKind.UPGRADE: lambda: (f"upgrade {f.get('operator')} {f.get('old')} -> {f.get('new')} "
+                                    f"{f.get('outcome')}{error}"),
         EventKind.RUN: lambda: (f"run {f['run']}: " if "run" in f else "") + str(f.get("text")),
     }
     return render[kind]()
@@ -314,6 +326,45 @@ class RescaleRecord(_Value):
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class UpgradeRecord(_Value):
+    """One entry of a job's upgrade history (``upgrades()``, ``chiray upgrades``).
+
+    Attributes:
+        id: the upgrade's id.
+        started_at: ``time.time()`` when it started.
+        operator: the upgraded operator.
+        old_code / new_code: the code's identity before and after, ``qualname@hash`` (``"submitted"``: the
+            code the job was submitted with).
+        outcome: its ``UpgradeOutcome``.
+        duration_s: from the call to the end (checks, canary and cut).
+        pause_ms: the longest time an instance of the operator held its inputs at the cut.
+        canary: the canary's batches (0: none).
+        canary_result: what the canary trial found (``"passed"``, or why it rolled back).
+        cut: per upgraded instance (``"operator/index"``): ``records`` taken before the cut and, per upstream
+            instance, ``inputs`` (the records of each input channel before it).
+        error: why it was refused, rolled back or failed.
+    """
+
+    id: str
+    started_at: float
+    operator: str
+    old_code: str
+    new_code: str
+    outcome: UpgradeOutcome
+    duration_s: float | None = None
+    pause_ms: float | None = None
+    canary: int = 0
+    canary_result: str | None = None
+    cut: Mapping[str, Any] | None = None
+    error: str | None = None
+    _OMIT_NONE = ("canary_result", "cut", "error")
+
+    def replace(self, **changes: Any) -> "UpgradeRecord":
+        """A copy with ``changes``."""
+        return dataclasses.replace(self, **changes)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class JobInfo(_Value):
     """A job's summary (``info()``, ``chiray list``).
 
@@ -326,6 +377,7 @@ class JobInfo(_Value):
         error: why it failed.
         checkpoint_dir / last_checkpoint: where its checkpoints go; the newest complete one.
         records_per_second: what its sources read per second (running jobs).
+        sources: the status of each source's side (a Spark driver the job owns), running jobs only.
     """
 
     name: str
@@ -340,6 +392,7 @@ class JobInfo(_Value):
     last_checkpoint: CheckpointInfo | None = None
     records_per_second: float | None = None
     restarting: bool = False
+    sources: tuple[SourceSideStatus, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "restarting"}
@@ -348,5 +401,3 @@ class JobInfo(_Value):
         last = self.last_checkpoint
         out["last_checkpoint"] = None if last is None else {"id": last.id, "path": last.path}
         return out
-        sources: the status of each source's side (a Spark driver the job owns), running jobs only.
-    sources: tuple[SourceSideStatus, ...] = ()

@@ -46,7 +46,8 @@ from .job import Job, JobStatus
 from .controller import controller_host
 from .jobfiles import RescaleOutcome, dir_bytes, interrupted, plain, recover_sinks
 from .jobfiles import sink_names, with_parallelism
-from .jobvalues import CheckpointInfo, EventKind, JobEvent, JobInfo, RescaleProgress, RescaleRecord, RescaleState
+from .jobvalues import (CheckpointInfo, EventKind, JobEvent, JobInfo, RescaleProgress, RescaleRecord, RescaleState,
+                        UpgradeRecord)
 from .submit import submit
 from .jobstore import JobRecord
 from .joblogs import JobLogs, job_log_actors, job_logs
@@ -542,6 +543,23 @@ class JobManagerCore:
 
     def rescales(self) -> tuple[RescaleRecord, ...]:
         return tuple(r.without_progress() for r in self.record.rescales)
+
+    def upgrade(self, operator: str, fn: Any, on_timer: Any = None, schema: Any = None, migrate_state: Any = None,
+                canary: int = 0, rate_bound: float = 0.5, timeout: float | None = 60.0) -> UpgradeRecord:
+        """``Job.upgrade``; the history entry joins the record (kept across manager restarts), whatever the outcome."""
+        job = self._running("upgrade")
+        before = len(job.upgrades())
+        try:
+            return job.upgrade(operator, fn, on_timer=on_timer, schema=schema, migrate_state=migrate_state,
+                               canary=canary, rate_bound=rate_bound, timeout=timeout)
+        finally:
+            for entry in job.upgrades()[before:]:
+                self._update(JobEvent.of(EventKind.UPGRADE, operator=entry.operator, old=entry.old_code,
+                                         new=entry.new_code, outcome=entry.outcome, error=entry.error),
+                             upgrades=(*self.record.upgrades, entry))
+
+    def upgrades(self) -> tuple[UpgradeRecord, ...]:
+        return tuple(self.record.upgrades)
 
     def checkpoint(self, timeout: float | None = 120.0) -> int:
         return self.checkpoint_info(timeout).id

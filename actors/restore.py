@@ -14,8 +14,11 @@ no operator of the new dataflow claims is refused unless dropped explicitly.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 from typing import Any, Mapping
+
+import cloudpickle
 
 from chiray.control.ops.chains import manifest_chains
 from chiray.control.ops.checkpoint import decode_offsets
@@ -108,6 +111,27 @@ class RestoreInfo:
         if b not in parts:
             raise CheckpointError(f"checkpoint {self.checkpoint_id}: its state file {rel!r} lacks bin {b}")
         return parts[b]
+
+    def code_change(self, operator: str, index: int | None = None) -> Any:
+        """The code an upgrade put in place of ``operator``'s (at instance ``index``, else the code most of its
+        instances ran) when the checkpoint was cut: an ``operators.upgrade.CodeChange``, or None (its submitted
+        code)."""
+        operator = self._saved(operator)  # type: ignore[assignment]
+        entries = {int(k.rsplit("/", 1)[1]): v for k, v in self.manifest.get("code", {}).items()
+                   if k.rsplit("/", 1)[0] == operator}
+        saved = self.manifest.get("job", {}).get("operators", {}).get(operator, {})
+        running = int(saved.get("parallelism", 0)) or max(entries, default=-1) + 1
+        if index is not None and index < running:
+            entry = entries.get(index)
+        else:
+            counts: dict[str, int] = {}
+            for v in entries.values():
+                counts[v["identity"]] = counts.get(v["identity"], 0) + 1
+            upgraded = max(counts.values(), default=0)
+            entry = next((v for v in entries.values() if counts[v["identity"]] == upgraded), None)
+            if upgraded * 2 < running:  # most instances ran the submitted code
+                entry = None
+        return None if entry is None else cloudpickle.loads(base64.b64decode(entry["change"]))
 
     def sink_staged(self, operator: str) -> list[Any]:
         """What the checkpoint commits for a sink (to finish an interrupted commit): one value per staged

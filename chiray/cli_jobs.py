@@ -255,6 +255,62 @@ def do_rescales(args: argparse.Namespace) -> int:
     return _emit(args, history, human)
 
 
+def _function(ref: str | None, files: list[str]) -> Any:
+    """``module:name``: from a ``--file`` shipped with the call (pickled by value) if one defines the module,
+    else imported where the job runs (its runtime environment)."""
+    if ref is None:
+        return None
+    import importlib.util
+
+    import cloudpickle
+
+    from chiray.operators.upgrade import FunctionRef
+
+    module, _, name = ref.partition(":")
+    for path in files:
+        if os.path.splitext(os.path.basename(path))[0] != module:
+            continue
+        spec = importlib.util.spec_from_file_location(f"chiray_upgrade_{module}", path)
+        if spec is None or spec.loader is None:
+            raise CliError(f"cannot load {path!r} as Python")
+        loaded = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(loaded)
+        cloudpickle.register_pickle_by_value(loaded)  # the code travels with the call
+        if not hasattr(loaded, name):
+            raise CliError(f"{path!r} defines no {name!r}")
+        return getattr(loaded, name)
+    return FunctionRef(ref)
+
+
+def do_upgrade(args: argparse.Namespace) -> int:
+    job = _attach(args)
+    files = list(args.file)
+    record = job.upgrade(args.operator, _function(args.function, files), on_timer=_function(args.on_timer, files),
+                         migrate_state=_function(args.migrate_state, files), canary=args.canary,
+                         rate_bound=args.rate_bound, timeout=args.timeout)
+    return _emit(args, record, lambda: (f"upgraded {args.operator!r} {record.old_code} -> {record.new_code} in "
+                                        f"{record.duration_s or 0:.2f} s, pause {record.pause_ms or 0:.1f} ms"
+                                        + (f", canary {record.canary_result}" if record.canary else "")))
+
+
+def do_upgrades(args: argparse.Namespace) -> int:
+    history = list(_attach(args).upgrades())
+
+    def human() -> str:
+        rows = [f"{'WHEN':<9} {'OPERATOR':<14} {'OLD CODE':<28} {'NEW CODE':<28} {'CANARY':<10} {'SECONDS':>8} "
+                f"{'PAUSE MS':>9}  OUTCOME"]
+        for r in history:
+            when = time.strftime("%H:%M:%S", time.localtime(r.started_at))
+            canary = "-" if not r.canary else ("passed" if (r.canary_result or "").startswith("passed")
+                                               else "failed")
+            secs = "-" if r.duration_s is None else f"{r.duration_s:.2f}"
+            pause = "-" if r.pause_ms is None else f"{r.pause_ms:.1f}"
+            rows.append(f"{when:<9} {r.operator:<14} {r.old_code:<28} {r.new_code:<28} {canary:<10} {secs:>8} "
+                        f"{pause:>9}  {r.outcome.value}{': ' + r.error if r.error else ''}")
+        return "\n".join(rows) if history else "no upgrades"
+    return _emit(args, history, human)
+
+
 AUTOSCALE_OPTIONS = {"min": "min_parallelism", "max": "max_parallelism", "budget_ms": "latency_budget_ms",
                      "utilisation": "target_utilisation", "interval": "interval_s"}
 
@@ -391,6 +447,20 @@ def add_job_verbs(sub: Any) -> None:
                    help="a strategy knob (chunk_bins=64, priority=hot_first, ...)")
     p.add_argument("--wait", action="store_true", help="wait with a progress bar")
     verb("rescales", "the job's rescale history")
+    p = verb("upgrade", "replace an operator's code live (blocking op through its inputs only; state kept)")
+    p.add_argument("operator")
+    p.add_argument("--function", required=True, metavar="MODULE:NAME",
+                   help="the new function: from a --file MODULE.py, else imported where the job runs")
+    p.add_argument("--file", action="append", default=[], metavar="PATH.py",
+                   help="a Python file shipped with the call (its functions travel pickled by value)")
+    p.add_argument("--on-timer", default=None, metavar="MODULE:NAME", help="a keyed process's new on_timer")
+    p.add_argument("--migrate-state", default=None, metavar="MODULE:NAME",
+                   help="fn(key, old_state) -> new_state, applied to each key's state at the cut")
+    p.add_argument("--canary", type=int, default=0, metavar="N",
+                   help="run the new code on one instance for N batches first; roll back if it fails")
+    p.add_argument("--rate-bound", type=float, default=0.5, help="the canary's output rate bound (default 0.5)")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds per control op (default 60)")
+    verb("upgrades", "the job's upgrade history: operator, old and new code, canary, duration, pause")
     p = verb("autoscale", "switch the DS2 autoscaler on or off (decisions show in status and rescales)")
     p.add_argument("switch", choices=["on", "off"])
     p.add_argument("--operators", default=None, help="comma-separated keyed operators (default: all keyed)")

@@ -130,6 +130,24 @@ class InstanceContext(Protocol):
     def source_offsets(self) -> dict[str, Any] | None:
         """A source's split offsets now (None for other instances)."""
 
+    # What an upgrade (``control.ops.upgrade``) asks of an instance:
+
+    def input_records(self) -> dict[int, int]:
+        """Records taken so far per input channel id (the position of a cut)."""
+
+    def recent_input(self) -> list[Any]:
+        """A sample of the recent input: (record batch, input index) per input."""
+
+    def code(self) -> Any:
+        """The code an upgrade put in place here (an ``operators.upgrade.CodeChange``), or None."""
+
+    def upgrade_code(self, change: Any, migrate: Any = None) -> None:
+        """Run ``change`` from the next batch on, ``migrate(key, old) -> new`` applied to the state first."""
+
+    def start_trial(self, change: Any, migrate: Any, batches: int, schema: Any, reference: float | None,
+                    bound: float, report: Any) -> None:
+        """Run ``change`` on trial for ``batches`` batches, output held (a canary); ``report(verdict)`` at its end."""
+
     def halt_source(self, halted: bool = True) -> None:
         """A source reads no further batch until ``halt_source(False)`` (it still takes control ops):
         the cut of a stop. Ignored by other instances."""
@@ -194,6 +212,8 @@ class ControlOp:
 
     Attributes:
         blocking: blocking (aligned) or non-blocking semantics.
+        observes_only: the op only reads statistics at instances: a canary trial under way there goes on
+            through it (any other op ends the trial first: it must see the instance's settled state).
         timeout_s: the op fails if not complete after this many seconds (None: never).
         Instance: the instance-side handler class.
         returned: at the controller, sink instance -> payload returned so far.
@@ -204,6 +224,7 @@ class ControlOp:
 
     blocking: bool = True
     timeout_s: float | None = 60.0
+    observes_only: bool = False
     Instance: type[InstanceHandler] = InstanceHandler
 
     def __init__(self) -> None:

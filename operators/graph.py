@@ -89,6 +89,7 @@ class OperatorNode:
             must make watermarks.
         final_by_default: it emits only when its input ends because ``emit`` was left at its default
             (``"final"``): ``submit`` refuses it downstream of a source that never ends (``emission.py``).
+        code: the code an upgrade put in place of the submitted one (an ``upgrade.CodeChange``), or None.
     """
 
     name: str
@@ -106,6 +107,7 @@ class OperatorNode:
     uid: str | None = None
     event_time: bool = False
     final_by_default: bool = False
+    code: Any = None
 
     @property
     def state_id(self) -> str:

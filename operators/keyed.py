@@ -359,6 +359,15 @@ class ProcessLogic(_KeyedLogic):
         """The keyed state: ``key -> value`` per bin."""
         return self._state
 
+    def replace_code(self, fn: Callable[..., Any], on_timer: Any = None,
+                     schema: pa.Schema | None = None) -> tuple[Any, Any, Any]:
+        """An upgrade (``job.upgrade``): call ``fn`` (declaring ``schema``) from the next batch on, over the
+        same state; returns the code replaced, ``(fn, on_timer, schema)``."""
+        _check_fn(fn, "process")
+        old = (self.fn, None, self.output_schema)
+        self.fn, self.output_schema, self._schema = fn, schema, schema
+        return old
+
     def process(self, batch: pa.RecordBatch, input_index: int = 0) -> list[pa.RecordBatch]:
         column = self._key_column(batch)
         if batch.num_rows == 0:

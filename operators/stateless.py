@@ -110,7 +110,25 @@ def keep_input_types(batch: pa.RecordBatch, out: pa.RecordBatch) -> pa.RecordBat
     return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields, out.schema.metadata)) if changed else out
 
 
-class _BatchFunction(OperatorLogic):
+class _Upgradable:
+    """What an upgrade (``job.upgrade``) swaps in a stateless logic: its user function and, where it has one, the
+    output schema it declares; the first-output schema check starts again with the new function."""
+
+    fn: Any
+
+    def replace_code(self, fn: Callable[..., Any], on_timer: Any = None,
+                     schema: pa.Schema | None = None) -> tuple[Any, Any, Any]:
+        """Call ``fn`` from the next batch on; returns the code replaced, ``(fn, on_timer, schema)``."""
+        old = (self.fn, None, getattr(self, "schema", None))
+        self.fn = fn
+        steady = getattr(self, "_steady", None)
+        if steady is not None:
+            self.schema = schema
+            self._steady = _SteadySchema(steady.verb, fn)
+        return old
+
+
+class _BatchFunction(_Upgradable, OperatorLogic):
     """A logic around a batch-level user function, with optional parameters."""
 
     def __init__(self, fn: Callable[..., Any], params: dict[str, Any] | None = None):
@@ -196,7 +214,7 @@ def _rows_to_batches(rows: list[dict], schema: pa.Schema | None) -> Sequence[pa.
     return (pa.RecordBatch.from_pylist(rows, schema=schema),)
 
 
-class MapRecordsLogic(OperatorLogic):
+class MapRecordsLogic(_Upgradable, OperatorLogic):
     """Slow path: ``fn(row: dict) -> dict`` per record."""
 
     def __init__(self, fn: Callable[[dict], dict], schema: pa.Schema | None = None):
@@ -216,7 +234,7 @@ class MapRecordsLogic(OperatorLogic):
         return self._steady.check([keep_input_types(batch, b) for b in out])
 
 
-class FilterRecordsLogic(OperatorLogic):
+class FilterRecordsLogic(_Upgradable, OperatorLogic):
     """Slow path: ``fn(row: dict) -> bool`` per record."""
 
     def __init__(self, fn: Callable[[dict], bool]):
@@ -230,7 +248,7 @@ class FilterRecordsLogic(OperatorLogic):
         return (out,) if out.num_rows else ()
 
 
-class FlatMapRecordsLogic(OperatorLogic):
+class FlatMapRecordsLogic(_Upgradable, OperatorLogic):
     """Slow path: ``fn(row: dict) -> iterable of dicts`` per record."""
 
     def __init__(self, fn: Callable[[dict], Iterable[dict]], schema: pa.Schema | None = None):

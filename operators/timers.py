@@ -220,6 +220,16 @@ class TimerProcessLogic(ProcessLogic):
     def state(self) -> TimerState:  # type: ignore[override]
         return self._timers
 
+    def replace_code(self, fn: Callable[..., Any], on_timer: Any = None,
+                     schema: pa.Schema | None = None) -> tuple[Any, Any, Any]:
+        """An upgrade: ``fn`` and ``on_timer`` (the current one if None) from now on; returns the code replaced."""
+        old_timer = self.on_timer
+        old = super().replace_code(fn, None, schema)
+        if on_timer is not None:
+            _check_fn(on_timer, "on_timer")
+            self.on_timer = on_timer
+        return (old[0], old_timer, old[2])
+
     def _key_state(self, key: Any, bin: int) -> KeyContext:
         return KeyContext(self._timers, key, bin)
 

@@ -42,7 +42,7 @@ from ..op import ControlOp, InstanceHandler
 from .chains import MANIFEST_FORMAT, ChainBound, CutPlan
 
 __all__ = ["Checkpoint", "CheckpointStore", "InconsistentCheckpointError", "ResumeSources", "bins_held_twice",
-           "encode_offsets", "decode_offsets", "instance_key"]
+           "encode_offsets", "decode_offsets", "instance_key", "code_entry"]
 
 
 class InconsistentCheckpointError(ChirayError, RuntimeError):
@@ -165,9 +165,10 @@ class Checkpoint(ControlOp):
             elif ctx.kind == "sink":
                 ctx.ack({"staged": ctx.sink_prepare(op.checkpoint_id, op.durable)})
             elif ctx.state is not None:
-                ctx.ack_in_background(_cut_state(op, ctx))
+                ctx.ack_in_background(_with_code(_cut_state(op, ctx), _code_at(ctx)))
             else:
-                ctx.ack(None)
+                code = _code_at(ctx)
+                ctx.ack({"code": code} if code else None)
 
     def manifest(self, acks: dict[InstanceId, Any]) -> dict[str, Any]:
         manifest: dict[str, Any] = {"format_version": MANIFEST_FORMAT, "job": self.job, "created": time.time(),
@@ -184,6 +185,8 @@ class Checkpoint(ControlOp):
                 manifest["sources"][key] = ack["offsets"]
             if "staged" in ack:
                 manifest["sink_staged"][key] = ack["staged"]
+            if ack.get("code"):
+                manifest.setdefault("code", {})[key] = ack["code"]
         return manifest
 
     def on_complete(self, ctx: Any) -> int:
@@ -211,6 +214,27 @@ class Checkpoint(ControlOp):
                 self.commit_sources(source, self.checkpoint_id, merged)
         self.storage.retain(self.keep)
         return self.checkpoint_id
+
+
+def code_entry(change: Any) -> dict[str, str] | None:
+    """How a manifest records the code an upgrade put in place at an instance (None: the submitted code):
+    its identity, its name and the pickled change (so a restore needs nothing beside the checkpoint)."""
+    if change is None:
+        return None
+    return {"identity": change.identity, "qualname": change.qualname,
+            "change": base64.b64encode(change.dumps()).decode()}
+
+
+def _code_at(ctx: Any) -> dict[str, str] | None:
+    """The manifest entry of the code an instance runs (a context that runs no upgrades has no ``code``)."""
+    code = getattr(ctx, "code", None)
+    return code_entry(code()) if code is not None else None
+
+
+def _with_code(work: Callable[[], dict[str, Any]], code: dict[str, str] | None) -> Callable[[], dict[str, Any]]:
+    if code is None:
+        return work
+    return lambda: {**work(), "code": code}
 
 
 def _cut_state(op: Checkpoint, ctx: Any) -> Callable[[], dict[str, Any]]:

@@ -73,6 +73,7 @@ class Monitor(ControlOp):
     """Non-blocking: collect every instance's metrics; ``Job.metrics()`` runs one."""
 
     blocking = False
+    observes_only = True
 
     def __init__(self, timeout_s: float | None = 60.0, prepare_moves: str | None = None):
         """``prepare_moves``: the operator a rescale is about to plan for (its planner asks for
