@@ -28,6 +28,7 @@ from typing import Any
 import ray
 
 from chiray.control.coordination import JobLifecycle, JobState, LifecycleSnapshot
+from chiray.control.fencing import Fence, FencedStorage, StaleIncarnationError
 from chiray.control.message import ControlMessage
 from chiray.control.oprun import OpState
 from chiray.control.trees import Relay, Tree
@@ -56,8 +57,11 @@ class Controller(ControllerOps):
     """One per job: lifecycle, host watch, the global injection order, checkpoints.
 
     Reports from hosts carry the *incarnation* they were set up in; after a
-    recovery, late reports of the old hosts are ignored. Lifecycle follows its
-    ``JobLifecycle``; ``stop()`` ends its tasks.
+    recovery, late reports of the old hosts are ignored. Its commits are fenced
+    (``control.fencing``): each deployment takes a ``fence_token`` from the job's
+    storage, and a controller whose token a newer deployment passed commits
+    nothing and retires. Lifecycle follows its ``JobLifecycle``; ``stop()`` ends
+    its tasks.
     """
 
     def __init__(self, *args: Any, **kwargs: Any):
@@ -92,6 +96,8 @@ class Controller(ControllerOps):
         self.next_checkpoint_id = next_checkpoint_id
         self.durable = 0  # the newest checkpoint known durable (0: none yet, or not known since a restart)
         self.incarnation = 0
+        self.fence_token = 0  # this deployment's (see control.fencing); 0 until start() or resume()
+        self._fence = Fence.of(storage) if hasattr(storage, "fs") else None
         self.side_controllers: dict[str, Any] = {}
         self._changed = asyncio.Event()
         self._monitor: asyncio.Task | None = None
@@ -107,10 +113,16 @@ class Controller(ControllerOps):
         self._injected_waiters: list[asyncio.Future] = []  # callers of _until_injected
         self._init_ops("controller", view)
 
-    async def start(self, hosts: list[Any] | dict[int, Any], incarnation: int = 0, restored: bool = False) -> None:
-        """Run the job on ``hosts``; ``restored``: it started from another job's checkpoint."""
+    async def start(self, hosts: list[Any] | dict[int, Any], incarnation: int = 0, restored: bool = False,
+                    fence_token: int | None = None) -> None:
+        """Run the job on ``hosts``; ``restored``: it started from another job's checkpoint; ``fence_token``:
+        the one the deployment took (None: take the next one here)."""
         self.hosts = dict(hosts) if isinstance(hosts, dict) else dict(enumerate(hosts))
         self.incarnation = incarnation
+        if fence_token is not None:
+            self.fence_token = fence_token
+        elif self._fence is not None:
+            self.fence_token = self._fence.advance(self.fence_token)
         loop = asyncio.get_running_loop()
         self._monitor = loop.create_task(self._watch_hosts(incarnation))
         self._start_timer()
@@ -239,9 +251,9 @@ class Controller(ControllerOps):
     # -- recovery ----------------------------------------------------------------
 
     async def resume(self, hosts: list[Any] | dict[int, Any], incarnation: int, checkpoint_id: int | None,
-                     seconds: float, where: str | None = None) -> None:
+                     seconds: float, where: str | None = None, fence_token: int | None = None) -> None:
         """The supervisor re-created the hosts from ``checkpoint_id`` (``where``: that checkpoint in
-        words, when it is not one of the job's own): run again."""
+        words, when it is not one of the job's own): run again, under ``fence_token`` (None: the next)."""
         self.incarnation = incarnation
         self._injections = CallWindow(_fold_injections)  # the old hosts' ops failed; their calls are ignored
         self._wake_if_injected()
@@ -253,7 +265,7 @@ class Controller(ControllerOps):
         self.ops.finished_sinks.clear()
         if self._monitor is not None:
             self._monitor.cancel()
-        await self.start(hosts, incarnation)
+        await self.start(hosts, incarnation, fence_token=fence_token)
         self._notify()
 
     async def recovery_failed(self, error: BaseException, reason: str) -> None:
@@ -302,6 +314,19 @@ class Controller(ControllerOps):
                 reason = f"sink {sink!r} could not commit checkpoint {checkpoint_id}: {exc!r}"
                 self.lifecycle.lost(JobFailedError(f"job {self.job_name!r}: {reason}"), reason)
                 self._notify()
+
+    def commit_storage(self) -> Any:
+        """The storage a checkpoint commits through: fenced by this deployment's token (see ``_retire``)."""
+        if self._fence is None:
+            return self.storage
+        return FencedStorage(self.storage, self._fence, self.fence_token, self._retire)
+
+    def _retire(self, error: StaleIncarnationError) -> None:
+        """A newer deployment replaced this one (this side was cut off): fail here and abort the hosts;
+        nothing of this deployment is committed from now on (the job itself runs on elsewhere)."""
+        if not self.lifecycle.state.terminal:
+            self.lifecycle.fail(error, str(error))
+            self._notify()
 
     def _durable(self, checkpoint_id: int) -> None:
         self.durable = max(self.durable, checkpoint_id)
@@ -359,7 +384,7 @@ class Controller(ControllerOps):
         checkpoint_id = self.next_checkpoint_id
         self.next_checkpoint_id += 1
         job = {"name": self.job_name, "operators": self.ops.view.operators}
-        op = Checkpoint(checkpoint_id, self.storage, self.config.checkpoints_to_keep,
+        op = Checkpoint(checkpoint_id, self.commit_storage(), self.config.checkpoints_to_keep,
                         functools.partial(self._commit_sinks, checkpoint_id=checkpoint_id), job,
                         commit_sources=self._commit_sources, durable=self.durable, on_durable=self._durable,
                         final=final, full=full,

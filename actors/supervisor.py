@@ -5,7 +5,9 @@ host died (and restarts are left), the supervisor rolls the *whole* dataflow
 back to the last complete checkpoint. It kills every host (the survivors too:
 this is the simplest way to make sure nothing of the failed run keeps going),
 finishes the sinks' commit of that checkpoint and discards their later
-staged output, starts new hosts where Ray finds room (on another node if one
+staged output (having first taken the next fence token, ``control.fencing``,
+so that a part of the old run cut off by a network partition commits
+nothing from then on), starts new hosts where Ray finds room (on another node if one
 is gone), restores their state from the checkpoint, seeks the sources to its
 offsets, and resumes. If the job controller itself dies, a new one is started
 from the same configuration and storage and the job is rolled back the same
@@ -26,6 +28,7 @@ from typing import Any, Callable
 import ray
 
 from chiray.control.coordination import JobState
+from chiray.control.fencing import Fence
 
 from .config import JobConfig
 from .controller import controller_host
@@ -306,6 +309,8 @@ class Supervisor(threading.Thread):
         with topology.lock:
             kill(topology.hosts())
             topology.replacing()  # a rescale's new hosts must not join the hosts that go
+        # before the failed run's staged output is discarded: from now on no controller of it commits
+        fence_token = Fence.of(dep.storage).advance() if dep.storage is not None else None
         own, unreadable = self._newest_readable()
         restore = own or dep.fallback  # else the checkpoint the job was restored from, if any
         for name, sink in dep.sinks.items():  # the restored-from job committed its own output
@@ -326,7 +331,7 @@ class Supervisor(threading.Thread):
             named = where or (f"checkpoint {checkpoint_id}" if checkpoint_id is not None else "the start")
             where = f"{named} ({'; '.join(unreadable)})"
         ray.get(controller.resume.remote(dict(zip(dep.host_ids, hosts)), self.incarnation, checkpoint_id,
-                                         time.monotonic() - started, where), timeout=CALL_TIMEOUT_S)
+                                         time.monotonic() - started, where, fence_token), timeout=CALL_TIMEOUT_S)
         ray.get([h.start.remote() for h in hosts], timeout=CALL_TIMEOUT_S)
         snap = ray.get(controller.snapshot.remote(), timeout=CALL_TIMEOUT_S)
         self._history = (snap.events, snap.restarts)  # a controller that dies next keeps this recovery too
