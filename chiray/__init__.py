@@ -92,6 +92,7 @@ from chiray.operators.callbacks import (
     TimerProcessFunction,
 )
 from chiray.operators.dataflow import register_runtime
+from chiray.operators.processbatch import KeyedBatch
 
 if TYPE_CHECKING:  # what type checkers and IDEs see of the names __getattr__ loads on first use
     from chiray.spark_bridge import from_spark, from_spark_stream, from_staged, spark_session
@@ -121,6 +122,7 @@ __all__ = [
     "AggregateFunction",
     "KeyedState",
     "KeyedTimerState",
+    "KeyedBatch",
     "ProcessFunction",
     "TimerProcessFunction",
     "OnTimerFunction",

@@ -40,6 +40,14 @@ class ChangedKeys:
         if keys is not None:
             keys.add(key)
 
+    def note_many(self, bins: Iterable[int], keys: Iterable[Any]) -> None:
+        """Each ``keys[i]`` of ``bins[i]`` was written or deleted (nothing to do while no bin is followed)."""
+        if self._keys:
+            for b, key in zip(bins, keys):
+                followed = self._keys.get(b)
+                if followed is not None:
+                    followed.add(key)
+
     def known_since(self, bin: int, version: int) -> bool:
         """Whether the keys changed in ``bin`` since ``version`` are known."""
         return self._base.get(bin) == version

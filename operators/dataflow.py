@@ -44,6 +44,7 @@ from .watermarks import WatermarkedSource, WatermarkStrategy
 from .validation import check_name
 from .keyedtop import KeyedTopLogic, keyed_top_schema
 from .ordering import check_order, check_orderable
+from .processbatch import KeyedBatch, ProcessBatchLogic
 from .rolling import RollingLogic, rolling_output_schema
 from .topn import TopLogic, top_output_schema
 from .windowed import ALL_ROWS, WindowedStream, with_all_rows_key
@@ -700,4 +701,18 @@ class KeyedStream:
             stream.node.event_time = True  # timers fire on watermarks
             return stream
         return self._keyed("process", lambda: keyed.ProcessLogic(key, fn, bins, schema), name=name,
+                           parallelism=parallelism, schema=schema, origin=describe_callable(fn))
+
+    def process_batch(self, fn: Callable[[KeyedBatch], Any], *, name: str | None = None,
+                      parallelism: int | None = None, schema: pa.Schema | None = None) -> Stream:
+        """Keyed process over whole batches: ``fn(batch: chiray.KeyedBatch) -> output`` once per input batch.
+
+        ``batch`` holds every key of the batch (``keys``), their rows grouped key by key (``rows``, key ``i``'s
+        at ``offsets[i]:offsets[i + 1]``) and their states (``states``, ``None`` where none; what it holds when
+        ``fn`` returns is stored), so ``fn`` can vectorise across keys; the state is ``process``'s. See
+        :mod:`~operators.processbatch` for an example.
+        """
+        _check_callable("process_batch", fn)
+        key, bins = self.key, self.num_bins
+        return self._keyed("process", lambda: ProcessBatchLogic(key, fn, bins, schema), name=name,
                            parallelism=parallelism, schema=schema, origin=describe_callable(fn))

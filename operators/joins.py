@@ -32,7 +32,7 @@ from .callbacks import CoProcessFunction, OnTimerFunction
 from .columns import check_arrival
 from .eventtime import Duration, show_duration, ticks, time_values
 from .hashing import bins_of, check_num_bins
-from .keyindex import encode_keys
+from .keygroups import group_by_key
 from .logic import OperatorLogic, SideOutput
 from .state import DictState
 from .timers import KeyContext, TimerState
@@ -48,13 +48,7 @@ LATE_PORTS = ("late_left", "late_right")
 
 def key_groups(batch: pa.RecordBatch, key: str, num_bins: int) -> list[tuple[Any, int, pa.RecordBatch]]:
     """``(key, bin, rows)`` per distinct key of ``batch``, in order of first appearance."""
-    uniques, codes = encode_keys(batch.column(key))
-    bins = bins_of(uniques, num_bins).tolist()
-    order = np.argsort(codes, kind="stable")
-    bounds = np.concatenate([[0], np.cumsum(np.bincount(codes, minlength=len(uniques)))])
-    grouped = batch.take(order)  # one gather; each key's rows are then a zero-copy slice
-    return [(k, bins[i], grouped.slice(bounds[i], bounds[i + 1] - bounds[i]))
-            for i, k in enumerate(uniques.to_pylist())]
+    return list(group_by_key(batch, batch.column(key), num_bins).slices())
 
 
 def join_tables(left: pa.Table, right: pa.Table, left_key: str, right_key: str) -> pa.Table:

@@ -29,7 +29,8 @@ from .aggregates import (AGG_FUNCS, AggSpec, Recipe, aggregate_output_schema, ba
                          state_columns)
 from .batch import to_batches
 from .callbacks import KeyedState
-from .hashing import bins_of, check_num_bins
+from .hashing import check_num_bins
+from .keygroups import KeyGroups, group_by_key
 from .keyindex import encode_keys
 from .logic import InstanceInfo, OperatorLogic
 from .state import Accumulator, ColumnarAggState, DictState
@@ -179,9 +180,6 @@ class AggregateLogic(_KeyedLogic):
         return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
-_MISSING = object()
-
-
 class ReduceLogic(_KeyedLogic):
     """General keyed reduce over records (the slow path: one Python call per record).
 
@@ -220,24 +218,29 @@ class ReduceLogic(_KeyedLogic):
         self._schema = batch.schema
         if batch.num_rows == 0:
             return []
-        bins = bins_of(column, self.num_bins).tolist()
-        state, fn, key = self._state, self.fn, self.key
-        touched: dict[tuple[Any, int], None] = {}
-        columns = batch.schema.names
-        for row, b in zip(batch.to_pylist(), bins):
-            k = row[key]
-            acc = state.get(k, b, _MISSING)
-            if acc is not _MISSING:
-                row = fn(acc, row)
-                if not isinstance(row, dict):
-                    raise TypeError(f"reduce function {_fn_name(fn)} returned {type(row).__name__}, expected a dict")
-                if row.keys() != set(columns):
-                    raise TypeError(_changed_columns(fn, columns, row))
-            state.put(k, b, row)
-            touched[(k, b)] = None
+        groups = group_by_key(batch, column, self.num_bins)
+        accs = self._state.get_many(groups.keys, groups.bins.tolist())  # None: a key not seen yet
+        rows, offsets = groups.rows.to_pylist(), groups.offsets.tolist()
+        fn, columns = self.fn, dict.fromkeys(batch.schema.names).keys()
+        for i, acc in enumerate(accs):
+            start, end = offsets[i], offsets[i + 1]
+            if acc is None:
+                acc, start = rows[start], start + 1
+            for j in range(start, end):
+                acc = fn(acc, rows[j])
+                if type(acc) is not dict or acc.keys() != columns:
+                    self._check_acc(acc, batch.schema.names)
+            accs[i] = acc
+        self._state.write_many(groups.keys, groups.bins, accs)
         if self.emit == "updates":
-            return self._rows([state.get(k, b) for k, b in touched])
+            return self._rows(accs)
         return []
+
+    def _check_acc(self, acc: Any, columns: Sequence[str]) -> None:
+        if not isinstance(acc, dict):
+            raise TypeError(f"reduce function {_fn_name(self.fn)} returned {type(acc).__name__}, expected a dict")
+        if acc.keys() != set(columns):
+            raise TypeError(_changed_columns(self.fn, columns, acc))
 
     def finish(self) -> list[pa.RecordBatch]:
         if self.emit != "final":
@@ -291,31 +294,19 @@ class ValueState:
     """The state of one key, handed to a :class:`ProcessLogic` function (its public type:
     :class:`~operators.callbacks.KeyedState`, ``chiray.KeyedState``).
 
-    ``value`` is ``None`` until set; setting it (to anything but ``None``)
-    stores it; ``clear()`` (or setting ``None``) forgets it. Valid only during
-    the call it was handed to.
+    ``value`` is ``None`` until set; what it holds when the call returns is stored in the key's bin
+    (``None``: the key's state is forgotten, as after ``clear()``). Valid only during the call it was handed
+    to: the operator hands the same object, rebound, to the next key.
     """
 
-    __slots__ = ("_store", "_key", "_bin")
+    __slots__ = ("value",)
 
-    def __init__(self, store: DictState, key: Any, bin: int) -> None:
-        self._store, self._key, self._bin = store, key, bin
-
-    @property
-    def value(self) -> Any:
-        """The key's state (``None`` if none)."""
-        return self._store.get(self._key, self._bin)
-
-    @value.setter
-    def value(self, value: Any) -> None:
-        if value is None:
-            self.clear()
-        else:
-            self._store.put(self._key, self._bin, value)
+    def __init__(self, value: Any = None) -> None:
+        self.value = value
 
     def clear(self) -> None:
         """Forget the key's state."""
-        self._store.delete(self._key, self._bin)
+        self.value = None
 
 
 class ProcessLogic(_KeyedLogic):
@@ -372,20 +363,46 @@ class ProcessLogic(_KeyedLogic):
         column = self._key_column(batch)
         if batch.num_rows == 0:
             return []
-        uniques, codes = encode_keys(column)
-        bins = bins_of(uniques, self.num_bins).tolist()
-        order = np.argsort(codes, kind="stable")
-        bounds = np.concatenate([[0], np.cumsum(np.bincount(codes, minlength=len(uniques)))])
+        groups = group_by_key(batch, column, self.num_bins)
+        if type(self)._key_state is ProcessLogic._key_state:
+            return self._outputs(self._call_keys(groups))
+        return self._outputs(self._call_with_contexts(groups))
+
+    def _call_keys(self, groups: KeyGroups) -> list[Any]:
+        """``fn`` per key, its value in one reused :class:`ValueState`; the values written back in one pass
+        (none, if ``fn`` raises: a batch changes the state wholly or not at all)."""
+        keys, fn, rows, offsets = groups.keys, self.fn, groups.rows, groups.offsets.tolist()
+        values = self._state.get_many(keys, groups.bins.tolist())
+        state = ValueState()
+        results = []
+        for i, key in enumerate(keys):
+            state.value = values[i]
+            start = offsets[i]
+            result = fn(key, rows.slice(start, offsets[i + 1] - start), state)
+            values[i] = state.value
+            if result is not None:
+                results.append(result)
+        self._state.write_many(keys, groups.bins, values)
+        return results
+
+    def _call_with_contexts(self, groups: KeyGroups) -> list[Any]:
+        """``fn`` per key with the context a subclass hands out (:meth:`_key_state`), which writes through."""
+        results = []
+        for key, b, rows in groups.slices():
+            result = self.fn(key, rows, self._key_state(key, b))
+            self._state.touch(key, b)  # fn may have changed the value in place: checkpointed again
+            if result is not None:
+                results.append(result)
+        return results
+
+    def _outputs(self, results: list[Any]) -> list[pa.RecordBatch]:
+        """What the calls returned, in order, as batches of the output schema: runs of row dicts one batch."""
         outputs: list[pa.RecordBatch] = []
         pending_rows: list[dict] = []  # row outputs of consecutive keys: one batch, types inferred over all
-        grouped = batch.take(order)  # one gather; each key's rows are then a zero-copy slice
-        for i, key in enumerate(uniques.to_pylist()):
-            rows = grouped.slice(bounds[i], bounds[i + 1] - bounds[i])
-            result = self.fn(key, rows, self._key_state(key, bins[i]))
-            self._state.touch(key, bins[i])  # fn may have changed the value in place: checkpointed again
+        for result in results:
             if isinstance(result, (list, tuple)) and result and isinstance(result[0], dict):
                 self._check_fields(pending_rows[0] if pending_rows else result[0], result)
-                pending_rows.extend(result)
+                pending_rows += result
                 continue
             if pending_rows:
                 outputs.append(self._conform(pa.RecordBatch.from_pylist(pending_rows, schema=self.output_schema)))
@@ -399,8 +416,9 @@ class ProcessLogic(_KeyedLogic):
         return pa.Table.from_batches(outputs).combine_chunks().to_batches()
 
     def _key_state(self, key: Any, bin: int) -> KeyedState:
-        """What ``fn`` gets as the key's state (subclasses hand out richer contexts)."""
-        return ValueState(self._state, key, bin)
+        """What ``fn`` gets as the key's state where a subclass hands out richer contexts (writing through to
+        the state); the plain logic hands one reused :class:`ValueState` instead."""
+        return ValueState(self._state.get(key, bin))
 
     def _check_fields(self, first: dict, rows: Sequence[dict]) -> None:
         fields = first.keys()

@@ -61,6 +61,8 @@ __all__ = [
 ]
 
 _DICT_FORMAT = "chiray.DictState/1"
+_ABSENT = object()
+_NO_ENTRIES: dict[Any, Any] = {}  # read only: the entries of a bin that has none
 _IMMUTABLE = frozenset({int, float, complex, bool, str, bytes, type(None)})
 _COLUMNAR_FORMAT = "chiray.ColumnarAggState/1"
 COMPACT_LIVE = 1 / 32
@@ -284,6 +286,30 @@ class DictState(BinnedState):
         self._changed.note(bin, key)
         if not entries:
             del self._bins[bin]
+
+    def get_many(self, keys: Sequence[Any], bins: Sequence[int]) -> list[Any]:
+        """The value of each ``keys[i]`` (in ``bins[i]``), ``None`` where it has none: one pass over a batch's keys."""
+        tables, none = self._bins, _NO_ENTRIES
+        return [tables.get(b, none).get(k) for k, b in zip(keys, bins)]
+
+    def write_many(self, keys: Sequence[Any], bins: np.ndarray, values: Sequence[Any]) -> None:
+        """Set each ``keys[i]`` (in ``bins[i]``) to ``values[i]``, or delete it where that is ``None``.
+
+        One write to its bin per key, whether its value is new, the same object changed in place or the
+        same immutable value: the next checkpoint writes every key given (what :meth:`put` and
+        :meth:`touch` per key would, for a caller that handed every value out to be changed).
+        """
+        tables = self._bins
+        for k, b, v in zip(keys, bins.tolist(), values):
+            entries = tables.get(b)
+            if v is not None:
+                if entries is None:
+                    entries = tables[self._check_bin(b)] = {}
+                entries[k] = v
+            elif entries is not None and entries.pop(k, _ABSENT) is not _ABSENT and not entries:
+                del tables[b]
+        self._versions += np.bincount(bins, minlength=self._num_bins)
+        self._changed.note_many(bins.tolist(), keys)
 
     def items(self) -> Iterator[tuple[Any, Any]]:
         """Every ``(key, value)``, bin by bin in ascending bin order."""

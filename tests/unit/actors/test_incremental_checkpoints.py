@@ -29,6 +29,7 @@ from chiray.control.ops.checkpoint import Checkpoint
 from chiray.operators.hashing import bins_of
 from chiray.operators.joins import JoinLogic
 from chiray.operators.keyed import AggregateLogic, AggSpec, ProcessLogic, ReduceLogic
+from chiray.operators.processbatch import KeyedBatch, ProcessBatchLogic
 from chiray.operators.state import ColumnarAggState
 
 BINS = 16
@@ -90,6 +91,24 @@ def _process() -> Any:
     return ProcessLogic("k", _keep, BINS)
 
 
+def _keep_batch(batch: KeyedBatch) -> None:
+    """``_keep`` over a whole batch (``process_batch``): its lists changed in place too."""
+    values = batch.rows.column("v").to_pylist()
+    offsets = batch.offsets.tolist()
+    for i in range(len(batch)):
+        for v in values[offsets[i]:offsets[i + 1]]:
+            if v < 0:
+                batch.states[i] = None
+            elif batch.states[i] is None:
+                batch.states[i] = [v]
+            else:
+                batch.states[i].append(v)
+
+
+def _process_batch() -> Any:
+    return ProcessBatchLogic("k", _keep_batch, BINS)
+
+
 def _join() -> Any:
     return JoinLogic(("k", "k"), BINS)
 
@@ -102,7 +121,7 @@ def _oracle_step(kind: str, oracle: dict, rows: list[dict], side: int) -> None:
             oracle[k] = (n + 1, s + v)
         elif kind == "reduce":
             oracle[k] = oracle[k] + v if k in oracle else v
-        elif kind == "process":
+        elif kind in ("process", "process_batch"):
             if v < 0:
                 oracle.pop(k, None)
             else:
@@ -118,13 +137,14 @@ def _dump(kind: str, logic: Any) -> dict:
         return {row["k"]: (row["n"], row["s"]) for batch in logic.finish() for row in batch.to_pylist()}
     if kind == "reduce":
         return {k: acc["v"] for k, acc in state.items()}
-    if kind == "process":
+    if kind in ("process", "process_batch"):
         return dict(state.items())
     return {k: tuple([v for batch in side for v in batch.column("v").to_pylist()] for side in sides)
             for k, sides in state.items()}
 
 
-KINDS = {"aggregate": _aggregate, "reduce": _reduce, "process": _process, "join": _join}
+KINDS = {"aggregate": _aggregate, "reduce": _reduce, "process": _process, "process_batch": _process_batch,
+         "join": _join}
 
 
 # -- the run ---------------------------------------------------------------------------------------------
