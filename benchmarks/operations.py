@@ -15,7 +15,8 @@ of the machine's load cancels (each run's rate in ``metrics_throughput_runs``).
 
 The last line is one JSON object with ``driver_exit_survived``, ``attach_s``,
 ``cli_status_s``, ``cli_rescale_s``, ``manager_failover_s``, ``savepoint_s``,
-``restore_s``, ``metrics_throughput_ratio`` and ``exact``.
+``restore_s``, ``metrics_throughput_ratio``, ``spark_actor_failover_s`` (``benchmarks/sparkfailover.py``: the
+Spark side of a detached Spark-fed job killed; seconds until rows flow again) and ``exact``.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import pyarrow.parquet as pq
 
 from benchmarks.cluster import LocalCluster
 from benchmarks.common import emit, key_counts
+from benchmarks.sparkfailover import spark_actor_failover_s
 
 DRIVER = """
 import sys, chiray
@@ -175,6 +177,8 @@ def main(argv: list[str] | None = None) -> None:
         ray.init(address=cluster.address, logging_level="ERROR", log_to_driver=False)
         try:
             figures = _operate(cluster, args, root)
+            figures["spark_actor_failover_s"] = spark_actor_failover_s(cluster.env, root)
+            print(f"  spark side failover {figures['spark_actor_failover_s']:.2f} s", flush=True)
             rates: dict[str, list[float]] = {"on": [], "off": []}
             for k in range(args.tput_pairs):  # on, off, off, on, ...: a drift of the machine's load cancels
                 for metrics in (("on", "off") if k % 2 == 0 else ("off", "on")):
