@@ -229,6 +229,8 @@ def _stop_groups(procs: list[subprocess.Popen]) -> None:
 def _kill_naming(temp: str) -> None:
     """Every process whose command line names ``temp`` (the raylet's workers and agents leave the group)."""
     for pid in _pids_naming(temp):
+        if pid == os.getpid():  # a reaper whose own command line names it
+            continue
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:

@@ -52,6 +52,7 @@ import threading
 import time
 
 from benchmarks.cluster import LocalCluster, _kill_naming, _stop_groups
+from benchmarks.s3server import S3Server
 
 __all__ = ["NetnsCluster", "netem_available", "unavailable"]
 
@@ -135,6 +136,7 @@ class NetnsCluster(LocalCluster):
         self._spawned = 0
         self._heals: dict[int, threading.Timer] = {}
         self._reaper: subprocess.Popen | None = None
+        self.s3: S3Server | None = None
         self._closed = False
 
     # -- names -------------------------------------------------------------------------
@@ -168,6 +170,9 @@ class NetnsCluster(LocalCluster):
             self._make_network()
             os.makedirs(self.temp)
             os.makedirs(self.data_dir)
+            self.s3 = S3Server(host=self.host).__enter__()
+            _drain(self.s3)
+            self._write_state()
         except BaseException:
             self.__exit__(None, None, None)
             raise
@@ -246,27 +251,42 @@ class NetnsCluster(LocalCluster):
         self._closed = True
         for timer in self._heals.values():
             timer.cancel()
+        if self.s3 is not None:
+            self.s3.stop()
         try:  # no node needs a graceful stop: every process is killed at once, then LocalCluster's own checks
             for i in range(1, 1 + self.worker_nodes):
                 _kill_namespace(self.namespace(i))
             _kill_naming(self.root)
             super().__exit__(*exc)
         finally:
-            _reap({"tag": self.tag, "root": self.root, "namespaces": [self.namespace(i) for i in
-                                                                       range(1, 1 + self.worker_nodes)]})
+            _reap(self._state())
             if self._reaper is not None:
                 assert self._reaper.stdin is not None
                 self._reaper.stdin.close()
                 self._reaper.wait(timeout=60)
 
+    def _state(self) -> dict:
+        """What the reaper removes: the namespaces, what runs under ``root``, and the S3 server."""
+        s3 = self.s3.process if self.s3 is not None else None
+        return {"tag": self.tag, "root": self.root, "s3_pid": s3.pid if s3 is not None else None,
+                "namespaces": [self.namespace(i) for i in range(1, 1 + self.worker_nodes)]}
+
+    @property
+    def _state_path(self) -> str:
+        """Beside ``root``, not in it: the reaper kills every process whose command line names ``root``."""
+        return f"{self.root}.reap.json"
+
+    def _write_state(self) -> None:
+        with open(self._state_path + ".tmp", "w") as f:
+            json.dump(self._state(), f)
+        os.replace(self._state_path + ".tmp", self._state_path)
+
     def _start_reaper(self) -> None:
-        """A process of its own session that cleans up once this process is gone (its stdin closes)."""
-        state = os.path.join(self.root, "reap.json")
-        with open(state, "w") as f:
-            json.dump({"tag": self.tag, "root": self.root,
-                       "namespaces": [self.namespace(i) for i in range(1, 1 + self.worker_nodes)]}, f)
+        """A process of its own session that cleans up once this process is gone (its stdin closes); it reads
+        what to remove from its state file then (rewritten as the cluster starts things)."""
+        self._write_state()
         here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        self._reaper = subprocess.Popen([sys.executable, "-m", "benchmarks.netns", "reap", state], cwd=here,
+        self._reaper = subprocess.Popen([sys.executable, "-m", "benchmarks.netns", "reap", self._state_path], cwd=here,
                                         stdin=subprocess.PIPE, start_new_session=True,
                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
@@ -357,6 +377,9 @@ def leftovers(tag: str, root: str) -> dict[str, list]:
 
 def _reap(state: dict) -> None:
     """Remove what a cluster made: processes (by namespace and by directory), namespaces, links, directories."""
+    s3 = state.get("s3_pid")
+    if s3 is not None and "s3server" in _cmdline(s3):  # still ours, not a reused pid
+        os.kill(s3, signal.SIGKILL)
     for ns in state["namespaces"]:
         _kill_namespace(ns)
     for _ in range(3):
@@ -373,12 +396,36 @@ def _reap(state: dict) -> None:
         if not os.path.exists(state["root"]):
             break
         time.sleep(0.2)
+    for path in (f"{state['root']}.reap.json", f"{state['root']}.reap.json.tmp"):
+        if os.path.exists(path):
+            os.remove(path)
+
+
+def _drain(s3: S3Server) -> None:
+    """Read the S3 server's output for as long as it runs: its request log would otherwise fill the pipe it
+    writes to, and every request would block on it."""
+    out = s3.process.stdout if s3.process is not None else None
+    if out is not None:
+        threading.Thread(target=out.read, name="s3-log-drain", daemon=True).start()
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def _reaper_main(state_path: str) -> None:
     with open(state_path) as f:
         state = json.load(f)
     sys.stdin.buffer.read()  # until the cluster's process closes it or dies
+    try:  # the newest state (the cluster rewrites it as it starts things), if the cluster left it
+        with open(state_path) as f:
+            state = json.load(f)
+    except (OSError, ValueError):
+        pass
     _reap(state)
 
 

@@ -17,17 +17,26 @@ The last line is one JSON object with ``driver_exit_survived``, ``attach_s``,
 ``cli_status_s``, ``cli_rescale_s``, ``manager_failover_s``, ``savepoint_s``,
 ``restore_s``, ``metrics_throughput_ratio``, ``spark_actor_failover_s`` (``benchmarks/sparkfailover.py``: the
 Spark side of a detached Spark-fed job killed; seconds until rows flow again) and ``exact``.
+
+``--hosts 3`` (as root) runs all of it on a cluster of separate hosts
+(``benchmarks/netns.py``: a head and two worker nodes in network namespaces
+of their own, token authentication on) with every checkpoint, savepoint and
+output on its S3 server, and adds two faults (``benchmarks/netfaults.py``):
+``partition_recovery_s`` (a node cut off for longer than the health check,
+until the job runs again on the others) and ``node_loss_recovery_s`` (a
+node's processes killed and its disk deleted); ``exact`` covers those jobs too.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import subprocess
 import sys
 import tempfile
 import time
-from typing import Any
+from typing import Any, Iterator
 
 import pandas as pd
 import pyarrow.parquet as pq
@@ -89,6 +98,16 @@ def _failover(job: Any, env: dict[str, str]) -> float:
     raise TimeoutError("the job did not come back within 120 s")
 
 
+def _read_output(directory: str) -> pd.DataFrame:
+    """A Parquet output directory (a local path or a ``pyarrow.fs`` URI) as one frame (empty: none)."""
+    import pyarrow.fs as pafs
+
+    fs, path = pafs.FileSystem.from_uri(directory) if "://" in directory else (pafs.LocalFileSystem(), directory)
+    files = [f.path for f in fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
+             if f.type == pafs.FileType.File and f.base_name.startswith("part-")]
+    return pd.concat([pq.read_table(f, filesystem=fs).to_pandas() for f in files]) if files else pd.DataFrame()
+
+
 def _oracle(args: argparse.Namespace) -> pd.Series:
     import chiray
 
@@ -141,7 +160,7 @@ def _operate(cluster: LocalCluster, args: argparse.Namespace, root: str) -> dict
     job.stop(savepoint=sp)
     restore_s = _submit(env, args, "ops2", out2, f"{root}/chk2", 1, args.rate, restore=sp)
     chiray.attach("ops2").wait(timeout=600)
-    got = pd.concat([pq.read_table(d).to_pandas() for d in (out1, out2) if os.listdir(d)])
+    got = pd.concat([_read_output(d) for d in (out1, out2)])
     got = got.groupby("key")["count"].sum().sort_index()
     expected = _oracle(args)
     exact = got.index.tolist() == expected.index.tolist() and got.astype("int64").tolist() == \
@@ -161,6 +180,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tput-pairs", type=int, default=None,
                         help="unpaced runs with and without metrics (median of each; default 3, quick 2)")
     parser.add_argument("--rate", type=float, default=None, help="records/s offered to the operated job")
+    parser.add_argument("--hosts", type=int, default=1,
+                        help="nodes; more than 1: a namespace cluster (as root) with S3 storage and network faults")
     args = parser.parse_args(argv)
     args.keys = args.keys or (20_000 if args.quick else 1_000_000)
     args.records = args.records or (600_000 if args.quick else 12_000_000)
@@ -169,28 +190,70 @@ def main(argv: list[str] | None = None) -> None:
     args.tput_pairs = args.tput_pairs or (2 if args.quick else 3)
     print(f"operations: detached keyed count, {args.keys:,} keys, {args.records:,} records at {args.rate:,.0f}/s",
           flush=True)
+    if args.hosts > 1:
+        with _hosts_cluster(args.hosts) as (cluster, root), tempfile.TemporaryDirectory(prefix="ops") as local:
+            _measure(cluster, args, root, local)
+        return
     with LocalCluster(num_cpus=4) as cluster, tempfile.TemporaryDirectory(prefix="ops") as root:
         os.environ["RAY_ADDRESS"] = cluster.address
         os.environ["RAY_AUTH_MODE"] = "disabled"
         import ray
 
         ray.init(address=cluster.address, logging_level="ERROR", log_to_driver=False)
-        try:
-            figures = _operate(cluster, args, root)
-            figures["spark_actor_failover_s"] = spark_actor_failover_s(cluster.env, root)
-            print(f"  spark side failover {figures['spark_actor_failover_s']:.2f} s", flush=True)
-            rates: dict[str, list[float]] = {"on": [], "off": []}
-            for k in range(args.tput_pairs):  # on, off, off, on, ...: a drift of the machine's load cancels
-                for metrics in (("on", "off") if k % 2 == 0 else ("off", "on")):
-                    rates[metrics].append(_throughput(cluster.env, args, root, metrics, k))
-            on, off = (sorted(rates[m])[len(rates[m]) // 2] for m in ("on", "off"))
-            figures["metrics_throughput_ratio"] = on / off
-            figures["metrics_throughput_runs"] = {m: [round(r) for r in rs] for m, rs in rates.items()}
-            print(f"  unpaced (median of {args.tput_pairs}): {on:,.0f} records/s with metrics, {off:,.0f} without",
-                  flush=True)
-        finally:
-            ray.shutdown()
+        _measure(cluster, args, root, root)
+
+
+@contextlib.contextmanager
+def _hosts_cluster(hosts: int) -> Iterator[tuple[Any, str]]:
+    """A namespace cluster of ``hosts`` nodes, this process its driver, and a root URI on its S3 server."""
+    from benchmarks.netfaults import connect
+    from benchmarks.netns import NetnsCluster
+
+    with NetnsCluster(nodes=hosts) as cluster:
+        assert cluster.s3 is not None
+        connect(cluster)
+        print(f"  on {hosts} hosts in network namespaces, token auth, S3 at {cluster.s3.endpoint}", flush=True)
+        yield cluster, cluster.s3.uri(cluster.s3.make_bucket("ops"), "run")
+
+
+def _measure(cluster: Any, args: argparse.Namespace, root: str, local: str) -> None:
+    """Every figure on ``cluster`` (this process is its driver), outputs under ``root``, the Spark side's
+    files under the local directory ``local``; the JSON line."""
+    import ray
+
+    try:
+        figures = _operate(cluster, args, root)
+        figures["spark_actor_failover_s"] = spark_actor_failover_s(cluster.env, local)
+        print(f"  spark side failover {figures['spark_actor_failover_s']:.2f} s", flush=True)
+        rates: dict[str, list[float]] = {"on": [], "off": []}
+        for k in range(args.tput_pairs):  # on, off, off, on, ...: a drift of the machine's load cancels
+            for metrics in (("on", "off") if k % 2 == 0 else ("off", "on")):
+                rates[metrics].append(_throughput(cluster.env, args, root, metrics, k))
+        on, off = (sorted(rates[m])[len(rates[m]) // 2] for m in ("on", "off"))
+        figures["metrics_throughput_ratio"] = on / off
+        figures["metrics_throughput_runs"] = {m: [round(r) for r in rs] for m, rs in rates.items()}
+        print(f"  unpaced (median of {args.tput_pairs}): {on:,.0f} records/s with metrics, {off:,.0f} without",
+              flush=True)
+        if args.hosts > 1:
+            figures.update(_network_faults(cluster, args))
+            figures["exact"] = figures["exact"] and figures.pop("faults_exact")
+    finally:
+        ray.shutdown()
     emit(figures)
+
+
+def _network_faults(cluster: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """A partition longer than the health check, then a lost node (``benchmarks/netfaults.py``)."""
+    from benchmarks.netfaults import run_scenario
+
+    out: dict[str, Any] = {}
+    exact = True
+    for kind in ("partition", "node_loss"):
+        figures = run_scenario(cluster, kind, 100_000 if args.quick else 400_000, 8_000.0 if args.quick else 20_000.0)
+        out[f"{kind}_recovery_s"] = figures[f"{kind}_recovery_s"]
+        exact = exact and figures[f"{kind}_exact"]
+    out["faults_exact"] = exact
+    return out
 
 
 if __name__ == "__main__":
