@@ -1,7 +1,12 @@
-"""keyed_count.py: throughput of a keyed count + sum, against a single-process pyarrow group-by.
+"""keyed_count.py: throughput of a keyed count + sum, against a single-process pyarrow group-by and Bytewax.
 
 Pipeline: ``from_arrow`` source (parallelism 1) -> ``key_by("key")`` ->
-``agg(count, sum)`` (parallelism 2) -> ``collect``. The records are generated
+``agg(count, sum)`` (parallelism 2) -> ``collect``. ``--op`` computes the count and sum another way
+(``benchmarks/peers/ops.py``): a Python ``process`` function per key, ``process_batch`` over whole
+batches, a per-record ``reduce``, or per-record ``map_records`` and ``filter_records`` before the
+``agg``. ``--peers`` also runs the same records through Bytewax 0.21's ``stateful_map`` in the same run
+(in a virtualenv of its own, made on first use: ``benchmarks/peers/__init__.py``) and reports
+``bytewax_records_per_s`` and ``ratio_to_bytewax``. The records are generated
 before timing (100,000 distinct string keys by default, uniform or Zipf) and
 shipped with the job, so the timed part is the dataflow from the moment its
 hosts are running until the result is final. The same batches are then
@@ -10,18 +15,21 @@ and the result is checked against pandas.
 
 Expected on a 2-core machine: a few million records/s, ratio >= 0.12.
 
-Run: ``python -m benchmarks.keyed_count [--quick] [--dist uniform|zipf] [--records N]``.
+Run: ``python -m benchmarks.keyed_count [--quick] [--dist uniform|zipf] [--records N]
+[--op agg|process|process_batch|reduce|map_records] [--peers]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from typing import Any
 
 import pyarrow as pa
 
 from benchmarks.common import RssSampler, emit, start_ray
+from benchmarks.peers.ops import OPS, final_counts
 
 
 def make_batches(records: int, keys: int, dist: str, batch_size: int, seed: int) -> list[pa.RecordBatch]:
@@ -48,21 +56,16 @@ def reference(batches: list[pa.RecordBatch], repeats: int = 3) -> float:
     return best
 
 
-def run_job(batches: list[pa.RecordBatch], parallelism: int,
-            num_hosts: int | None = None) -> tuple[pa.Table, float, dict[str, Any]]:
+def run_job(batches: list[pa.RecordBatch], parallelism: int, num_hosts: int | None = None,
+            op: str = "agg") -> tuple[pa.Table, float, dict[str, Any]]:
     """Run the job; returns its result, the seconds it ran and its memory: ``peak_rss_mb`` (hosts),
     ``job_rss_mb`` (the job's own processes: hosts, and the controller where it has a process of its
     own), ``hosts`` and ``processes``."""
     import ray
 
-    from chiray.operators import Dataflow, from_arrow
+    from benchmarks.peers.ops import count_flow
 
-    flow = Dataflow("keyed_count")
-    (flow.source(from_arrow(batches, batch_size=None), parallelism=1, name="source")  # the batches as made
-         .key_by("key")
-         .agg(count=(None, "count"), total=("value", "sum"), parallelism=parallelism, name="count")
-         .collect(name="out"))
-    job = flow.submit(num_hosts=num_hosts)
+    job = count_flow(batches, parallelism, op).submit(num_hosts=num_hosts)
     hosts = ray.get([h.pid.remote() for h in job.topology.hosts()])
     processes = ray.get([a.pid.remote() for a in job.actors])  # hosts, and a controller of its own if any
     with RssSampler(hosts) as rss, RssSampler(processes) as job_rss:
@@ -72,7 +75,7 @@ def run_job(batches: list[pa.RecordBatch], parallelism: int,
     for s in job.statistics().instances:
         print(f"    {s.operator}[{s.index}] on host {s.host}: busy {s.busy_s:.2f} s, "
               f"back-pressured {s.backpressured_s:.2f} s, {s.records_in:,} records in")
-    return job.result(), elapsed, {"peak_rss_mb": rss.peak_mb, "job_rss_mb": job_rss.peak_mb,
+    return final_counts(job.result(), op), elapsed, {"peak_rss_mb": rss.peak_mb, "job_rss_mb": job_rss.peak_mb,
                                    "hosts": len(hosts), "processes": len(processes)}
 
 
@@ -109,27 +112,51 @@ def main(argv: list[str] | None = None) -> None:
                         help="rows per source batch (each of the 2 routed parts is then ~2 MB)")
     parser.add_argument("--parallelism", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help="1,000,000 records")
+    parser.add_argument("--op", default="agg",
+                        help=f"how the count and sum are computed: one of {', '.join(OPS)}, or several comma-separated "
+                             "(each runs in turn; ops_per_s in the JSON gives each one's records/s)")
+    parser.add_argument("--peers", action="store_true",
+                        help="also run Bytewax's stateful_map on the same records (same run)")
+    parser.add_argument("--bytewax-processes", default="1,2",
+                        help="Bytewax layouts to run with --peers (processes, comma-separated; the best counts)")
     parser.add_argument("--num-hosts", type=int, default=None,
                         help="host processes (default: the runtime's; see JobConfig.num_hosts)")
     args = parser.parse_args(argv)
+    ops = args.op.split(",")
+    if any(op not in OPS for op in ops):
+        parser.error(f"--op takes {', '.join(OPS)} (comma-separated), got {args.op!r}")
+    load = os.getloadavg()[0]  # the machine is shared: what else ran as this run started
     records = 1_000_000 if args.quick else args.records
     print(f"generating {records:,} records, {args.keys:,} keys ({args.dist}) ...", flush=True)
     batches = make_batches(records, args.keys, args.dist, args.batch_size, seed=1)
     ref_elapsed = reference(batches)  # before Ray starts, so nothing else competes for the cores
     print(f"  reference pyarrow group_by (1 thread, best of 3): {records / ref_elapsed / 1e6:.2f} M records/s",
           flush=True)
+    peers: dict[str, Any] = {}
+    if args.peers:
+        from benchmarks.peers import run_bytewax
+
+        layouts = [int(p) for p in args.bytewax_processes.split(",")]
+        peers = run_bytewax(batches, layouts, lambda result: check(result, batches), args.batch_size)
     start_ray()
-    print("running the dataflow ...", flush=True)
-    result, elapsed, memory = run_job(batches, args.parallelism, args.num_hosts)
-    print(f"  {records / elapsed / 1e6:.2f} M records/s ({elapsed:.2f} s)", flush=True)
-    check(result, batches)
-    print("  result matches pandas", flush=True)
+    rates: dict[str, int] = {}
+    for op in ops:
+        print(f"running the dataflow ({op}) ...", flush=True)
+        result, elapsed, memory = run_job(batches, args.parallelism, args.num_hosts, op)
+        print(f"  {records / elapsed / 1e6:.2f} M records/s ({elapsed:.2f} s)", flush=True)
+        check(result, batches)
+        print("  result matches pandas", flush=True)
+        rates[op] = round(records / elapsed)
+        if peers:
+            print(f"  {rates[op] / peers['bytewax_records_per_s']:.2f}x Bytewax's best", flush=True)
+    if peers:
+        peers["ratio_to_bytewax"] = {op: round(rate / peers["bytewax_records_per_s"], 2) for op, rate in rates.items()}
     emit({
-        "benchmark": "keyed_count", "records": records, "keys": args.keys, "dist": args.dist,
-        "parallelism": args.parallelism, "records_per_s": round(records / elapsed),
+        "benchmark": "keyed_count", "op": args.op, "ops_per_s": rates, "records": records, "keys": args.keys, "dist": args.dist,
+        "parallelism": args.parallelism, "load_average_1m": round(load, 2), "records_per_s": round(records / elapsed),
         "reference_records_per_s": round(records / ref_elapsed),
         "ratio": round(ref_elapsed / elapsed, 3), "reference_threads": 1, **memory,
-        "state_bytes_per_key": state_bytes_per_key(args.keys),
+        "state_bytes_per_key": state_bytes_per_key(args.keys), **peers,
     })
 
 

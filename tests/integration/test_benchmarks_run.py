@@ -22,9 +22,10 @@ import os
 import pytest
 
 RUNS = {
-    "keyed_count": (["--records", "200000", "--keys", "2000", "--batch-size", "20000", "--num-hosts", "1"],
+    "keyed_count": (["--records", "100000", "--keys", "2000", "--batch-size", "20000", "--num-hosts", "1",
+                     "--op", "agg,process,process_batch,reduce,map_records"],
                     ["records_per_s", "reference_records_per_s", "ratio", "peak_rss_mb", "job_rss_mb",
-                     "state_bytes_per_key"]),
+                     "state_bytes_per_key", "ops_per_s"]),
     "control_overhead": (["--quick", "--window", "0.2", "--load", "0.3", "--calibration", "0.5,0.5",
                           "--warm-up", "0.5", "--num-hosts", "1"],
                          ["throughput_ratio_nonblocking_100", "throughput_ratio_blocking_100",
