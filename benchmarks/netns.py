@@ -119,6 +119,10 @@ class NetnsCluster(LocalCluster):
     Lifecycle: made -> entered (``__enter__``) -> closed (``__exit__``, idempotent); faults in between.
     """
 
+    max_worker_restarts = 6
+    """A node's ``ray start`` gives up when its raylet took over 30 s to register (a loaded machine): it is
+    started again, this many times in all."""
+
     def __init__(self, nodes: int = 3, head_cpus: int = 1, worker_cpus: int = 2, health_check_s: float = 2.0,
                  metrics_report_ms: int = 500):
         if nodes < 2:
@@ -225,6 +229,9 @@ class NetnsCluster(LocalCluster):
         with open(os.path.join(temp, "ray-start.log"), "wb") as log:
             return subprocess.Popen(cmd, env=env, start_new_session=True, stdout=log, stderr=subprocess.STDOUT), temp
 
+    def _wait_nodes(self, count: int, env: dict[str, str], timeout: float = 420.0) -> None:
+        super()._wait_nodes(count, env, timeout)
+
     def _respawn_dead_workers(self, env: dict[str, str]) -> None:
         for i, (worker, _) in enumerate(self._workers):
             if worker.poll() is not None:
@@ -302,7 +309,7 @@ class NetnsCluster(LocalCluster):
         self._stop_node(i)
         shutil.rmtree(self.node_data(i), ignore_errors=True)
 
-    def restart_node(self, i: int, timeout: float = 180.0) -> None:
+    def restart_node(self, i: int, timeout: float = 420.0) -> None:
         """A fresh node ``i`` (new temp dir, same address) in place of the one there; returns once all nodes
         are alive."""
         self._check_worker(i)

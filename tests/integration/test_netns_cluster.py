@@ -72,7 +72,8 @@ def test_a_driver_killed_while_its_cluster_starts_leaves_nothing_behind():
 
 @needs_netns
 def test_a_lost_node_and_partitions_on_a_namespace_cluster_are_exact():
-    """Three nodes (token auth, S3 storage): a partition shorter than the health check is ridden out; one
+    """Three nodes (token auth, S3 storage): a local checkpoint_dir is refused at submit (each node has its own
+    disk there); a partition shorter than the health check is ridden out; one
     longer is recovered from on the other nodes, with the cut-off side's processes gone after the heal; a
     node lost with its disk is recovered from. Each job's committed output equals pandas' count exactly."""
     done = subprocess.run([sys.executable, "-m", "benchmarks.netfaults", "--quick"], cwd=ROOT, env=_env(),
@@ -85,3 +86,4 @@ def test_a_lost_node_and_partitions_on_a_namespace_cluster_are_exact():
     assert figures["short_partition_restarts"] == 0, figures  # ridden out, not recovered from
     assert figures["partition_restarts"] >= 1 and figures["node_loss_restarts"] >= 1, figures
     assert figures["stale_retired_s"] > 0, figures
+    assert figures["local_dir_refused"] is True, figures  # each node has its own data_dir: not shared
