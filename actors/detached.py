@@ -24,6 +24,7 @@ from chiray.operators.graph import OperatorKind
 
 from . import jobstore
 from .config import JobConfig
+from .shareddir import check_shared_dir
 from .submit import register_detached
 from .jobstore import NAMESPACE
 from .manager import VERBS, JobManagerCore
@@ -85,6 +86,7 @@ def submit_detached(flow: Any, config: JobConfig, restore_from: str | None) -> A
     refuse_driver_bound(flow)
     if not ray.is_initialized():
         ray.init()
+    check_shared_dir(config.checkpoint_dir)
     name = flow.name
     existing = find_manager(name)
     if existing is not None:

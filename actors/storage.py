@@ -46,7 +46,7 @@ from chiray.control.ops.chains import ManifestFormatError, manifest_files
 from chiray.operators.errors import ChirayError
 from chiray.operators.staging import fsync_dir
 
-__all__ = ["CheckpointStorage", "CheckpointError", "MANIFEST", "RETIRED", "child_uri"]
+__all__ = ["CheckpointStorage", "CheckpointError", "MANIFEST", "RETIRED", "child_uri", "split_uri", "shown"]
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +77,21 @@ def child_uri(root: str, *parts: str) -> str:
         return f"{root.rstrip('/')}/{tail}"
     uri = urllib.parse.urlsplit(root)
     return urllib.parse.urlunsplit(uri._replace(path=f"{uri.path.rstrip('/')}/{tail}"))
+
+
+def shown(location: str) -> str:
+    """``location`` as messages and logs show it: a URI's secret key (``s3://KEY:SECRET@bucket/...``) masked.
+
+    Example:
+        >>> shown("s3://AKIA:wJalr@bucket/chk?scheme=http")
+        's3://AKIA:***@bucket/chk?scheme=http'
+    """
+    if "://" not in location:
+        return location
+    uri = urllib.parse.urlsplit(location)
+    if uri.password is None:
+        return location
+    return urllib.parse.urlunsplit(uri._replace(netloc=uri.netloc.replace(f":{uri.password}@", ":***@", 1)))
 
 
 def split_uri(path: str) -> tuple[str, str]:
@@ -111,6 +126,7 @@ class CheckpointStorage:
 
     def __init__(self, root: str, create: bool = True):
         self.root_uri = root
+        self.shown_root = shown(root)
         self.fs: pafs.FileSystem
         self.root: str
         self.fs, self.root = pafs.FileSystem.from_uri(root) if "://" in root else (
@@ -118,7 +134,7 @@ class CheckpointStorage:
         if create:
             self.make_dir(self.root)
         elif self.fs.get_file_info(self.root).type != pafs.FileType.Directory:
-            raise CheckpointError(f"no checkpoint directory {root!r}")
+            raise CheckpointError(f"no checkpoint directory {self.shown_root!r}")
 
     def make_dir(self, path: str) -> None:
         """Create ``path`` (and its parents); on a local disk the directories created are private to the
@@ -140,7 +156,9 @@ class CheckpointStorage:
         return posixpath.join(self.root, f"chk-{checkpoint_id:06d}")
 
     def output_dir(self, sink: str) -> str:
-        return posixpath.join(self.root, "output", sink)
+        """Where ``sink`` stages its output: a path or URI like the root's (a sink opens it alone, and a
+        path inside an object store, without its URI, would name a local directory)."""
+        return child_uri(self.root_uri, "output", sink)
 
     def _write_atomic(self, path: str, data: bytes) -> None:
         tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
@@ -216,15 +234,15 @@ class CheckpointStorage:
             with self.fs.open_input_stream(path) as f:
                 manifest = json.loads(f.read().decode())
         except (FileNotFoundError, OSError) as exc:
-            raise CheckpointError(f"checkpoint {checkpoint_id} in {self.root_uri!r} is incomplete or "
+            raise CheckpointError(f"checkpoint {checkpoint_id} in {self.shown_root!r} is incomplete or "
                                   f"missing: no readable {MANIFEST} ({exc})") from None
         except ValueError as exc:
-            raise CheckpointError(f"checkpoint {checkpoint_id} in {self.root_uri!r} has a corrupt "
+            raise CheckpointError(f"checkpoint {checkpoint_id} in {self.shown_root!r} has a corrupt "
                                   f"manifest: {exc}") from None
         for rel in sorted(self.files_of(manifest, checkpoint_id)):
             info = self.fs.get_file_info(posixpath.join(self.root, rel))
             if info.type != pafs.FileType.File:
-                raise CheckpointError(f"checkpoint {checkpoint_id} in {self.root_uri!r} is corrupt: "
+                raise CheckpointError(f"checkpoint {checkpoint_id} in {self.shown_root!r} is corrupt: "
                                       f"its state file {rel!r} is missing")
         return manifest
 
@@ -238,7 +256,7 @@ class CheckpointStorage:
             return manifest_files(manifest)
         except ManifestFormatError as exc:
             which = manifest.get("checkpoint_id", checkpoint_id)
-            raise CheckpointError(f"checkpoint {which} in {self.root_uri!r}: {exc}") from None
+            raise CheckpointError(f"checkpoint {which} in {self.shown_root!r}: {exc}") from None
 
     def has_manifest(self, checkpoint_id: int) -> bool:
         """Whether checkpoint ``checkpoint_id`` got as far as its manifest (readable or not)."""
@@ -256,7 +274,7 @@ class CheckpointStorage:
                 with self.fs.open_input_file(posixpath.join(self.root, rel)) as f:
                     ipc.open_file(f).schema
             except (OSError, pa.ArrowInvalid) as exc:
-                raise CheckpointError(f"checkpoint {manifest.get('checkpoint_id')} in {self.root_uri!r} is "
+                raise CheckpointError(f"checkpoint {manifest.get('checkpoint_id')} in {self.shown_root!r} is "
                                       f"corrupt: its state file {rel!r} is unreadable ({exc})") from None
 
     def checkpoint_ids(self) -> list[int]:

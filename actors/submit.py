@@ -31,6 +31,7 @@ from .handle import JobHandle
 from .job import Job
 from .build import control_trees
 from .placement import place
+from .shareddir import check_shared_dir
 from .pool import warm_pool
 from .restore import RestoreInfo, match_operators
 from .storage import CheckpointError, CheckpointStorage, child_uri, split_uri
@@ -184,6 +185,7 @@ def submit(flow: Dataflow, *, config: JobConfig | None = None, restore_from: str
         return _DETACHED(flow, config, restore_from)
     if not ray.is_initialized():
         ray.init()
+    check_shared_dir(config.checkpoint_dir)  # a local directory on several nodes: every node must read it
     plan = physical_plan(_private_graph(flow))
     restore = (restore_point(restore_from, plan, allow_non_restored_state)
                if restore_from is not None else None)

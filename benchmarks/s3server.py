@@ -31,11 +31,14 @@ Example::
 
 from __future__ import annotations
 
+import collections
+import logging
 import os
 import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -72,6 +75,9 @@ class S3Server:
         self.port = port
         self.start_timeout_s = start_timeout_s
         self.process: subprocess.Popen[str] | None = None
+        self._drainer: threading.Thread | None = None
+        self.output: collections.deque[str] = collections.deque(maxlen=200)
+        """The server process's last lines of output (errors; requests are not logged)."""
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -95,6 +101,8 @@ class S3Server:
         try:
             deadline = time.monotonic() + self.start_timeout_s
             self.port = self._read_port(deadline)
+            self._drainer = threading.Thread(target=self._drain, name="s3server-output", daemon=True)
+            self._drainer.start()
             self._wait_answers(deadline)
         except BaseException:
             self.stop()
@@ -114,6 +122,18 @@ class S3Server:
         raise RuntimeError(f"the S3 server on {self.host}:{self.port} did not start within "
                            f"{self.start_timeout_s} s (exit code {self.process.poll()}):\n"
                            f"{''.join(lines)[-2000:]}")
+
+    def _drain(self) -> None:
+        """Keep reading the server's output (its last lines stay in ``output``): a pipe nobody reads fills
+        up, and the server then blocks on its next line, in the middle of a request."""
+        process = self.process
+        if process is None or process.stdout is None:
+            return
+        try:
+            for line in process.stdout:
+                self.output.append(line)
+        except (OSError, ValueError):  # closed by stop() meanwhile
+            pass
 
     def _wait_answers(self, deadline: float) -> None:
         last: Exception | None = None
@@ -144,6 +164,9 @@ class S3Server:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+        if self._drainer is not None:  # the process is gone: its output ends
+            self._drainer.join(_STOP_WAIT_S)
+            self._drainer = None
         if process.stdout is not None:
             process.stdout.close()
 
@@ -166,7 +189,7 @@ class S3Server:
         Example: ``s3://testing:testing@chk/job1?endpoint_override=127.0.0.1:40123&scheme=http&region=us-east-1``.
         """
         query = urllib.parse.urlencode({"endpoint_override": f"{self.host}:{self.port}", "scheme": "http",
-                                        "region": REGION})
+                                        "region": REGION}, safe=":")
         tail = "/".join(p.strip("/") for p in (bucket, path) if p.strip("/"))
         return f"s3://{ACCESS_KEY}:{SECRET_KEY}@{tail}?{query}"
 
@@ -192,6 +215,7 @@ def _serve(host: str, port: int) -> None:
 
     app = DomainDispatcherApplication(create_backend_app)
     server = make_server(host, port, app, threaded=True, request_handler=MotoRequestHandler)
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # no line per request
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     print(f"{_READY}{server.server_address[1]}", flush=True)
     server.serve_forever()
