@@ -22,10 +22,11 @@ import cloudpickle
 
 from chiray.control.ops.chains import manifest_chains
 from chiray.control.ops.checkpoint import decode_offsets
+from chiray.operators.graph import OperatorKind, PhysicalPlan
 
 from .storage import CheckpointError, CheckpointStorage
 
-__all__ = ["RestoreInfo", "StoredBins", "match_operators"]
+__all__ = ["RestoreInfo", "StoredBins", "match_operators", "reset_code"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,6 +142,25 @@ class RestoreInfo:
         if by_epoch is None:  # a checkpoint of an earlier version: one value per instance
             return [v for k, v in sorted(self.manifest.get("sinks", {}).items()) if k.rsplit("/", 1)[0] == operator]
         return [v for k, staged in sorted(by_epoch.items()) if k.rsplit("/", 1)[0] == operator for v in staged]
+
+
+def reset_code(plan: PhysicalPlan, restore: RestoreInfo | None) -> bool:
+    """Set each operator's recorded code (``node.code``, what a later scale-out builds new instances with) to
+    the code ``restore``'s checkpoint recorded for it (None: the submitted code, as when a job starts again
+    from the start); a recovery to a checkpoint cut before an upgrade, or a restore into a new job, needs it.
+
+    Returns:
+        Whether any operator's code changed (a plan already in the object store must then be put again).
+    """
+    changed = False
+    for node in plan.graph.nodes.values():
+        if node.kind not in (OperatorKind.TRANSFORM, OperatorKind.KEYED) or node.make_logic is None:
+            continue
+        code = restore.code_change(node.name) if restore is not None else None
+        if (None if code is None else code.identity) != (None if node.code is None else node.code.identity):
+            changed = True
+        node.code = code
+    return changed
 
 
 def _holding_state(manifest: Mapping[str, Any]) -> dict[str, str]:

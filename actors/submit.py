@@ -33,7 +33,7 @@ from .build import control_trees
 from .placement import place
 from .shareddir import check_shared_dir
 from .pool import warm_pool
-from .restore import RestoreInfo, match_operators
+from .restore import RestoreInfo, match_operators, reset_code
 from .storage import CheckpointError, CheckpointStorage, child_uri, split_uri
 from .supervisor import CONTROLLER_POOL_KEY, Deployment, release_outputs
 
@@ -189,6 +189,7 @@ def submit(flow: Dataflow, *, config: JobConfig | None = None, restore_from: str
     plan = physical_plan(_private_graph(flow))
     restore = (restore_point(restore_from, plan, allow_non_restored_state)
                if restore_from is not None else None)
+    reset_code(plan, restore)  # the code an upgrade put in place before the checkpoint: a scale-out builds it
     num_hosts, placement = place(plan, config.num_hosts, config.placement, config.colocate)
     own_dir = config.checkpoint_dir is None
     root = tempfile.mkdtemp(prefix=f"chiray-{flow.name}-") if config.checkpoint_dir is None else config.checkpoint_dir

@@ -35,7 +35,7 @@ from .controller import controller_host
 from .errors import JobFailedError, OperatorError
 from .host import SPARE_HOST_ID, OperatorHost
 from .pool import kill, warm_pool
-from .restore import RestoreInfo
+from .restore import RestoreInfo, reset_code
 from .storage import CheckpointError
 
 __all__ = ["Deployment", "Supervisor", "release_outputs"]
@@ -318,6 +318,8 @@ class Supervisor(threading.Thread):
                 sink.take_back(own.checkpoint_id if own is not None else 0)
             sink.recover(restore.sink_staged(name) if own is not None and restore is not None else [])
         self.incarnation += 1
+        with topology.lock:
+            self._reset_code(restore)
         controller = topology.controller
         hosts = dep.start_hosts(controller, restore, self.incarnation)
         sides = self.job.side_controllers  # the new hosts return their ops' results to them too
@@ -338,6 +340,16 @@ class Supervisor(threading.Thread):
         log.warning("job %s recovered from %s in %.2f s", dep.name,
                     where or (f"checkpoint {checkpoint_id}" if checkpoint_id else "the start"),
                     time.monotonic() - started)
+
+    def _reset_code(self, restore: RestoreInfo | None) -> None:
+        """The operators' recorded code as the checkpoint the job rolls back to recorded it (an upgrade after it
+        is undone): what a later scale-out, or a recovery from the start, builds."""
+        dep = self.deployment
+        changed = False
+        for plan in {id(p): p for p in (self.job.plan, dep.plan) if p is not None}.values():
+            changed = reset_code(plan, restore) or changed
+        if changed and dep.plan is not None:
+            dep.plan_ref = ray.put(dep.plan)
 
     def _newest_readable(self) -> tuple[RestoreInfo | None, list[str]]:
         """The newest of the job's own checkpoints whose files read back, and why each newer one did not."""

@@ -68,3 +68,46 @@ def test_recovery_after_an_upgrade_runs_the_new_code(ray_session, tmp_path):
         assert tail.column("y").to_pylist() == [v * 5 for v in tail.column("value").to_pylist()]
     finally:
         job.cancel()
+
+
+def _tail_is(job, factor, rows=1_000):
+    tail = job.tail("out", rows)
+    return tail.num_rows == rows and tail.column("y").to_pylist() == [v * factor for v in
+                                                                      tail.column("value").to_pylist()]
+
+
+def _each_took(job, parallelism, records):
+    counts = [s.records_in for s in job.statistics().of("m")]
+    return len(counts) == parallelism and min(counts) >= records
+
+
+def test_scale_out_after_a_restore_or_a_recovery_builds_the_checkpointed_code(ray_session, tmp_path):
+    """The operator's recorded code comes from the checkpoint a job starts from: a restore into a new job (its
+    flow still says times2) and a recovery to a checkpoint cut before a later upgrade both scale out with it."""
+    def flow():
+        f = chiray.Dataflow("upgrade-rescale")
+        f.source(generate(None, rate=20_000, batch_size=100, num_keys=50, seed=3)).map(times(2), name="m") \
+            .sink(chiray.collect(), name="out")
+        return f
+
+    first = chiray.submit(flow(), checkpoint_dir=str(tmp_path / "a"))
+    try:
+        wait_for(lambda: first.statistics().records_in("m") >= 2_000, 30, "records through the map")
+        first.upgrade("m", times(5))
+        path = first.checkpoint_info(60).path
+    finally:
+        first.cancel()
+    job = chiray.submit(flow(), checkpoint_dir=str(tmp_path / "b"), restore_from=path, max_restarts=2)
+    try:
+        job.rescale("m", 2).result(60)
+        wait_for(lambda: _each_took(job, 2, 1_000), 30, "both instances")
+        assert _tail_is(job, 5)  # 10 batches: both instances' output (round robin)
+        job.checkpoint(60)  # records times5 for both instances
+        job.upgrade("m", times(7))
+        ray.kill(job.topology.hosts()[0], no_restart=True)
+        wait_for(lambda: any("recovered" in e for e in job.status().events), 60, "the recovery")
+        job.rescale("m", 3).result(60)
+        wait_for(lambda: _each_took(job, 3, 1_000), 30, "three instances")
+        assert _tail_is(job, 5)  # 10 batches: every instance's output (round robin)
+    finally:
+        job.cancel()
