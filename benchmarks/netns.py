@@ -129,10 +129,9 @@ class NetnsCluster(LocalCluster):
             raise ValueError(f"NetnsCluster: nodes must be at least 2 (a head and a worker), got {nodes}")
         super().__init__(num_cpus=head_cpus, metrics_report_ms=metrics_report_ms, worker_nodes=nodes - 1,
                          worker_cpus=worker_cpus)
+        os.rmdir(self.temp)  # LocalCluster's head dir: ours is under root
         self.tag = "cn" + secrets.token_hex(3)
-        self.root = tempfile.mkdtemp(prefix=self.tag, dir="/tmp")  # short: Ray's socket paths have a limit
-        self.temp = os.path.join(self.root, "h")
-        self.data_dir = os.path.join(self.root, "data")
+        self.root = self.data_dir = ""  # made by __enter__
         self.token = secrets.token_hex(32)
         self.health_check_s = health_check_s
         self.subnet = ipaddress.IPv4Network("10.0.0.0/24")
@@ -169,6 +168,9 @@ class NetnsCluster(LocalCluster):
     # -- lifecycle ---------------------------------------------------------------------
 
     def __enter__(self) -> "NetnsCluster":
+        self.root = tempfile.mkdtemp(prefix=self.tag, dir="/tmp")  # short: Ray's socket paths have a limit
+        self.temp = os.path.join(self.root, "h")
+        self.data_dir = os.path.join(self.root, "data")
         try:
             self._start_reaper()
             self._make_network()
@@ -233,6 +235,9 @@ class NetnsCluster(LocalCluster):
         super()._wait_nodes(count, env, timeout)
 
     def _respawn_dead_workers(self, env: dict[str, str]) -> None:
+        if self._head is not None and self._head.poll() is not None:  # no node joins any more: fail now
+            raise RuntimeError(f"the head node's ray start exited ({self._head.returncode}); its logs are "
+                               f"under {self.temp} until the cluster is closed")
         for i, (worker, _) in enumerate(self._workers):
             if worker.poll() is not None:
                 self._replace(i + 1, env)
