@@ -51,6 +51,7 @@ from chiray.actors import (
     submit,
 )
 from chiray.actors.rescale import RescaleError
+from chiray.actors.shareddir import UnsharedStorageError
 from chiray.actors.storage import CheckpointError
 from chiray.control.op import ControlOp, InstanceHandler
 from chiray.control.oprun import OpFailedError, OpTimeoutError
@@ -182,6 +183,7 @@ __all__ = [
     "ManagerRestartedError",
     "SavepointError",
     "CheckpointError",
+    "UnsharedStorageError",
     "RescaleError",
     "OpFailedError",
     "OpTimeoutError",
