@@ -98,6 +98,13 @@ def _failover(job: Any, env: dict[str, str]) -> float:
     raise TimeoutError("the job did not come back within 120 s")
 
 
+def _under(root: str, name: str) -> str:
+    """``name`` under ``root``, a local directory or a ``pyarrow.fs`` URI (whose query stays last)."""
+    from chiray.actors.storage import child_uri  # imported late: Ray is imported once the env is set
+
+    return child_uri(root, name)
+
+
 def _read_output(directory: str) -> pd.DataFrame:
     """A Parquet output directory (a local path or a ``pyarrow.fs`` URI) as one frame (empty: none)."""
     import pyarrow.fs as pafs
@@ -122,8 +129,8 @@ def _throughput(env: dict[str, str], args: argparse.Namespace, root: str, metric
     flow = chiray.Dataflow("ops")
     src = chiray.generate(args.tput_records, batch_size=10_000, num_keys=args.keys, seed=5, num_splits=2)
     (flow.source(src, parallelism=2, name="events").key_by("key").count(parallelism=2, name="count")
-         .sink(chiray.to_parquet(f"{root}/{name}-out"), name="out"))
-    job = chiray.submit(flow, name=name, detached=True, checkpoint_dir=f"{root}/{name}-chk",
+         .sink(chiray.to_parquet(_under(root, f"{name}-out")), name="out"))
+    job = chiray.submit(flow, name=name, detached=True, checkpoint_dir=_under(root, f"{name}-chk"),
                         metrics_interval_s=None if metrics == "off" else 1.0)
     first: tuple[float, int] | None = None
     while True:
@@ -144,8 +151,8 @@ def _operate(cluster: LocalCluster, args: argparse.Namespace, root: str) -> dict
     import chiray
 
     env = cluster.env
-    out1, out2, sp = f"{root}/out1", f"{root}/out2", f"{root}/sp"
-    _submit(env, args, "ops", out1, f"{root}/chk1", 2, args.rate)
+    out1, out2, sp = (_under(root, name) for name in ("out1", "out2", "sp"))
+    _submit(env, args, "ops", out1, _under(root, "chk1"), 2, args.rate)
     print("  submitted; the driver exited", flush=True)
     attach_s = _run(env, "-c", f"import chiray; chiray.attach('ops', address={cluster.address!r}).status()")
     job = chiray.attach("ops")
@@ -158,7 +165,7 @@ def _operate(cluster: LocalCluster, args: argparse.Namespace, root: str) -> dict
     print(f"  manager failover {failover:.2f} s", flush=True)
     savepoint_s = _run(env, "-m", "chiray", "savepoint", "ops")
     job.stop(savepoint=sp)
-    restore_s = _submit(env, args, "ops2", out2, f"{root}/chk2", 1, args.rate, restore=sp)
+    restore_s = _submit(env, args, "ops2", out2, _under(root, "chk2"), 1, args.rate, restore=sp)
     chiray.attach("ops2").wait(timeout=600)
     got = pd.concat([_read_output(d) for d in (out1, out2)])
     got = got.groupby("key")["count"].sum().sort_index()
