@@ -177,7 +177,6 @@ class NetnsCluster(LocalCluster):
             os.makedirs(self.temp)
             os.makedirs(self.data_dir)
             self.s3 = S3Server(host=self.host).__enter__()
-            _drain(self.s3)
             self._write_state()
         except BaseException:
             self.__exit__(None, None, None)
@@ -411,14 +410,6 @@ def _reap(state: dict) -> None:
     for path in (f"{state['root']}.reap.json", f"{state['root']}.reap.json.tmp"):
         if os.path.exists(path):
             os.remove(path)
-
-
-def _drain(s3: S3Server) -> None:
-    """Read the S3 server's output for as long as it runs: its request log would otherwise fill the pipe it
-    writes to, and every request would block on it."""
-    out = s3.process.stdout if s3.process is not None else None
-    if out is not None:
-        threading.Thread(target=out.read, name="s3-log-drain", daemon=True).start()
 
 
 def _cmdline(pid: int) -> str:
