@@ -58,6 +58,9 @@ RUNS = {
                      ["bridge_rows_per_s", "to_arrow_rows_per_s", "ratio", "driver_rss_mb_1m", "driver_rss_mb_5m",
                       "driver_rss_growth_mb_5m", "to_arrow_driver_rss_growth_mb_5m", "naive_rows_per_s",
                       "ratio_to_naive", "bridge_cpu_us_per_row"]),
+    "upgrade": (["--quick", "--lead", "0.5", "--after", "0.5", "--warm-up", "0.3", "--measure", "0.5", "--load", "0.3",
+                 "--num-hosts", "1"],
+                ["upgrade_pause_ms", "total_s", "exact", "restart_pause_ms", "pause_ratio", "restart_exact"]),
     "chaos": (["--seeds", "1", "--kinds", "host_kill,stop_restore_same_dir", "--faults", "2", "--records", "16000",
                "--num-hosts", "1"],
               ["runs", "faults", "lost", "duplicated", "reordered", "exact", "recovery_s_p50"]),
@@ -90,5 +93,7 @@ def test_benchmark_runs_and_reports(name, ray_session, request, capsys):
     if name == "nexmark":  # each query checks itself against DuckDB's SQL on the same events
         assert [q["query"] for q in figures["queries"]] == ["q0", "q5"]
         assert all(q["exact"] for q in figures["queries"]), figures
+    if name == "upgrade":  # both changes cut exactly: the old code before the reported cut, the new after
+        assert figures["exact"] and figures["restart_exact"], figures
     if name == "chaos":  # both kinds injected while the input flowed; the output matched the oracle
         assert figures["faults"] == {"host_kill": 1, "stop_restore_same_dir": 1} and figures["exact"], figures
