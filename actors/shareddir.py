@@ -1,4 +1,4 @@
-"""shareddir.py: whether every node of the cluster shares a local checkpoint directory; submit refuses one it does not.
+"""shareddir.py: whether the cluster's nodes share a local checkpoint directory; submit refuses it if not.
 
 A job's hosts and controller run on any node, and a host that restarts
 elsewhere reads the checkpoints the others wrote: a checkpoint directory on a
@@ -151,10 +151,12 @@ def refusal(directory: str, given: bool, failures: Sequence[ProbeFailure], names
     first = failures[0]
     name = lambda node: names.get(node, node[:12])  # noqa: E731
     what = (f"node {name(first.writer)} {first.why}" if first.reader is None else
-            f"node {name(first.reader)} could not read what node {name(first.writer)} wrote there: {first.why}")
+            f"node {name(first.reader)} could not read what node {name(first.writer)} wrote there: "
+            f"{first.why}")
     more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
     which = (f"checkpoint_dir {directory!r} is a local directory" if given else
-             f"without checkpoint_dir, checkpoints go to a temporary directory under {directory!r}, which is local")
+             f"without checkpoint_dir, checkpoints go to a temporary directory under {directory!r}, which is "
+             f"local")
     return UnsharedStorageError(
         f"{which} that the {count} nodes of this Ray cluster do not share: {what}{more}. Every node must "
         f"read the checkpoints (a host that restarts on another node reads what the others wrote): give "

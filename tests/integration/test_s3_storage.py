@@ -27,8 +27,8 @@ N, SPLITS, BATCH = 20_000, 2, 500
 
 def _flow(name: str, src, parallelism: int, out: str) -> Dataflow:
     flow = Dataflow(name)
-    flow.source(src, parallelism=SPLITS, name="src").key_by("key").sum("value", parallelism=parallelism,
-                                                                        name="sum").sink(to_parquet(out), name="out")
+    keyed = flow.source(src, parallelism=SPLITS, name="src").key_by("key")
+    keyed.sum("value", parallelism=parallelism, name="sum").sink(to_parquet(out), name="out")
     return flow
 
 
@@ -47,12 +47,14 @@ def test_a_job_on_s3_recovers_a_killed_host_and_restores_from_an_s3_savepoint_at
         first = job.checkpoint(timeout=60)
         assert CheckpointStorage(chk, create=False).committed()[-1] == first  # on S3, complete
         ray.kill(job.actors[0], no_restart=True)
-        wait_for(lambda: any(e.startswith(f"recovered from checkpoint {first}") for e in job.status().events), 120,
+        recovered = f"recovered from checkpoint {first}"
+        wait_for(lambda: any(e.startswith(recovered) for e in job.status().events), 120,
                  "the job recovered from its checkpoint on S3")
         stopped = job.stop(savepoint=savepoints, timeout=120)
     finally:
         job.cancel()
-    assert stopped.path.startswith(savepoints.split("?")[0]) and [s.path for s in job.savepoints()] == [stopped.path]
+    assert stopped.path.startswith(savepoints.split("?")[0])
+    assert [s.path for s in job.savepoints()] == [stopped.path]
 
     restored = _flow("s3-restored", data, 3, child_uri(root, "out-2")).submit(restore_from=stopped.path)
     try:
@@ -61,7 +63,8 @@ def test_a_job_on_s3_recovers_a_killed_host_and_restores_from_an_s3_savepoint_at
         restored.cancel()
     fs = s3_server.filesystem()
     got = pq.read_table(restored.result("out"), filesystem=fs).to_pandas()
-    expected = pa.Table.from_batches(source_batches(data)).to_pandas().groupby("key", as_index=False)["value"].sum()
+    records = pa.Table.from_batches(source_batches(data)).to_pandas()
+    expected = records.groupby("key", as_index=False)["value"].sum()
     pd.testing.assert_frame_equal(got.sort_values("key", ignore_index=True),
                                   expected.rename(columns={"value": "sum"}), check_dtype=False)
 

@@ -60,7 +60,8 @@ def test_incremental_checkpoints_restore_their_cut_and_retention_deletes_on_s3(s
         assert run.finish(*run.cut(full=i == 2))
     kept = run.storage.committed()
     assert kept == [3, 4, 5]
-    assert any(len(chain) > 1 for bins in manifest_chains(run.storage.load(5)).values() for chain in bins.values())
+    chains = manifest_chains(run.storage.load(5))
+    assert any(len(chain) > 1 for bins in chains.values() for chain in bins.values()), "no incremental chain"
     for checkpoint_id, parallelism in ((3, 1), (4, 1), (5, 1), (5, 3)):
         assert run.restore(checkpoint_id, parallelism) == run.at_cut[checkpoint_id]
     on_s3 = files(server.filesystem(), f"{path}/chk")
@@ -108,8 +109,8 @@ def test_savepoints_on_s3_are_copied_listed_restored_and_deleted(s3):
     assert restore_point(savepoint_root(chk), plan()).checkpoint_id == 2  # one life: its newest
     assert restore_point(taken[0].path, plan()).checkpoint_id == 1
     delete_savepoint("f", taken[0].path, found, {})
-    assert sorted({f.split("/")[0] for f in files(server.filesystem(), f"{path}/chk/savepoints/f-r0123abcd")}) \
-        == ["chk-000002"]
+    left = files(server.filesystem(), f"{path}/chk/savepoints/f-r0123abcd")
+    assert sorted({f.split("/")[0] for f in left}) == ["chk-000002"]
 
 
 def test_file_sources_and_to_parquet_take_s3_uris(s3):
@@ -158,7 +159,8 @@ def test_sink_output_staged_on_s3_commits_with_its_checkpoint_and_a_stop_discard
         staged[name] = [writer.prepare_commit(1)]
         writer.write(batch(3, 2))
         writer.prepare_commit(2)  # checkpoint 2 never completes
-    assert [f for f in files(fs, f"{path}/chk/output/got") if f.startswith(".")], "collect staged nowhere on S3"
+    staged_got = [f for f in files(fs, f"{path}/chk/output/got") if f.startswith(".")]
+    assert staged_got, "collect staged nothing on S3"
     storage.commit(1, {"job": {"name": "staged"}, "sink_staged": {f"{n}/0": s for n, s in staged.items()}})
     results = commit_stopped(graph, storage, 1, run)
     assert results["got"].column("i").to_pylist() == [0, 1, 2]

@@ -65,7 +65,7 @@ def test_a_node_with_a_disk_of_its_own_is_refused_naming_the_nodes_and_the_fix(t
     assert f"checkpoint_dir {str(tmp_path / 'chk')!r} is a local directory" in text
     assert "the 3 nodes of this Ray cluster do not share" in text and "no file there" in text
     assert "s3://" in text and "a mount that every node shares" in text
-    named = text.split(": ", 1)[1].split(" wrote there")[0]  # "node R (addr) could not read what node W (addr)"
+    named = text.split(": ", 1)[1].split(" wrote there")[0]  # "node R (...) could not read what node W (...)"
     assert len({address for address in NODES.values() if address in named}) == 2
     assert run_on.calls == ["write_token", "read_token", "remove_token"]
     assert files_under(tmp_path / "disks") == []  # the clean-up round removed what nobody read
