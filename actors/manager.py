@@ -94,8 +94,8 @@ class JobManagerCore:
         self._seen_autoscale = 0
         self._run_events = 0  # the events of the running job's run already in the record
         self._submitted: dict[str, int] | None = None  # see _submitted_parallelism
-        stored = jobstore.load(name) if reconstructed else None
         self._sides: list[tuple[str, SourceSide]] = []  # the running job's sources' sides (Spark drivers)
+        stored = jobstore.load(name) if reconstructed else None
         self._restarted = stored is not None
         if stored is not None:
             self.record = dataclasses.replace(stored, restarts=stored.restarts + 1)
@@ -198,16 +198,16 @@ class JobManagerCore:
             with self._lock:
                 if self._ended.is_set():
                     return
-                ended = self._poll_end(job)
                 failed = self._failed_side()
                 if failed is not None:
                     self._recover_side(job, failed)
                     continue
+                ended = self._poll_end(job)
             if ended:
                 return
-            events = self._keep_run_events(job)
             if job is not self._job:  # it was started again (a source's side failed)
                 continue
+            events = self._keep_run_events(job)
             interval = self.record.config.metrics_interval_s
             if interval is not None:
                 try:
@@ -224,7 +224,6 @@ class JobManagerCore:
             self._note_autoscale()
             self._ended.wait(interval or POLL_S)
 
-    def _poll_end(self, job: Job) -> bool:
     # -- sources' sides --------------------------------------------------------------------
 
     def _failed_side(self) -> str | None:
@@ -240,12 +239,12 @@ class JobManagerCore:
         resume there); the job fails if that start fails."""
         log.warning("job %s: %s; restarting it from its last checkpoint", self.name, cause)
         self._keep_run_events(job)
+        self._job = None  # the verbs answer from the record meanwhile
         try:
             job.cancel()
         except Exception as exc:  # its actors may be gone already
             log.debug("job %s: cancelling the run failed: %r", self.name, exc)
         self._close_sides()
-        self._job = None
         try:
             self._deploy(cause)
         except Exception as exc:
@@ -262,6 +261,7 @@ class JobManagerCore:
     def _side_statuses(self) -> tuple[SourceSideStatus, ...]:
         return tuple(side.status() for _, side in self._sides)
 
+    def _poll_end(self, job: Job) -> bool:
         try:
             job.wait(timeout=0)
         except TimeoutError:
@@ -270,11 +270,11 @@ class JobManagerCore:
             self._end(JobState.CANCELLED, None)
             return True
         except Exception as exc:
-            self._end(JobState.FAILED, exc)
             failed = self._failed_side()  # the run failed because its source's side died: run it again
             if failed is not None:
                 self._recover_side(job, failed)
                 return self._ended.is_set()
+            self._end(JobState.FAILED, exc)
             return True
         self._end(JobState.FINISHED, None)
         return True
@@ -298,8 +298,8 @@ class JobManagerCore:
                     except Exception as exc:  # a stopped job: its committed output
                         log.debug("job %s: no result for %s: %r", self.name, sink, exc)
         self._note_rescales()
-        error = None if failure is None else f"{type(failure).__name__}: {failure}"
         self._close_sides()
+        error = None if failure is None else f"{type(failure).__name__}: {failure}"
         self._update(JobEvent.of(EventKind.ENDED, state=state, error=error), state=state, error=error,
                      failure=None if failure is None else portable(failure), results=tuple(results.items()),
                      statistics=stats, ended_at=time.time())
@@ -620,6 +620,7 @@ class JobManagerCore:
             self._noted_checkpoint(taken)
             self._keep_run_events(job)
             self._job = None
+            self._close_sides()
             stats = job.statistics()
             results = {sink: job.result(sink) for sink in sink_names(job.plan.graph)}
             self._exporter.export(stats)
@@ -637,8 +638,8 @@ class JobManagerCore:
             self._keep_run_events(self._job)
             self._job.cancel()
             self._job = None
-            self._update(JobEvent.of(EventKind.CANCELLED), state=JobState.CANCELLED, ended_at=time.time())
             self._close_sides()
+            self._update(JobEvent.of(EventKind.CANCELLED), state=JobState.CANCELLED, ended_at=time.time())
             self._ended.set()
 
     def wait(self, timeout: float | None = None) -> JobState:
@@ -656,7 +657,6 @@ class JobManagerCore:
             raise ChirayError(f"job {self.name!r} is {record.state.value.lower()}: it has no result")
         results = dict(record.results)
         if sink is None:
-            self._close_sides()
             if len(results) != 1:
                 raise ValueError(f"job {self.name!r} has sinks {sorted(results)}; name one")
             return next(iter(results.values()))
