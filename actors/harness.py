@@ -29,7 +29,9 @@ from chiray.control.coordination import JobState, OpCoordinator
 from chiray.control.message import InstanceId
 from chiray.control.oprun import JobView, OpRun, OpState, job_view
 from chiray.control.trees import Relay
+from chiray.operators.branch import branch_nodes
 from chiray.operators.dataflow import Dataflow
+from chiray.operators.hashing import DEFAULT_NUM_BINS
 from chiray.operators.graph import OperatorKind, PhysicalPlan, physical_plan
 
 from .config import JobConfig
@@ -41,6 +43,7 @@ from .messages import Parcel
 from .placement import place
 from .rescaler import HostChange, RescaleError, Rescaler, Tally, check_request, place_change
 from .topology import ChangePrepared
+from .brancher import add_branch
 from .upgrader import run_upgrade
 
 __all__ = ["LocalRun", "counting_clock"]
@@ -221,6 +224,12 @@ class LocalRun:
         wakeups = [w for w in (h.next_wakeup() for h in self.hosts) if w is not None]
         return not wakeups or min(wakeups) > now + 3600.0
 
+    def add_branch(self, from_operator: str, build: Callable[[Any], Any]) -> Any:
+        """Add the operators ``build(stream)`` adds downstream of ``from_operator`` as ``Job.add_branch`` does,
+        stepping the loop while its op runs; returns its ``brancher.BranchCut``."""
+        nodes = branch_nodes(self.plan.graph, from_operator, build, DEFAULT_NUM_BINS)
+        return add_branch(_LocalTarget(self, from_operator, None), from_operator, nodes)
+
     def upgrade(self, operator: str, fn: Any, **options: Any) -> Any:
         """Upgrade ``operator``'s code as ``Job.upgrade`` does, stepping the loop while its ops run; returns its
         ``UpgradeRecord``."""
@@ -286,7 +295,7 @@ class _LocalTarget:
     """A ``LocalRun`` as the rescale of ``operator`` sees it (``rescaler.RescaleTarget``; its errors count the
     steps in ``tally``)."""
 
-    def __init__(self, local: LocalRun, operator: str, tally: Tally):
+    def __init__(self, local: LocalRun, operator: str, tally: Tally | None):
         self.local, self.operator, self.tally = local, operator, tally
         self.name = local.plan.graph.name
 
@@ -314,8 +323,9 @@ class _LocalTarget:
         except TimeoutError as exc:
             if not all(host.done for host in self.local.hosts):
                 raise
+            where = self.tally.where() if self.tally is not None else "its start"
             raise RescaleError(f"rescale of {self.operator!r} did not complete: the job ended "
-                               f"({JobState.FINISHED.value}) after {self.tally.where()}") from exc
+                               f"({JobState.FINISHED.value}) after {where}") from exc
 
     def place(self, new: PhysicalPlan) -> HostChange:
         return place_change(self.local.placement, [h.host_id for h in self.local.hosts], new,

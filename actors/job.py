@@ -25,7 +25,9 @@ import ray
 
 from chiray.control.coordination import JobState, LifecycleSnapshot
 from chiray.control.oprun import JobView, OpFailedError, job_view
+from chiray.operators.branch import BranchNotSupportedError, branch_nodes, branch_of
 from chiray.operators.graph import OperatorKind, PhysicalPlan
+from chiray.operators.hashing import DEFAULT_NUM_BINS
 
 from .autoscaler import start_autoscale
 from .controlops import SideController
@@ -694,6 +696,42 @@ class Job:
         """The upgrades made through this handle, oldest first, with their outcomes."""
         self._known()
         return tuple(self._upgrades)
+
+    def add_branch(self, from_operator: str, build: Callable[[Any], Any]) -> Any:
+        """Add operators and sinks downstream of the running operator ``from_operator``, built by ``build(stream)``
+        with the usual verbs; the branch starts at a cut and sees every record ``from_operator`` emits after it.
+
+        Not carried out on Ray yet: the branch is checked (so a bad one is refused with its reason), then
+        ``BranchNotSupportedError`` says how to make the change instead. The in-process harness
+        (``actors.harness.LocalRun.add_branch``) adds branches.
+
+        Raises:
+            BranchError: an unknown operator, a sink to branch from, a branch without a sink, with a source,
+                reading another running operator or leaving an operator unconsumed.
+            BranchNotSupportedError: the branch is valid.
+        """
+        self._not_stopping("add_branch")
+        branch_nodes(self.plan.graph, from_operator, build, DEFAULT_NUM_BINS)
+        raise BranchNotSupportedError(
+            f"job {self.name!r}: add_branch from {from_operator!r} is not carried out on Ray yet (a running job "
+            "cannot take new sinks); stop it with a savepoint and submit the dataflow with the branch, "
+            "restore_from= that savepoint (the branch then starts at the savepoint's cut)")
+
+    def remove_branch(self, sink: str) -> Any:
+        """Drain and remove the branch that ends in ``sink`` (the sink and the operators that feed only it).
+
+        Not carried out yet: the branch is checked, then ``BranchNotSupportedError`` says how to make the change.
+
+        Raises:
+            BranchError: ``sink`` is no sink of the job, or its only one.
+            BranchNotSupportedError: the branch is valid.
+        """
+        self._not_stopping("remove_branch")
+        removed = branch_of(self.plan.graph, sink)
+        raise BranchNotSupportedError(
+            f"job {self.name!r}: remove_branch({sink!r}) (operators {removed}) is not carried out yet; stop the "
+            "job with a savepoint and submit the dataflow without them, restore_from= that savepoint and "
+            "allow_non_restored_state=True if they held state")
 
     def refill_spare_hosts(self, timeout: float | None = None) -> None:
         """Start spare hosts for those scale-outs took (``JobConfig.spare_hosts``) and wait until they are up.

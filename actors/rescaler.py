@@ -36,7 +36,7 @@ from .jobvalues import RescaleProgress, RescaleState
 from .topology import ChangePrepared
 
 __all__ = ["RescaleError", "STRATEGIES", "RescaleRequest", "check_request", "RescaleTarget", "HostChange",
-           "place_change", "Tally", "Rescaler", "changes_topology"]
+           "place_change", "Tally", "Rescaler", "changes_topology", "change_views"]
 
 STRATEGIES = tuple(s.value for s in Strategy)
 KEYED_STRATEGIES = tuple(s.value for s in Strategy if s.moves_bins)
@@ -320,7 +320,7 @@ class Rescaler:
         change = self._prepare(op_id, old, new)
         self.tally.first_step()
         placement = target.placement() if change is None else change.placement
-        handle = target.start_op(op, op_id, None if change is None else _views(target.name, old, new))
+        handle = target.start_op(op, op_id, None if change is None else change_views(target.name, old, new))
         injected = time.monotonic()
         try:
             result = target.wait_op(handle, op.timeout_s)
@@ -388,7 +388,7 @@ def changes_topology(old: PhysicalPlan, new: PhysicalPlan) -> bool:
         for n in new.graph.nodes for a, b in zip(new.graph.nodes[n].inputs, old.graph.nodes[n].inputs))
 
 
-def _views(name: str, old: PhysicalPlan, new: PhysicalPlan) -> tuple[JobView, JobView]:
+def change_views(name: str, old: PhysicalPlan, new: PhysicalPlan) -> tuple[JobView, JobView]:
     """The topology a changing op sees (the instances and channels of both plans), and the one after it."""
     seen = {c.channel_id for c in new.channels}
     channels = [*new.channels, *(c for c in old.channels if c.channel_id not in seen)]

@@ -79,6 +79,9 @@ class InstanceChange:
                ) -> tuple[list[list[OutputChannel]], list[list[InstanceId]]]:
         """The outputs and targets the op is forwarded on: the current ones and the new ones."""
         outs, tgts = [list(chs) for chs in outputs], [list(ts) for ts in targets]
+        while len(outs) < len(self.outputs):  # an edge new with the change (a branch added downstream)
+            outs.append([])
+            tgts.append([])
         for edge, chans in enumerate(self.outputs):
             have = {ch.channel for ch in outs[edge]}
             for ch, target in zip(chans, self.targets[edge]):
@@ -97,7 +100,9 @@ class InstanceChange:
         out = list(current)
         for edge, (down, _, spec) in enumerate(self.plan.output_edges[info.operator]):
             n = len(self.outputs[edge])
-            if isinstance(out[edge], HashRouter):
+            if edge == len(out):  # an edge new with the change
+                out.append(make_router(spec, n, self.plan.bin_tables.get(down), down, info.index))
+            elif isinstance(out[edge], HashRouter):
                 out[edge].num_targets = n
             else:
                 out[edge] = make_router(spec, n, self.plan.bin_tables.get(down), down, info.index)

@@ -28,6 +28,7 @@ __all__ = [
     "physical_plan",
     "initial_bin_table",
     "rescaled_plan",
+    "branched_plan",
 ]
 
 
@@ -251,6 +252,34 @@ def rescaled_plan(plan: PhysicalPlan, operator: str, parallelism: int,
     for node in plan.graph.nodes.values():
         graph.add(dataclasses.replace(node, inputs=list(node.inputs),
                                       parallelism=parallelism if node.name == operator else node.parallelism))
+    bin_tables = dict(plan.bin_tables)
+    if graph.nodes[operator].kind is OperatorKind.KEYED:
+        if table is None or len(table) != graph.nodes[operator].num_bins:
+            raise ValueError(f"rescaling keyed operator {operator!r} needs a table of "
+                             f"{graph.nodes[operator].num_bins} bins")
+        bin_tables[operator] = list(table)
+    return _replanned(plan, graph, bin_tables)
+
+
+def branched_plan(plan: PhysicalPlan, added: list[OperatorNode]) -> PhysicalPlan:
+    """``plan`` with the operators ``added`` (a branch: new operators and sinks fed by running ones), each new
+    keyed operator with its initial bin table; the running channels keep their ids and edge positions (the
+    branch's edges come after an upstream's running ones)."""
+    graph = LogicalGraph(plan.graph.name)
+    for node in plan.graph.nodes.values():
+        graph.add(dataclasses.replace(node, inputs=list(node.inputs)))
+    for node in added:
+        graph.add(dataclasses.replace(node, inputs=list(node.inputs)))
+    bin_tables = dict(plan.bin_tables)
+    for node in added:
+        if node.kind is OperatorKind.KEYED:
+            bin_tables[node.name] = initial_bin_table(node.num_bins, node.parallelism)
+    return _replanned(plan, graph, bin_tables)
+
+
+def _replanned(plan: PhysicalPlan, graph: LogicalGraph, bin_tables: dict[str, list[int]]) -> PhysicalPlan:
+    """The plan of ``graph``, a changed ``plan.graph``: its channels keep their ids where they connect the same
+    instances on the same edge, new ones get ids ``plan`` never used."""
     fresh = physical_plan_channels(graph)
     old_ids = {(c.src, c.dst, c.input_index, c.edge_index): c.channel_id for c in plan.channels}
     next_id = max((c.channel_id for c in plan.channels), default=-1) + 1
@@ -266,14 +295,7 @@ def rescaled_plan(plan: PhysicalPlan, operator: str, parallelism: int,
     for node in graph.nodes.values():
         for input_index, edge in enumerate(node.inputs):
             output_edges[edge.upstream].append((node.name, input_index, edge))
-    bin_tables = dict(plan.bin_tables)
-    if graph.nodes[operator].kind is OperatorKind.KEYED:
-        if table is None or len(table) != graph.nodes[operator].num_bins:
-            raise ValueError(f"rescaling keyed operator {operator!r} needs a table of "
-                             f"{graph.nodes[operator].num_bins} bins")
-        bin_tables[operator] = list(table)
-    return PhysicalPlan(graph, instances, channels, output_edges, bin_tables, dict(plan.source_splits),
-                        next_id)
+    return PhysicalPlan(graph, instances, channels, output_edges, bin_tables, dict(plan.source_splits), next_id)
 
 
 def physical_plan_channels(graph: LogicalGraph) -> list[ChannelSpec]:
