@@ -12,7 +12,7 @@ Names (Ray's exporter may add a ``ray_`` prefix and, for counters, a
 ``_total`` suffix): ``chiray_records_in``, ``chiray_records_out``,
 ``chiray_batches_in``, ``chiray_batches_out``,
 ``chiray_backpressured_seconds``, ``chiray_busy_seconds``,
-``chiray_late_records`` (counters); ``chiray_records_per_second``,
+``chiray_late_records``, ``chiray_expired_keys`` (counters); ``chiray_records_per_second``,
 ``chiray_queued_batches``, ``chiray_queued_bytes``, ``chiray_pending_out``,
 ``chiray_input_wait_seconds``, ``chiray_source_backlog``,
 ``chiray_watermark_lag_seconds`` and ``chiray_event_time_latency_seconds``
@@ -53,6 +53,7 @@ COUNTERS = {
     "backpressured_s": "seconds an instance held output waiting for credit",
     "busy_s": "seconds an instance spent processing",
     "late_records": "records an instance's operator dropped as too late for their event-time window",
+    "expired_keys": "keys whose state an instance's operator dropped by its state TTL",
 }
 _COUNTER_NAMES = {"backpressured_s": "backpressured_seconds", "busy_s": "busy_seconds"}
 

@@ -27,6 +27,7 @@ class InstanceStatistics:
         finished: all inputs ended and final output queued.
         watermark: its event-time watermark (None before the first).
         late_records: records its operator dropped as too late (event-time windows).
+        expired_keys: keys whose state its operator dropped by its state TTL (``ttl=``).
         backlog: sources: records offered to it but not read yet, where its readers can say.
         outputs: per output channel, its ``ChannelStatistics``.
     """
@@ -49,6 +50,7 @@ class InstanceStatistics:
     watermark: int | None = None
     late_records: int = 0
     backlog: int = 0
+    expired_keys: int = 0
 
 
 def instance_statistics(inst: Any, now: float) -> InstanceStatistics:
@@ -69,4 +71,5 @@ def instance_statistics(inst: Any, now: float) -> InstanceStatistics:
         None if mark == MIN_WATERMARK else mark,
         int(getattr(inst.logic, "late_records", 0)),
         inst.logic.backlog() if isinstance(inst.logic, SourceLogic) and not inst.finished else 0,
+        int(getattr(inst.logic, "expired_keys", 0)),
     )

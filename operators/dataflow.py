@@ -37,9 +37,10 @@ from .logic import Sink, Source
 from .columns import check_time_column
 from .connected import ConnectedStreams
 from .emission import check_final_only
-from .eventtime import show_duration, ticks
+from .eventtime import Duration, show_duration, ticks
 from .handles import JobLike
 from .timers import TimerProcessLogic
+from .ttl import EXPIRED, TTLTime, state_ttl
 from .watermarks import WatermarkedSource, WatermarkStrategy
 from .validation import check_name
 from .keyedtop import KeyedTopLogic, keyed_top_schema
@@ -241,7 +242,8 @@ class Stream:
         ports = self.node.side_outputs
         if port not in ports:
             raise ValueError(f"operator {self.name!r} has no side output {port!r}; it has {sorted(ports) or 'none'}"
-                             + (" (pass late_side_output=True to window())" if port == "late" else ""))
+                             + (" (pass late_side_output=True to window())" if port == "late" else "")
+                             + (" (pass expired_side_output=True with a ttl)" if port == "expired" else ""))
         return Stream(self.flow, self.node, port, ports[port])
 
     @property
@@ -490,7 +492,8 @@ class KeyedStream:
         return flow._add(node)
 
     def agg(self, *, name: str | None = None, parallelism: int | None = None,
-            emit: str | None = None, **aggregates: Aggregate) -> Stream:
+            emit: str | None = None, ttl: Duration | None = None, ttl_time: TTLTime = "processing",
+            ttl_on: str | None = None, expired_side_output: bool = False, **aggregates: Aggregate) -> Stream:
         """Several aggregations at once: ``agg(n=(None, "count"), total=("v", "sum"))``.
 
         Each aggregate is a ``chiray.Aggregate``: ``(column, function)`` or ``(column, "arg_max", give)``.
@@ -507,10 +510,25 @@ class KeyedStream:
         emits the new values of the keys each input batch touched. On a
         source that never ends, ``"final"`` would emit nothing: ``submit``
         refuses the default there (pass ``emit`` to choose).
+
+        ``ttl``: drop a key's state once it has not been written for that long
+        (:mod:`~operators.ttl`): ``ttl_time="processing"`` (wall clock, the
+        default) or ``"event"`` (its records' largest time on column
+        ``ttl_on`` plus ``ttl`` reached by the watermark). Expired keys are
+        counted (``expired_keys`` in ``job.statistics()``); with
+        ``expired_side_output=True`` their last results also go to
+        ``result.side_output("expired")``. A key that comes back starts afresh.
+
+        Example::
+
+            counts = stream.key_by("user").agg(n=(None, "count"), emit="updates",
+                                               ttl=timedelta(hours=1), expired_side_output=True)
+            gone = counts.side_output("expired")  # each expired user's last count
         """
         op_name = self.stream.flow._name("agg", name)
         emit, by_default = _check_emit(op_name, emit)
         specs = self._agg_specs(op_name, aggregates)
+        expiry = state_ttl(f"operator {op_name!r}", ttl, ttl_time, ttl_on, expired_side_output, self.stream.schema)
         schema = None
         if self.stream.schema is not None:
             try:
@@ -518,9 +536,11 @@ class KeyedStream:
             except (TypeError, ValueError) as exc:
                 raise type(exc)(f"operator {op_name!r}: {exc}") from None
         key, bins = self.key, self.num_bins
-        stream = self._keyed("agg", lambda: keyed.AggregateLogic(key, specs, bins, emit),
+        stream = self._keyed("agg", lambda: keyed.AggregateLogic(key, specs, bins, emit, expiry),
                              name=op_name, parallelism=parallelism, schema=schema)
         stream.node.final_by_default = by_default
+        if expiry is not None and expiry.side_output:
+            stream.node.side_outputs[EXPIRED] = schema
         return stream
 
     def _agg_specs(self, op_name: str, aggregates: dict[str, Any]) -> list[keyed.AggSpec]:
@@ -558,10 +578,13 @@ class KeyedStream:
         return WindowedStream(self, spec, on, allowed_lateness, late_side_output)
 
     def count(self, *, name: str | None = None, parallelism: int | None = None,
-              emit: str | None = None) -> Stream:
-        """Records per key: columns (key, ``count``)."""
-        return self.agg(name=name or self.stream.flow._name("count", None),
-                        parallelism=parallelism, emit=emit, count=(None, "count"))
+              emit: str | None = None, ttl: Duration | None = None, ttl_time: TTLTime = "processing",
+              ttl_on: str | None = None, expired_side_output: bool = False) -> Stream:
+        """Records per key: columns (key, ``count``). ``ttl``, ``ttl_time``, ``ttl_on`` and
+        ``expired_side_output`` as for :meth:`agg`."""
+        return self.agg(name=name or self.stream.flow._name("count", None), parallelism=parallelism, emit=emit,
+                        ttl=ttl, ttl_time=ttl_time, ttl_on=ttl_on, expired_side_output=expired_side_output,
+                        count=(None, "count"))
 
     def sum(self, column: str, **kwargs: Any) -> Stream:
         """Sum of ``column`` per key: columns (key, ``sum``)."""
@@ -580,9 +603,12 @@ class KeyedStream:
         return self._one("mean", column, **kwargs)
 
     def _one(self, func: AggregateFunction, column: str, *, name: str | None = None,
-             parallelism: int | None = None, emit: str | None = None) -> Stream:
-        return self.agg(name=name or self.stream.flow._name(func, None),
-                        parallelism=parallelism, emit=emit, **{func: (column, func)})
+             parallelism: int | None = None, emit: str | None = None, ttl: Duration | None = None,
+             ttl_time: TTLTime = "processing", ttl_on: str | None = None,
+             expired_side_output: bool = False) -> Stream:
+        return self.agg(name=name or self.stream.flow._name(func, None), parallelism=parallelism, emit=emit,
+                        ttl=ttl, ttl_time=ttl_time, ttl_on=ttl_on, expired_side_output=expired_side_output,
+                        **{func: (column, func)})
 
     def reduce(self, fn: Callable[[dict, dict], dict], *, name: str | None = None,
                parallelism: int | None = None, emit: str | None = None) -> Stream:

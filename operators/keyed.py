@@ -32,8 +32,9 @@ from .callbacks import KeyedState
 from .hashing import check_num_bins
 from .keygroups import KeyGroups, group_by_key
 from .keyindex import encode_keys
-from .logic import InstanceInfo, OperatorLogic
+from .logic import InstanceInfo, OperatorLogic, SideOutput
 from .state import Accumulator, ColumnarAggState, DictState
+from .ttl import EXPIRED, Expiry, StateTTL
 
 __all__ = [
     "AGG_FUNCS",
@@ -99,6 +100,10 @@ class AggregateLogic(_KeyedLogic):
     of every key the batch touched (an upsert changelog by key); ``finish``
     returns nothing.
 
+    ``ttl``: keys not written for that long are dropped (:mod:`operators.ttl`),
+    counted in ``expired_keys``, their last results sent to the side output
+    ``"expired"`` if asked.
+
     Example:
         >>> logic = AggregateLogic("k", [AggSpec("n", "count"), AggSpec("s", "sum", "v")], 16)
         >>> _ = logic.process(pa.record_batch({"k": ["a", "b", "a"], "v": [1, None, 3]}), 0)
@@ -106,7 +111,8 @@ class AggregateLogic(_KeyedLogic):
         [{'k': 'a', 'n': 2, 's': 4}, {'k': 'b', 'n': 1, 's': None}]
     """
 
-    def __init__(self, key: str, aggs: Sequence[AggSpec], num_bins: int, emit: str = "final") -> None:
+    def __init__(self, key: str, aggs: Sequence[AggSpec], num_bins: int, emit: str = "final",
+                 ttl: StateTTL | None = None) -> None:
         """Create the logic (no state is built before the first batch or install).
 
         Raises:
@@ -121,7 +127,9 @@ class AggregateLogic(_KeyedLogic):
             if not isinstance(agg, AggSpec):
                 raise TypeError(f"aggregates must be AggSpec, got {type(agg).__name__}: {agg!r}")
         self.emit = _check_emit(emit)
-        self._state = ColumnarAggState(self.num_bins)
+        self.ttl = ttl
+        self._expiry = Expiry(ttl, self.where("agg")) if ttl is not None else None
+        self._state = ColumnarAggState(self.num_bins, touched=ttl is not None)
         self._input_schema: pa.Schema | None = None
         self._output_schema: pa.Schema | None = None
         self._recipes: list[tuple[Accumulator, Recipe]] = []
@@ -138,14 +146,44 @@ class AggregateLogic(_KeyedLogic):
             self._output_schema = pa.ipc.read_schema(pa.py_buffer(self._state.layout[2]))
         return self._output_schema
 
-    def process(self, batch: pa.RecordBatch, input_index: int = 0) -> list[pa.RecordBatch]:
+    @property
+    def expired_keys(self) -> int:
+        """Keys dropped by the TTL so far (0 without one)."""
+        return self._expiry.expired_keys if self._expiry is not None else 0
+
+    def open(self, info: InstanceInfo) -> None:
+        super().open(info)
+        if self._expiry is not None:
+            self._expiry.where = self.where("agg")
+
+    def process(self, batch: pa.RecordBatch, input_index: int = 0) -> list[Any]:
         self._prepare(batch.schema)
+        out = self._expire()
         if batch.num_rows == 0:
-            return []
+            return out
         uniques, codes = encode_keys(self._key_column(batch))
-        slots = self._state.update(uniques, batch_partials(batch, codes, len(uniques), self._recipes))
+        touched = self._expiry.touches(batch, codes, len(uniques)) if self._expiry is not None else None
+        slots = self._state.update(uniques, batch_partials(batch, codes, len(uniques), self._recipes), touched)
         if self.emit == "updates":
-            return [self._result(uniques, slots)]
+            out.append(self._result(uniques, self._state.values(slots)))
+        return out
+
+    def on_watermark(self, watermark: int) -> list[Any]:
+        if self._expiry is None:
+            return []
+        self._expiry.watermark(watermark)
+        return self._expire()
+
+    def _expire(self) -> list[Any]:
+        """Drop the keys the TTL says are due; their last results on the side output if asked."""
+        due = self._expiry.due(self._state.installs) if self._expiry is not None else None
+        if due is None or not self._state.configured:
+            return []
+        assert self._expiry is not None
+        keys, values, oldest = self._state.expire(*due)
+        self._expiry.expired(len(keys), oldest)
+        if len(keys) and self._expiry.spec.side_output and self.output_schema is not None:
+            return [SideOutput(EXPIRED, self._result(keys, values))]
         return []
 
     def finish(self) -> list[pa.RecordBatch]:
@@ -153,7 +191,7 @@ class AggregateLogic(_KeyedLogic):
             return []
         slots = self._state.slots()
         parts = [slots[i:i + _MAX_OUTPUT_ROWS] for i in range(0, len(slots), _MAX_OUTPUT_ROWS)]
-        return [self._result(self._state.keys_at(part), part) for part in parts]
+        return [self._result(self._state.keys_at(part), self._state.values(part)) for part in parts]
 
     def _prepare(self, schema: pa.Schema) -> None:
         """Check a batch's schema; on the first one, configure the state."""
@@ -170,10 +208,9 @@ class AggregateLogic(_KeyedLogic):
                               out.serialize().to_pybytes())
         self._input_schema, self._output_schema, self._recipes = schema, out, list(accs.values())
 
-    def _result(self, keys: pa.Array, slots: np.ndarray) -> pa.RecordBatch:
-        schema = self._output_schema
+    def _result(self, keys: pa.Array, values: dict[str, np.ndarray]) -> pa.RecordBatch:
+        schema = self.output_schema
         assert schema is not None
-        values = self._state.values(slots)
         key_type = schema.field(0).type
         arrays = [keys if keys.type == key_type else keys.cast(key_type)]
         arrays += [result_column(agg, field, values) for agg, field in zip(self.aggs, list(schema)[1:])]

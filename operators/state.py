@@ -50,6 +50,7 @@ from . import codec
 from .hashing import bins_from_hashes, check_num_bins, hash_keys
 from .binslots import BinSlots
 from .changedkeys import ChangedKeys
+from .deletedkeys import DeletedKeys
 from .growable import grown
 from .keyindex import KeyIndex
 
@@ -67,6 +68,9 @@ _IMMUTABLE = frozenset({int, float, complex, bool, str, bytes, type(None)})
 _COLUMNAR_FORMAT = "chiray.ColumnarAggState/1"
 COMPACT_LIVE = 1 / 32
 """A columnar state compacts its slots once fewer than this share of them hold live keys."""
+NEVER_TOUCHED = int(np.iinfo(np.int64).min)
+"""The last touch of a key whose time is not known (a bin written by a state that kept none)."""
+_TOUCHED = "\0touched"  # the last-touch column among a columnar state's columns (not an accumulator)
 
 
 def _ready() -> None:
@@ -84,6 +88,7 @@ class BinnedState(abc.ABC):
         self._num_bins = check_num_bins(num_bins)
         self._versions = np.zeros(self._num_bins, dtype=np.int64)
         self._arrived = np.full(self._num_bins, -1, dtype=np.int64)  # per bin: its version when last installed
+        self.installs = 0  # bins installed (or changes applied) so far: their keys' past is news to the owner
 
     @property
     def num_bins(self) -> int:
@@ -216,6 +221,7 @@ class BinnedState(abc.ABC):
         """``bin`` is installed (or changes applied to it) at ``version``: its past here is unknown."""
         self._versions[bin] = max(int(self._versions[bin]), int(version))
         self._arrived[bin] = self._versions[bin]
+        self.installs += 1
 
 
 class DictState(BinnedState):
@@ -605,16 +611,22 @@ class ColumnarAggState(BinnedState):
     _cols: dict[str, np.ndarray]
     _index: KeyIndex
 
-    def __init__(self, num_bins: int, *, index_hash_bits: int = 64) -> None:
+    def __init__(self, num_bins: int, *, index_hash_bits: int = 64, touched: bool = False) -> None:
         """Create an empty, unconfigured state.
 
         Args:
             num_bins: a power of two.
             index_hash_bits: hash bits the key index's table uses; lower it
                 only to exercise the hash-collision path in tests.
+            touched: keep each key's last touch (an int64 the owner gives with
+                every :meth:`update`, e.g. a time) for :meth:`expire`; it travels
+                with the rows. A bin from a state without it arrives untouched
+                (``NEVER_TOUCHED``), and a state without it ignores it.
         """
         super().__init__(num_bins)
         self._index_hash_bits = index_hash_bits
+        self.tracks_touch = touched
+        self._deleted = DeletedKeys(num_bins)  # keys deleted singly (expire), for the changes since a version
         self._key_type: pa.DataType | None = None
         self._accs: tuple[Accumulator, ...] = ()
         self._meta = b""
@@ -654,13 +666,16 @@ class ColumnarAggState(BinnedState):
     def __len__(self) -> int:
         return self._n - self._dead
 
-    def update(self, keys: pa.Array, partials: Mapping[str, np.ndarray]) -> np.ndarray:
+    def update(self, keys: pa.Array, partials: Mapping[str, np.ndarray],
+               touched: np.ndarray | None = None) -> np.ndarray:
         """Combine per-key partial accumulators into the state (a write to their bins).
 
         Args:
             keys: distinct keys (as :func:`~operators.keyindex.encode_keys` returns them).
             partials: per accumulator name, one value per key (the
                 accumulator's identity where a key contributes nothing).
+            touched: a state that ``tracks_touch``: per key, its touch now (a
+                key keeps the larger of this and its last one).
 
         Returns:
             The slot of each key (new keys get new slots).
@@ -679,6 +694,8 @@ class ColumnarAggState(BinnedState):
                 self._came_back(revived)
                 for acc in self._accs:
                     self._cols[acc.name][revived] = acc.identity()
+                if self.tracks_touch:
+                    self._cols[_TOUCHED][revived] = NEVER_TOUCHED
                 self._dead -= len(revived)
         taken = {acc.name: self._taken(acc, slots, partials) for acc in self._accs if acc.op in PICK_OPS}
         for acc in self._accs:
@@ -697,9 +714,50 @@ class ColumnarAggState(BinnedState):
             else:
                 take = taken[acc.name]
                 column[slots[take]] = part[take]
+        if touched is not None and self.tracks_touch:
+            last = self._cols[_TOUCHED]
+            last[slots] = np.maximum(last[slots], touched)
         self._versions += np.bincount(self._bin[slots], minlength=self._num_bins) > 0
         self._stamp[slots] = self._versions[self._bin[slots]]
         return slots
+
+    def expire(self, cutoff: int, fill: int) -> tuple[pa.Array, dict[str, np.ndarray], int | None]:
+        """Delete every key last touched at or before ``cutoff`` (one vectorised pass over the slots).
+
+        Each bin that loses keys takes a new version (a write to it); the deleted keys are remembered
+        with it, so that its changes since an earlier version delete them too. Keys whose touch is
+        not known (``NEVER_TOUCHED``: installed from a state that kept none) take ``fill`` first.
+
+        Returns:
+            ``(keys, values, oldest)``: the deleted keys; their accumulators' last values (as
+            :meth:`values`); the oldest touch left (``None`` where no key is left).
+
+        Raises:
+            ValueError: the state does not ``tracks_touch``.
+        """
+        if not self.tracks_touch:
+            raise ValueError("ColumnarAggState.expire() needs a state made with touched=True")
+        n, tombstone = self._n, self._num_bins
+        last = self._cols[_TOUCHED][:n]
+        last[last == NEVER_TOUCHED] = fill
+        live = self._bin[:n] != tombstone
+        gone = np.flatnonzero(live & (last <= cutoff))
+        left = live
+        left[gone] = False
+        oldest = int(last[left].min()) if left.any() else None
+        keys, values = self.keys_at(gone), self.values(gone)
+        if not gone.size:
+            return keys, values, oldest
+        bins = self._bin[gone].astype(np.int64)
+        self._versions += np.bincount(bins, minlength=self._num_bins) > 0
+        self._deleted.add(keys, bins, self._versions[bins])
+        self._bin[gone] = tombstone
+        self._live -= np.bincount(bins, minlength=self._num_bins + 1)
+        self._slots_of.invalidate()  # its runs would still list these slots
+        self._dead += len(gone)
+        self._deleted.bound(len(self))
+        self._after_removal()
+        return keys, values, oldest
 
     def _taken(self, acc: Accumulator, slots: np.ndarray, partials: Mapping[str, np.ndarray]) -> np.ndarray:
         """Where a pick column takes the batch's value (decided on the state before this update)."""
@@ -743,6 +801,8 @@ class ColumnarAggState(BinnedState):
         self._slots_of.added(np.arange(start, end))
         for acc in self._accs:
             self._cols[acc.name][start:end] = acc.identity()
+        if self.tracks_touch:
+            self._cols[_TOUCHED][start:end] = NEVER_TOUCHED
         self._n = end
 
     def _reset(self, capacity: int) -> None:
@@ -751,6 +811,8 @@ class ColumnarAggState(BinnedState):
         self._bin = np.zeros(capacity, dtype=np.int32)
         self._stamp = np.zeros(capacity, dtype=np.int64)  # per slot: its bin's version when last written
         self._cols = {a.name: _resized(np.zeros(0, dtype=a.dtype), capacity, 0) for a in self._accs}
+        if self.tracks_touch:
+            self._cols[_TOUCHED] = _resized(np.zeros(0, dtype=np.int64), capacity, 0)
         self._index = KeyIndex(self._key_type or pa.null(), table_hash_bits=self._index_hash_bits,
                                expected=capacity)
         self._live = np.zeros(self._num_bins + 1, dtype=np.int64)  # live keys per bin (last: unused)
@@ -816,20 +878,30 @@ class ColumnarAggState(BinnedState):
         wanted = self._check_bins(bins)
         return self._encode_later(wanted, self._slots_in(wanted))
 
-    def _encode_later(self, wanted: list[int], members: np.ndarray) -> Callable[[], dict[int, bytes]]:
-        """Copy the rows at slots ``members`` (all in bins ``wanted``) now; encode them per bin later."""
+    def _encode_later(self, wanted: list[int], members: np.ndarray,
+                      deleted: tuple[pa.Array | None, np.ndarray] = (None, np.zeros(0, np.int64)),
+                      ) -> Callable[[], dict[int, bytes]]:
+        """Copy the rows at slots ``members`` (all in bins ``wanted``) now, and the keys ``deleted`` from
+        them (keys, their bins: changes only); encode them per bin later."""
         members = members[np.argsort(self._bin[members], kind="stable")]
         bounds = np.searchsorted(self._bin[members], wanted + [self._num_bins])
         keys = self.keys_at(members) if self.configured else None
-        cols = {a.name: self._cols[a.name][members] for a in self._accs}  # copies
+        cols = {name: self._cols[name][members] for name in self._cols}  # copies (the touches too)
         versions = {b: int(self._versions[b]) for b in wanted}
+        gone, gone_bins = deleted
+        if gone is not None:
+            order = np.argsort(gone_bins, kind="stable")
+            gone, gone_bins = gone.take(order), gone_bins[order]
+        gone_bounds = np.searchsorted(gone_bins, wanted + [self._num_bins])
 
         def encode() -> dict[int, bytes]:
             out = {}
             for i, b in enumerate(wanted):
                 lo, hi = int(bounds[i]), int(bounds[i + 1])
                 part = keys.slice(lo, hi - lo) if keys is not None else None
-                out[b] = self._encode_rows(b, versions[b], part, {n: c[lo:hi] for n, c in cols.items()})
+                dlo, dhi = int(gone_bounds[i]), int(gone_bounds[i + 1])
+                dead = gone.slice(dlo, dhi - dlo) if gone is not None and dhi > dlo else None
+                out[b] = self._encode_rows(b, versions[b], part, {n: c[lo:hi] for n, c in cols.items()}, dead)
             return out
 
         return encode
@@ -838,22 +910,30 @@ class ColumnarAggState(BinnedState):
                                since: Mapping[int, int]) -> Callable[[], tuple[dict[int, bytes], dict[int, bytes]]]:
         """As :meth:`BinnedState.snapshot_changes_later`: copies the rows now (those of ``full``, and those
         of the bins of ``since`` stamped after their versions, as :meth:`extract_changes` picks them);
-        encodes them when called. A key leaves a bin only with the whole bin, so changes delete nothing."""
+        encodes them when called. The changes also list the keys deleted singly since (:meth:`expire`);
+        the captured bins' deletions are forgotten then (later changes build on this capture)."""
         whole = self._check_bins(full)
         unknown = set(since) - self.changes_since(since)
         if unknown:
             raise ValueError(f"the changes of bins {sorted(unknown)} since the versions asked for are not known here")
         encode_full = self._encode_later(whole, self._slots_in(whole))
         encode_changes = self._changes_later(since)[1]
+        self._deleted.forget(whole + list(since))
         return lambda: (encode_full(), encode_changes())
 
+    def changes_since(self, since: Mapping[int, int]) -> set[int]:
+        """As :meth:`BinnedState.changes_since`, less the bins whose deletions since then were forgotten."""
+        return {b for b in super().changes_since(since) if self._deleted.known_since(b, since[b])}
+
     def _changes_later(self, since: Mapping[int, int]) -> tuple[list[int], Callable[[], dict[int, bytes]]]:
-        """The bins of ``since``, and their rows stamped after ``since[b]``, copied now, encoded later."""
+        """The bins of ``since``, their rows stamped after ``since[b]`` and the keys deleted from them
+        after it, copied now, encoded later."""
         wanted = self._check_bins(since)
         base = np.full(self._num_bins + 1, np.iinfo(np.int64).max, dtype=np.int64)  # tombstones: never
         base[wanted] = [int(since[b]) for b in wanted]
         members = self._slots_in(wanted)
-        return wanted, self._encode_later(wanted, members[self._stamp[members] > base[self._bin[members]]])
+        deleted = self._deleted.since({b: int(since[b]) for b in wanted})
+        return wanted, self._encode_later(wanted, members[self._stamp[members] > base[self._bin[members]]], deleted)
 
     def extract_bins(self, bins: Iterable[int]) -> dict[int, bytes]:
         """Snapshot and remove ``bins``. The rows become tombstones (cost proportional to the
@@ -863,16 +943,18 @@ class ColumnarAggState(BinnedState):
         self._remove(list(out))
         return out
 
-    def extract_changes(self, since: Mapping[int, int]) -> dict[int, bytes]:
+    def extract_changes(self, since: Mapping[int, int]) -> dict[int, bytes] | None:
         """Remove the bins of ``since``; serialise per bin the rows written after version ``since[b]``.
 
         Every write stamps the slots it touches with their bin's new version (an
         install, with the installed version), so the rows stamped above
         ``since[b]`` are exactly those that differ from bin ``b`` at that
-        version. Keys leave a bin only with the whole bin, so no row is missing
-        from a copy taken at ``since[b]``. One pass over the slots, whatever the
-        number of bins.
+        version; a key deleted singly since (:meth:`expire`) is listed as deleted.
+        One pass over the slots, whatever the number of bins. ``None``, removing
+        nothing, where some bin's deletions since then were forgotten.
         """
+        if not all(self._deleted.known_since(b, int(v)) for b, v in since.items()):
+            return None
         wanted, encode = self._changes_later(since)
         out = encode()
         self._remove(wanted)
@@ -889,18 +971,23 @@ class ColumnarAggState(BinnedState):
         compaction at a 32nd of 2.6M keys stalled it 30-85 ms near the end of a scale-in.
         """
         gone = self._slots_in(bins)
+        self._deleted.forget(bins)  # what a bin that left deleted is no longer its changes here
         count = len(gone)
         if count:
             self._bin[gone] = self._num_bins
             self._live[np.asarray(bins, dtype=np.int64)] = 0
             self._slots_of.removed(bins, self._bin[: self._n])
             self._dead += count
-            live = self._n - self._dead
-            if live == 0:
-                self._reset(0)
-                self._retiring = False  # emptied: a state that lives on compacts again
-            elif live < COMPACT_LIVE * self._n and not self._retiring:
-                self._compact()
+            self._after_removal()
+
+    def _after_removal(self) -> None:
+        """Slots became tombstones: compact or reset as :meth:`_remove` says."""
+        live = self._n - self._dead
+        if live == 0:
+            self._reset(0)
+            self._retiring = False  # emptied: a state that lives on compacts again
+        elif live < COMPACT_LIVE * self._n and not self._retiring:
+            self._compact()
 
     def _slots_in(self, bins: Sequence[int]) -> np.ndarray:
         """The slots of ``bins`` (in time proportional to them, not to the state: ``BinSlots``)."""
@@ -918,50 +1005,72 @@ class ColumnarAggState(BinnedState):
 
     def install_bins(self, data: Mapping[int, bytes]) -> None:
         decoded = [self._decode(self._check_bin(b), payload) for b, payload in data.items()]
-        filled = [(b, table) for b, _, _, table in decoded if table.num_rows]
-        layouts = {layout for _, _, layout, table in decoded if table.num_rows}
+        for d in decoded:
+            if d.deleted is not None:
+                raise ValueError(f"cannot install bin {d.bin}: the payload holds changes, not a bin (apply_changes)")
+        filled = [d for d in decoded if d.rows.num_rows]
+        layouts = {d.layout for d in filled}
         if self.configured:
             layouts.add(self.layout)
         if filled:
-            present = [b for b, _ in filled if self._live[b]]
+            present = [d.bin for d in filled if self._live[d.bin]]
             if present:
                 raise ValueError(f"cannot install bin {present[0]}: it is already present here with "
                                  f"{int(self._live[present[0]])} keys")
             keys, hashes = self._keys_of(filled, "install bin")
         if len(layouts) > 1:
             raise ValueError(f"cannot install bins: key types or accumulators differ: {sorted(map(str, layouts))}")
-        for b, version, _, _ in decoded:
-            self._carry_version(b, version)
+        for d in decoded:
+            self._carry_version(d.bin, d.version)
         if filled:
             self.configure(*next(iter(layouts)))
-            self._install_rows(keys, [table for _, table in filled], hashes=hashes)
+            self._install_rows(keys, filled, hashes=hashes)
 
     def apply_changes(self, data: Mapping[int, bytes]) -> None:
+        """As :meth:`BinnedState.apply_changes`; the keys a payload lists as deleted are removed first."""
         decoded = [self._decode(self._check_bin(b), payload) for b, payload in data.items()]
-        filled = [(b, table) for b, _, _, table in decoded if table.num_rows]
+        filled = [d for d in decoded if d.rows.num_rows]
         if filled:
-            layouts = {layout for _, _, layout, table in decoded if table.num_rows}
+            layouts = {d.layout for d in filled}
             if not self.configured or layouts != {self.layout}:
                 raise ValueError(f"cannot apply changes: key types or accumulators differ: "
                                  f"{sorted(map(str, layouts | {self.layout}))}")
             keys, _ = self._keys_of(filled, "apply changes to bin")
-        for b, version, _, _ in decoded:
-            self._carry_version(b, version)
+        deleted = [d.deleted for d in decoded if d.deleted is not None and len(d.deleted)]
+        for d in decoded:
+            self._carry_version(d.bin, d.version)
+        if deleted:
+            self._delete_keys(pa.concat_arrays(deleted))
         if filled:
-            self._install_rows(keys, [table for _, table in filled], overwrite=True)
+            self._install_rows(keys, filled, overwrite=True)
 
-    def _keys_of(self, filled: list[tuple[int, pa.Table]], doing: str) -> tuple[pa.Array, np.ndarray]:
+    def _delete_keys(self, keys: pa.Array) -> None:
+        """Make the slots of ``keys`` tombstones where they are live (changes that delete them)."""
+        if not self.configured:
+            return
+        slots, new = self._index.upsert(keys)  # a key absent here gets a slot, a tombstone at once
+        if new.size:
+            self._grow(slots[new])
+        gone = slots[self._bin[slots] != self._num_bins]
+        if gone.size:
+            self._live -= np.bincount(self._bin[gone], minlength=self._num_bins + 1)
+            self._bin[gone] = self._num_bins
+            self._slots_of.invalidate()
+            self._dead += len(gone)
+            self._after_removal()
+
+    def _keys_of(self, filled: list[_DecodedBin], doing: str) -> tuple[pa.Array, np.ndarray]:
         """The keys of decoded bins, all checked to belong to the bin they came in, and their hashes
         (hashed once: the index stores the same hashes)."""
-        keys = pa.concat_arrays([table.column(0).combine_chunks() for _, table in filled])
-        expected = np.repeat([b for b, _ in filled], [table.num_rows for _, table in filled])
+        keys = pa.concat_arrays([d.rows.column(0).combine_chunks() for d in filled])
+        expected = np.repeat([d.bin for d in filled], [d.rows.num_rows for d in filled])
         hashes = hash_keys(keys)
         stray = np.flatnonzero(bins_from_hashes(hashes, self._num_bins) != expected)
         if stray.size:
             raise ValueError(f"cannot {doing} {int(expected[stray[0]])}: the payload holds keys of other bins")
         return keys, hashes
 
-    def _install_rows(self, keys: pa.Array, tables: list[pa.Table], overwrite: bool = False,
+    def _install_rows(self, keys: pa.Array, filled: list[_DecodedBin], overwrite: bool = False,
                       hashes: np.ndarray | None = None) -> None:
         """Add the rows of several bins at once: one index lookup, one grow, one copy per column.
 
@@ -969,7 +1078,8 @@ class ColumnarAggState(BinnedState):
         that slot back (the installing bin is not present here, so every slot found is a
         tombstone). The cost is that of the installed rows, whatever the size of the state.
         ``overwrite``: keys may also be live here (changes over a bin present); they take the
-        rows' values. The rows are stamped with their bins' versions, carried in before.
+        rows' values. The rows are stamped with their bins' versions, carried in before; their
+        touches come with them (``NEVER_TOUCHED`` from a state that kept none).
         """
         if not self._dead and not overwrite:
             slots = self._index.add(keys, hashes)
@@ -989,25 +1099,40 @@ class ColumnarAggState(BinnedState):
             if new.size:
                 self._grow(slots[new])
         for i, acc in enumerate(self._accs, start=1):
-            self._cols[acc.name][slots] = np.concatenate([acc.from_arrow(t.column(i)) for t in tables])
+            self._cols[acc.name][slots] = np.concatenate([acc.from_arrow(d.rows.column(i)) for d in filled])
+        if self.tracks_touch:
+            self._cols[_TOUCHED][slots] = np.concatenate(
+                [d.touched if d.touched is not None else np.full(d.rows.num_rows, NEVER_TOUCHED) for d in filled])
         self._stamp[slots] = self._versions[self._bin[slots]]
 
-    def _encode_rows(self, b: int, version: int, keys: pa.Array | None, cols: dict[str, np.ndarray]) -> bytes:
-        header = {"num_bins": self._num_bins, "bin": b, "version": version,
-                  "accumulators": [a.spec() for a in self._accs]}
+    def _encode_rows(self, b: int, version: int, keys: pa.Array | None, cols: dict[str, np.ndarray],
+                     deleted: pa.Array | None = None) -> bytes:
+        """A bin's rows (or its changes), as one Arrow IPC stream: the key, one column per accumulator, and
+        ``touched`` where the state keeps touches. Changes that delete keys list them first, as
+        ``deleted`` rows of identity values (the header counts them)."""
+        header: dict[str, Any] = {"num_bins": self._num_bins, "bin": b, "version": version,
+                                  "accumulators": [a.spec() for a in self._accs]}
+        if deleted is not None and len(deleted):
+            header["deleted"] = len(deleted)
+            keys = deleted if keys is None or not len(keys) else pa.concat_arrays([deleted, keys])
+            cols = {n: np.concatenate([np.full(len(deleted), NEVER_TOUCHED if n == _TOUCHED else _identity(
+                self._accs, n), dtype=c.dtype), c]) for n, c in cols.items()}
         metadata = {b"format": _COLUMNAR_FORMAT.encode(), b"header": json.dumps(header).encode(),
                     b"meta": self._meta}
         fields = [pa.field("key", self._key_type or pa.null())]
         fields += [pa.field(f"acc{i}", a.column_type()) for i, a in enumerate(self._accs)]
         arrays = [keys if keys is not None else pa.nulls(0)]
         arrays += [a.to_arrow(cols[a.name]) for a in self._accs]
+        if _TOUCHED in cols:
+            fields.append(pa.field("touched", pa.int64()))
+            arrays.append(pa.array(cols[_TOUCHED], pa.int64()))
         table = pa.Table.from_arrays(arrays, schema=pa.schema(fields, metadata=metadata))
         sink = pa.BufferOutputStream()
         with pa.ipc.new_stream(sink, table.schema) as writer:
             writer.write_table(table)
         return sink.getvalue().to_pybytes()
 
-    def _decode(self, b: int, payload: bytes) -> tuple[int, int, tuple[Any, ...], pa.Table]:
+    def _decode(self, b: int, payload: bytes) -> _DecodedBin:
         try:
             table = pa.ipc.open_stream(payload).read_all()
             metadata = table.schema.metadata or {}
@@ -1024,7 +1149,35 @@ class ColumnarAggState(BinnedState):
         accs = tuple(_accumulator(spec, table.schema.field(i).type)
                      for i, spec in enumerate(header["accumulators"], start=1))
         layout = (table.schema.field(0).type, accs, metadata.get(b"meta", b""))
-        return b, int(header["version"]), layout, table
+        touched = None
+        if table.num_columns > len(accs) + 1 and table.schema.field(len(accs) + 1).name == "touched":
+            touched = table.column(len(accs) + 1).to_numpy()
+            table = table.drop_columns(["touched"])
+        deleted = header.get("deleted")
+        if deleted is not None:  # changes: the first rows name deleted keys
+            touched = None if touched is None else touched[deleted:]
+            return _DecodedBin(b, int(header["version"]), layout, table.slice(deleted),
+                               touched, table.column(0).slice(0, deleted).combine_chunks())
+        return _DecodedBin(b, int(header["version"]), layout, table, touched)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _DecodedBin:
+    """A bin (or changes to it) of a :class:`ColumnarAggState` as read: ``rows`` (the key, then one column
+    per accumulator), their ``touched`` values if the payload has them, and the keys ``deleted`` first
+    (changes; ``None`` for a bin)."""
+
+    bin: int
+    version: int
+    layout: tuple[Any, ...]
+    rows: pa.Table
+    touched: np.ndarray | None = None
+    deleted: pa.Array | None = None
+
+
+def _identity(accs: Sequence[Accumulator], name: str) -> Any:
+    """The identity of accumulator ``name`` (what a deleted key's row holds in a payload)."""
+    return next(a for a in accs if a.name == name).identity()
 
 
 def _accumulator(spec: list[Any], column_type: pa.DataType) -> Accumulator:

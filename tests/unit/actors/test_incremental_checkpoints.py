@@ -14,6 +14,7 @@ equal the oracle's copy at its cut; and no file that no retained checkpoint need
 from __future__ import annotations
 
 import copy
+import datetime
 import os
 import random
 from typing import Any, Callable
@@ -31,9 +32,12 @@ from chiray.operators.joins import JoinLogic
 from chiray.operators.keyed import AggregateLogic, AggSpec, ProcessLogic, ReduceLogic
 from chiray.operators.processbatch import KeyedBatch, ProcessBatchLogic
 from chiray.operators.state import ColumnarAggState
+from chiray.operators.ttl import StateTTL
 
 BINS = 16
 OP = "op"
+TTL_S = 6
+CLOCK = [0.0]  # the fake wall clock of the aggregation with a TTL (seconds)
 
 
 class FlakyStorage(CheckpointStorage):
@@ -70,6 +74,12 @@ class Ctx:
 
 def _aggregate() -> Any:
     return AggregateLogic("k", [AggSpec("n", "count"), AggSpec("s", "sum", "v")], BINS)
+
+
+def _aggregate_ttl() -> Any:
+    """Keys expire 6 s (of the fake clock) after their last write: incremental changes delete them."""
+    ttl = StateTTL(datetime.timedelta(seconds=TTL_S), clock=lambda: CLOCK[0])
+    return AggregateLogic("k", [AggSpec("n", "count"), AggSpec("s", "sum", "v")], BINS, "final", ttl)
 
 
 def _reduce() -> Any:
@@ -116,7 +126,7 @@ def _join() -> Any:
 def _oracle_step(kind: str, oracle: dict, rows: list[dict], side: int) -> None:
     for row in rows:
         k, v = row["k"], row["v"]
-        if kind == "aggregate":
+        if kind in ("aggregate", "aggregate_ttl"):
             n, s = oracle.get(k, (0, 0))
             oracle[k] = (n + 1, s + v)
         elif kind == "reduce":
@@ -143,8 +153,8 @@ def _dump(kind: str, logic: Any) -> dict:
             for k, sides in state.items()}
 
 
-KINDS = {"aggregate": _aggregate, "reduce": _reduce, "process": _process, "process_batch": _process_batch,
-         "join": _join}
+KINDS = {"aggregate": _aggregate, "aggregate_ttl": _aggregate_ttl, "reduce": _reduce, "process": _process,
+         "process_batch": _process_batch, "join": _join}
 
 
 # -- the run ---------------------------------------------------------------------------------------------
@@ -161,13 +171,26 @@ class Run:
         self.bound = bound or ChainBound(max_deltas=3, max_delta_ratio=2.0)
         self.next_id = 1
         self.keys = [f"k{i}" for i in range(60)]
+        self.touched: dict = {}  # aggregate_ttl: key -> its last write on the fake clock
+        CLOCK[0] = 0.0
+
+    def expire(self) -> None:
+        """aggregate_ttl: the clock moves on; every instance checks expiry (a watermark), and so does the oracle."""
+        CLOCK[0] += self.rng.choice([0, 1, 2, 5])
+        for ctx in self.ctxs:
+            ctx.logic.on_watermark(0)
+        for k in [k for k, t in self.touched.items() if t + TTL_S <= CLOCK[0]]:
+            del self.touched[k], self.oracle[k]
 
     def feed(self, records: int) -> None:
+        if self.kind == "aggregate_ttl":
+            self.expire()
         keys = self.rng.choices(self.keys[: self.rng.randint(5, len(self.keys))], k=records)
         clears = 0.1 if self.kind == "process" else 0.0  # a negative value deletes the key
         rows = [{"k": k, "v": -1 if self.rng.random() < clears else self.rng.randint(0, 9)} for k in keys]
         side = self.rng.randint(0, 1)
         _oracle_step(self.kind, self.oracle, rows, side)
+        self.touched.update((k, CLOCK[0]) for k in keys)
         batch = pa.RecordBatch.from_pylist(rows)
         owners = np.array(self.table)[bins_of(batch.column("k"), BINS)]
         for i, ctx in enumerate(self.ctxs):
@@ -274,6 +297,8 @@ def test_every_retained_incremental_checkpoint_restores_to_the_state_at_its_cut(
         run.finish(*pending)
     assert run.check_retained(), "no checkpoint completed"
     assert deltas_seen, "no checkpoint wrote changes only"
+    if kind == "aggregate_ttl":
+        assert sum(ctx.logic.expired_keys for ctx in run.ctxs) > 0, "no key expired"
 
 
 def test_a_checkpoint_building_on_a_failed_write_fails_and_the_next_writes_those_bins_whole(tmp_path):
