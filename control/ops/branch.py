@@ -11,32 +11,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..message import InstanceId
-from ..op import ControlOp, InstanceHandler
+from ..op import InstanceHandler
+from .acks import OperatorAcks
 
 __all__ = ["AddBranch"]
 
 
-class AddBranch(ControlOp):
+class AddBranch(OperatorAcks):
     """Start a branch downstream of ``operator``. Its result: instance -> records it emitted before the cut."""
 
-    blocking = False
+    verb = "add_branch"
 
     def __init__(self, operator: str, timeout_s: float | None = 60.0):
-        super().__init__()
-        self.operator = operator
-        self.timeout_s = timeout_s
-
-    def expected_acks(self, ctx: Any) -> set[InstanceId]:
-        return {i for i in ctx.instances if i[0] == self.operator}
-
-    def on_init(self, ctx: Any) -> dict[InstanceId, Any]:
-        return {i: True for i in ctx.instances if i[0] == self.operator}
+        super().__init__(operator, timeout_s)
 
     class Instance(InstanceHandler):
         def on_complete(self, ctx: Any) -> None:
             if self.config:
                 ctx.ack(ctx.statistics().records_out)
-
-    def on_complete(self, ctx: Any) -> dict[InstanceId, Any]:
-        return dict(self.acks)

@@ -20,38 +20,23 @@ from typing import Any, Callable, Iterable
 
 from ..message import InstanceId
 from ..op import ControlOp, InstanceHandler
+from .acks import OperatorAcks
 
 __all__ = ["UpgradeOperator", "SampleInput"]
 
 
-class SampleInput(ControlOp):
+class SampleInput(OperatorAcks):
     """Non-blocking: each instance of ``operator`` acknowledges a sample of its recent input.
 
     Its result: instance -> list of (record batch, input index).
     """
 
-    blocking = False
-
-    def __init__(self, operator: str, timeout_s: float | None = 30.0):
-        super().__init__()
-        self.operator = operator
-        self.timeout_s = timeout_s
-
-    def expected_acks(self, ctx: Any) -> set[InstanceId]:
-        return {i for i in ctx.instances if i[0] == self.operator}
-
-    def on_init(self, ctx: Any) -> dict[InstanceId, Any]:
-        if self.operator not in ctx.operators:
-            raise ValueError(f"upgrade: unknown operator {self.operator!r}; operators: {sorted(ctx.operators)}")
-        return {i: True for i in ctx.instances if i[0] == self.operator}
+    verb = "upgrade"
 
     class Instance(InstanceHandler):
         def on_complete(self, ctx: Any) -> None:
             if self.config:
                 ctx.ack(ctx.recent_input())
-
-    def on_complete(self, ctx: Any) -> dict[InstanceId, Any]:
-        return dict(self.acks)
 
 
 class UpgradeOperator(ControlOp):
