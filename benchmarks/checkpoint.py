@@ -27,6 +27,17 @@ checkpoints: the expected distinct keys among the records counted in between,
 ``K (1 - exp(-n / K))`` for ``K`` uniform keys. An incremental checkpoint
 writes about the changed rows; a full one the whole state.
 
+Memory (after the windows): ``state_bytes_per_key``, what the count's state
+holds in memory (its columns with their spare capacity and its key index:
+``memory_nbytes``) over the keys it holds; ``job_rss_mb``, the summed RSS of
+the job's host processes, and ``rss_mb_per_million_keys``, that over the
+millions of keys held (it includes each host's fixed cost, ~150 MB: a figure
+for sizing at millions of keys, dominated by that cost at the quick size).
+Measured at ``--quick`` (200,000 keys over 2 instances, a busy 2-core
+machine): 119 bytes per key (a count and a max per string key, the columns'
+spare capacity included; a state filled in one batch holds a count and a sum
+in 77), 493 MB of host RSS, so 2,464 MB per million keys at that size.
+
 Target: throughput ratio (checkpoint window / first window) >= 0.9.
 Expected on a 2-core machine, 5,000-record batches: capacity
 ~300,000-450,000 records/s (it varies with the machine's load). Checkpoints
@@ -167,9 +178,27 @@ def run(keys: int, args: argparse.Namespace, window_s: float,
         time.sleep(settle_s)  # settle after the restore
         windows = run_windows(job, Schedule(job, rate), root, window_s)
         samples = job.run_control(TakeLatency()).result(timeout=60)
+        windows[-1]["memory"] = memory_figures(job)
     finally:
         job.cancel()
     return warm, rate, windows, samples, full_bytes
+
+
+def memory_figures(job: Any) -> dict[str, Any]:
+    """The count's state bytes per key held, and the job's host processes' RSS (in all, per million keys)."""
+    import psutil
+    import ray
+
+    count = job.metrics().operators["count"]
+    held = max(int(count.get("keys", 0)), 1)
+    rss = 0
+    for pid in ray.get([h.pid.remote() for h in job.topology.hosts()]):
+        try:
+            rss += psutil.Process(pid).memory_info().rss
+        except psutil.Error:
+            pass
+    return {"state_bytes_per_key": round(count.get("state_memory_bytes", 0) / held, 1),
+            "job_rss_mb": round(rss / 2**20, 1), "rss_mb_per_million_keys": round(rss / 2**20 / (held / 1e6), 1)}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -204,7 +233,7 @@ def main(argv: list[str] | None = None) -> None:
         "window_s": window_s, "batch_size": args.batch_size, "parallelism": PARALLELISM,
         "num_hosts": args.num_hosts,
         "capacity_records_per_s": round(warm.capacity), "offered_records_per_s": round(rate),
-        "load": args.load, **figures, "full_bytes": full_bytes,
+        "load": args.load, **figures, "full_bytes": full_bytes, **windows[-1]["memory"],
         "target_throughput_ratio_met": figures["throughput_ratio_checkpoint_1s"] >= 0.9,
         "loadavg_1m_at_start": load_at_start, "loadavg_1m_at_end": loadavg(),
         "wall_s": round(time.perf_counter() - started, 1),

@@ -808,7 +808,7 @@ class ColumnarAggState(BinnedState):
     def _reset(self, capacity: int) -> None:
         self._n = 0
         self._dead = 0  # slots of extracted bins, marked with bin ``num_bins`` until the next compaction
-        self._bin = np.zeros(capacity, dtype=np.int32)
+        self._bin = np.zeros(capacity, dtype=np.int16 if self._num_bins < (1 << 15) else np.int32)  # tombstones too
         self._stamp = np.zeros(capacity, dtype=np.int64)  # per slot: its bin's version when last written
         self._cols = {a.name: _resized(np.zeros(0, dtype=a.dtype), capacity, 0) for a in self._accs}
         if self.tracks_touch:
@@ -859,7 +859,7 @@ class ColumnarAggState(BinnedState):
 
     def bin_sizes(self) -> dict[int, int]:
         """Approximate bytes per non-empty bin (keys counted at their average size)."""
-        per_slot: float = 12 + sum(np.dtype(a.dtype).itemsize for a in self._accs)
+        per_slot: float = self._bin.itemsize + 8 + sum(np.dtype(a.dtype).itemsize for a in self._accs)
         per_slot += self._index.keys_nbytes() / max(self._n, 1)
         return {b: int(round(n * per_slot)) for b, n in self.bin_key_counts().items()}
 
