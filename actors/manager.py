@@ -202,6 +202,7 @@ class JobManagerCore:
                 if failed is not None:
                     self._recover_side(job, failed)
                     continue
+                self._keep_standbys()
                 ended = self._poll_end(job)
             if ended:
                 return
@@ -234,9 +235,18 @@ class JobManagerCore:
                 return reason
         return None
 
+    def _keep_standbys(self) -> None:
+        """Have each side keep a warm standby (a side starts one once it serves the job)."""
+        for name, side in self._sides:
+            try:
+                side.keep_standby()
+            except Exception as exc:  # a restart then starts its side from nothing
+                log.warning("job %s: starting a standby for the side of source %s failed: %r", self.name, name, exc)
+
     def _recover_side(self, job: Job, cause: str) -> None:
         """A source's side failed: stop the job's run and start it again from its last checkpoint (new sides
-        resume there); the job fails if that start fails."""
+        resume there, on the failed sides' warm standbys where they kept one); the job fails if that start
+        fails."""
         log.warning("job %s: %s; restarting it from its last checkpoint", self.name, cause)
         self._keep_run_events(job)
         self._job = None  # the verbs answer from the record meanwhile
@@ -244,17 +254,17 @@ class JobManagerCore:
             job.cancel()
         except Exception as exc:  # its actors may be gone already
             log.debug("job %s: cancelling the run failed: %r", self.name, exc)
-        self._close_sides()
+        self._close_sides(hand_over=True)
         try:
             self._deploy(cause)
         except Exception as exc:
             self._end(JobState.FAILED, exc)
 
-    def _close_sides(self) -> None:
+    def _close_sides(self, hand_over: bool = False) -> None:
         sides, self._sides = self._sides, []
         for name, side in sides:
             try:
-                side.close()
+                side.hand_over() if hand_over else side.close()
             except Exception as exc:
                 log.warning("job %s: closing the side of source %s failed: %r", self.name, name, exc)
 

@@ -8,7 +8,12 @@ which then owns it) and ``Source.side()`` hands it over as a
 :class:`SourceSide`: the job's owner asks it whether it still serves the job
 (``failure()``, polled), what it is doing (``status()``) and closes it with
 the job. A detached job's manager restarts the job from its last checkpoint
-when a side fails; the new side resumes from where that checkpoint is.
+when a side fails; the new side resumes from where that checkpoint is. So
+that such a restart need not wait for a new side to start from nothing (a
+JVM), the manager asks each side to keep a warm standby (``keep_standby()``,
+polled: a side starts one once it serves the job) and, on a failure, closes
+the failed side with ``hand_over()``, which leaves that standby to the side
+the restarted run's source starts.
 
 This module defines the interface only (no Ray); ``chiray.spark_bridge``
 implements it.
@@ -83,8 +88,8 @@ class SourceSideStatus:
 class SourceSide(abc.ABC):
     """The running side of a source (see the module docstring); ``Source.splits()`` started it.
 
-    Lifecycle: ``RUNNING --close()--> CLOSED`` (idempotent), or ``failure()``
-    answers a reason once it is gone. Only the job's owner touches it.
+    Lifecycle: ``RUNNING --close() or hand_over()--> CLOSED`` (idempotent), or
+    ``failure()`` answers a reason once it is gone. Only the job's owner touches it.
     """
 
     @abc.abstractmethod
@@ -97,7 +102,17 @@ class SourceSide(abc.ABC):
 
     @abc.abstractmethod
     def close(self) -> None:
-        """Stop it and free what it holds. Idempotent."""
+        """Stop it and free what it holds, its standby included. Idempotent."""
+
+    def keep_standby(self) -> None:
+        """Have a replacement warming up, so that a run restarted after this side failed starts sooner.
+
+        Polled by the job's owner (answers at once); the default keeps none.
+        """
+
+    def hand_over(self) -> None:
+        """Close it for a restart of the job: its standby (if any) is left for the restarted run's side."""
+        self.close()
 
 
 def source_sides(graph: Any) -> list[tuple[str, SourceSide]]:

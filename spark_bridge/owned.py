@@ -21,7 +21,6 @@ one checkpoint, which one query cannot re-run at once.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -31,7 +30,7 @@ from chiray.operators import Source, SourceSplit, SplitReader
 
 from .schema import to_arrow_schema
 from .sparkconfig import SparkConfig
-from .sparkside import SideKind, SideSpec, SparkSide, start_side
+from .sparkside import SideKind, SideSpec, SparkSide, new_coordinator, start_side, take_standby
 from .staged import StagedSource, from_staged, stage
 
 __all__ = ["Owned", "OwnedStagedSource", "check_build", "push_target"]
@@ -67,12 +66,14 @@ class Owned:
         self._started: tuple[pa.Schema, list[SourceSplit]] | None = None
 
     def _start_side(self) -> tuple[pa.Schema, list[SourceSplit]]:
-        """Start the Spark side (once per object: a job run unpickles its own copy); its schema and splits."""
+        """Start the Spark side (once per object: a job run unpickles its own copy), on the warm standby a
+        failed side of this source left (``sparkside.take_standby``) if there is one; its schema and splits."""
         if self._started is None:
-            coordinator = f"{self._name}-{uuid.uuid4().hex[:8]}"
+            standby = take_standby(self._name, self._spark)
+            coordinator = standby.coordinator if standby is not None else new_coordinator(self._name)
             spec = SideSpec(self._kind, self._name, coordinator, self._build, self._spark, self._options,
                             self._starter)
-            self._side, schema, splits = start_side(spec)
+            self._side, schema, splits = start_side(spec, standby)
             self._coordinator = coordinator
             self._started = (schema, splits)
         return self._started
