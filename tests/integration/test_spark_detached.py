@@ -176,9 +176,9 @@ def test_a_detached_spark_fed_job_survives_its_driver_and_every_fault_exactly(ra
     submit(root, "spark-restored", parallelism=3, restore_from=stopped["path"])
     wait_for(lambda: status("spark-restored")["state"] == "FINISHED", START_S + 120,
              "the restored job to read the rest and finish", interval=1.0, detail=lambda: status("spark-restored"))
-    got = ds.dataset(str(root / "out")).to_table().to_pandas()
-    for job in (name, "spark-restored"):  # its manager records the end just after the run says FINISHED
+    for job in (name, "spark-restored"):  # its manager records the end (and commits the final output)
         wait_for(lambda: cli("forget", job, ok=False) is not None, 30, f"job {job!r} to be forgotten")
+    got = ds.dataset(str(root / "out")).to_table().to_pandas()  # after the commit: the run says FINISHED before
 
     expected = oracle(spark, root)
     key = ["user", "window_start"]
