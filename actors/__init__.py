@@ -1,16 +1,16 @@
 """actors: the Ray runtime: host actors, channels and credits, routing, the controller, submit() and Job."""
 
-from .client import AttachedJob, JobNotFoundError, ManagerRestartedError, attach, jobs
+from .jobs.client import AttachedJob, JobNotFoundError, ManagerRestartedError, attach, jobs
 from .config import JobConfig
 from .errors import ChirayError, JobCancelledError, JobFailedError, OperatorError
-from .handle import JobEndedError, JobHandle
-from .job import Job, JobStatistics, JobStatus
-from .jobvalues import CheckpointInfo, EventKind, JobEvent, JobInfo, RescaleProgress, RescaleRecord
-from .joblogs import JobLogs, LogLine
-from .savepoints import SavepointError, SavepointInfo
-from .submit import submit
-from .detached import submit_detached  # registers the job manager for submit(detached=True)
-from .pool import release_warm_actors, wait_warm_actors
+from .jobs.handle import JobEndedError, JobHandle
+from .jobs.job import Job, JobStatistics, JobStatus
+from .jobs.jobvalues import CheckpointInfo, EventKind, JobEvent, JobInfo, RescaleProgress, RescaleRecord
+from .jobs.joblogs import JobLogs, LogLine
+from .jobs.savepoints import SavepointError, SavepointInfo
+from .jobs.submit import submit
+from .jobs.detached import submit_detached  # registers the job manager for submit(detached=True)
+from .jobs.pool import release_warm_actors, wait_warm_actors
 
 __all__ = [
     "submit",

@@ -99,7 +99,7 @@ class JobConfig:
         warm_hosts: bare host actors (and one job controller, with ``controller_process``) this driver keeps
             started between jobs, so that the next ``submit`` (or a recovery or
             scale-out) sets them up instead of starting processes (see
-            ``actors/pool.py``). When this job ends, its hosts that are still
+            ``actors/jobs/pool.py``). When this job ends, its hosts that are still
             alive become bare again and join them (``OperatorHost.recycle``),
             and new ones are started for those missing; each idle warm host
             holds ``host_num_cpus``; ``release_warm_actors()`` stops them.
@@ -109,11 +109,11 @@ class JobConfig:
             takes them instead of starting processes; unlike ``warm_hosts``, no process is started
             to keep the pool full. Default: the ``CHIRAY_REUSE_HOSTS`` environment variable, else 0.
         detached: run the job under a job manager actor on the cluster (see
-            ``actors/manager.py``), so that it outlives the driver; reach it
+            ``actors/jobs/manager.py``), so that it outlives the driver; reach it
             with ``chiray.attach(name)`` or the ``chiray`` CLI. Default: the
             job ends with its driver.
         metrics_interval_s: how often a detached job's manager exports the
-            job's statistics through ``ray.util.metrics`` (``actors/metrics.py``);
+            job's statistics through ``ray.util.metrics`` (``actors/jobs/metrics.py``);
             None: not at all.
         memory_pool: the Arrow memory pool of the job's hosts: ``"system"`` (the
             default), ``"jemalloc"`` (``"system"`` where pyarrow lacks it), ``"mimalloc"``,

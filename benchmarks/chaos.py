@@ -79,9 +79,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import ray
 
-from chiray.actors.jobstore import NAMESPACE
-from chiray.actors.jobvalues import EventKind
-from chiray.actors.storage import CheckpointStorage
+from chiray.actors.jobs.jobstore import NAMESPACE
+from chiray.actors.jobs.jobvalues import EventKind
+from chiray.actors.runtime.storage import CheckpointStorage
 from chiray.control.coordination import JobState
 from chiray.operators import Dataflow, generate, to_parquet
 from benchmarks.common import emit, start_ray, stop_ray

@@ -135,7 +135,7 @@ def source_records(manifest: dict[str, Any], batch_size: int) -> tuple[int, int]
     offset (offsets only grow). They differ when an instance reports a stale
     offset of a split it does not read (seen after a restore).
     """
-    from chiray.actors.restore import RestoreInfo
+    from chiray.actors.runtime.restore import RestoreInfo
 
     restored = RestoreInfo(None, manifest).source_offsets("source")  # type: ignore[arg-type]
     per_split: dict[str, int] = {}

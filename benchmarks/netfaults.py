@@ -85,7 +85,7 @@ def _node_of(cluster: NetnsCluster, host: Any) -> int:
 
 def victim(cluster: NetnsCluster, job: Any) -> int:
     """The worker node of host 0 (where the job controller runs), else of the first host on a worker."""
-    from chiray.actors.controller import controller_host
+    from chiray.actors.runtime.controller import controller_host
 
     snap = job.topology.snapshot()
     hosts = dict(zip(snap.host_ids, snap.hosts))
@@ -155,7 +155,7 @@ def _retire_stale(cluster: NetnsCluster, node: int, start: float) -> float:
 
 def local_dir_refused(cluster: NetnsCluster) -> bool:
     """Whether a submit with a local ``checkpoint_dir`` (``data_dir``: each node has its own) is refused."""
-    from chiray.actors.shareddir import UnsharedStorageError
+    from chiray.actors.jobs.shareddir import UnsharedStorageError
 
     try:
         job, _ = submit_count("local-dir", os.path.join(cluster.data_dir, "chk"), 1_000, 0.0)

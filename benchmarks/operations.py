@@ -100,7 +100,7 @@ def _failover(job: Any, env: dict[str, str]) -> float:
 
 def _under(root: str, name: str) -> str:
     """``name`` under ``root``, a local directory or a ``pyarrow.fs`` URI (whose query stays last)."""
-    from chiray.actors.storage import child_uri  # imported late: Ray is imported once the env is set
+    from chiray.actors.runtime.storage import child_uri  # imported late: Ray is imported once the env is set
 
     return child_uri(root, name)
 

@@ -63,7 +63,7 @@ from typing import Any
 
 import ray
 
-from chiray.actors.storage import MANIFEST, CheckpointStorage
+from chiray.actors.runtime.storage import MANIFEST, CheckpointStorage
 from benchmarks.common import stop_ray, emit, start_ray
 from benchmarks.measure import build, counted, loadavg, size_label, source_records
 

@@ -226,8 +226,8 @@ def live(args: argparse.Namespace, rate: float, records: int, root: str) -> dict
 def restart(args: argparse.Namespace, rate: float, records: int, root: str) -> dict[str, Any]:
     """The same change by stop-with-savepoint and restore: both jobs' output (``new``: the restored job's rows)
     and the savepoint's cut."""
-    from chiray.actors.restore import RestoreInfo
-    from chiray.actors.storage import MANIFEST
+    from chiray.actors.runtime.restore import RestoreInfo
+    from chiray.actors.runtime.storage import MANIFEST
 
     job = build("upgrade-restart", count_v1, records, rate, args).submit(
         checkpoint_dir=os.path.join(root, "restart"), num_hosts=args.num_hosts)

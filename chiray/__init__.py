@@ -14,45 +14,16 @@ The public API in one place::
 The layers below are ``chiray.operators`` (the dataflow description and the
 operator library, no Ray), ``chiray.control`` (control-plane semantics),
 ``chiray.actors`` (the Ray runtime) and ``chiray.spark_bridge`` (Spark
-sources). ``from_spark`` and ``from_spark_stream`` are loaded on first use,
-so ``import chiray`` never imports pyspark.
+sources). The runtime's names (``submit``, ``Job``, ``attach``, ...) and the
+Spark sources are loaded on first use, so ``import chiray`` imports neither
+Ray nor pyspark.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
-from chiray.actors import (
-    AttachedJob,
-    CheckpointInfo,
-    ChirayError,
-    EventKind,
-    Job,
-    JobCancelledError,
-    JobConfig,
-    JobEndedError,
-    JobEvent,
-    JobFailedError,
-    JobHandle,
-    JobInfo,
-    JobLogs,
-    JobStatistics,
-    JobNotFoundError,
-    JobStatus,
-    LogLine,
-    RescaleProgress,
-    RescaleRecord,
-    ManagerRestartedError,
-    SavepointError,
-    SavepointInfo,
-    OperatorError,
-    attach,
-    jobs,
-    submit,
-)
-from chiray.actors.rescale import RescaleError
-from chiray.actors.shareddir import UnsharedStorageError
-from chiray.actors.storage import CheckpointError
 from chiray.control.op import ControlOp, InstanceHandler
 from chiray.control.oprun import OpFailedError, OpTimeoutError
 from chiray.operators import (
@@ -96,22 +67,98 @@ from chiray.operators.dataflow import register_runtime
 from chiray.operators.processbatch import KeyedBatch
 
 if TYPE_CHECKING:  # what type checkers and IDEs see of the names __getattr__ loads on first use
+    from chiray.actors import (
+        AttachedJob,
+        CheckpointInfo,
+        ChirayError,
+        EventKind,
+        Job,
+        JobCancelledError,
+        JobConfig,
+        JobEndedError,
+        JobEvent,
+        JobFailedError,
+        JobHandle,
+        JobInfo,
+        JobLogs,
+        JobStatistics,
+        JobNotFoundError,
+        JobStatus,
+        LogLine,
+        RescaleProgress,
+        RescaleRecord,
+        ManagerRestartedError,
+        SavepointError,
+        SavepointInfo,
+        OperatorError,
+        attach,
+        jobs,
+        submit,
+    )
+    from chiray.actors.jobs.rescale import RescaleError
+    from chiray.actors.jobs.shareddir import UnsharedStorageError
+    from chiray.actors.runtime.storage import CheckpointError
     from chiray.spark_bridge import from_spark, from_spark_stream, from_staged, spark_session
-
-register_runtime(submit)
 
 __version__ = "0.1.0"
 
-_SPARK = {"from_spark", "from_spark_stream", "from_staged", "spark_session"}
+_LAZY = {
+    "AttachedJob": "chiray.actors",
+    "CheckpointInfo": "chiray.actors",
+    "ChirayError": "chiray.actors",
+    "EventKind": "chiray.actors",
+    "Job": "chiray.actors",
+    "JobCancelledError": "chiray.actors",
+    "JobConfig": "chiray.actors",
+    "JobEndedError": "chiray.actors",
+    "JobEvent": "chiray.actors",
+    "JobFailedError": "chiray.actors",
+    "JobHandle": "chiray.actors",
+    "JobInfo": "chiray.actors",
+    "JobLogs": "chiray.actors",
+    "JobStatistics": "chiray.actors",
+    "JobNotFoundError": "chiray.actors",
+    "JobStatus": "chiray.actors",
+    "LogLine": "chiray.actors",
+    "RescaleProgress": "chiray.actors",
+    "RescaleRecord": "chiray.actors",
+    "ManagerRestartedError": "chiray.actors",
+    "SavepointError": "chiray.actors",
+    "SavepointInfo": "chiray.actors",
+    "OperatorError": "chiray.actors",
+    "attach": "chiray.actors",
+    "jobs": "chiray.actors",
+    "submit": "chiray.actors",
+    "RescaleError": "chiray.actors.jobs.rescale",
+    "UnsharedStorageError": "chiray.actors.jobs.shareddir",
+    "CheckpointError": "chiray.actors.runtime.storage",
+    "from_spark": "chiray.spark_bridge",
+    "from_spark_stream": "chiray.spark_bridge",
+    "from_staged": "chiray.spark_bridge",
+    "spark_session": "chiray.spark_bridge",
+}
+"""Where each name that is loaded on first use lives: the Ray runtime and the Spark sources."""
+
+
+def _submit(*args: Any, **kwargs: Any) -> Any:
+    """``Dataflow.submit``'s runtime: ``chiray.actors.submit``, imported on the first submit."""
+    from chiray.actors import submit
+
+    return submit(*args, **kwargs)
+
+
+register_runtime(_submit)
 
 
 def __getattr__(name: str) -> Any:
-    """Load the Spark sources on first use, so ``import chiray`` does not import pyspark."""
-    if name in _SPARK:
-        from chiray import spark_bridge
-
-        return getattr(spark_bridge, name)
-    raise AttributeError(f"module 'chiray' has no attribute {name!r}")
+    """Load the runtime and the Spark sources on first use, so ``import chiray`` and ``import
+    chiray.operators`` import neither Ray nor pyspark."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'chiray' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
 
 
 __all__ = [

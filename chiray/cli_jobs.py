@@ -2,7 +2,7 @@
 
 Each verb is a small function ``do_<verb>(args) -> int``, one for each
 ``JobHandle`` verb the CLI offers (the table of verbs is derived from the
-protocol, ``chiray.actors.handle.VERBS``), that calls the job's manager
+protocol, ``chiray.actors.jobs.handle.VERBS``), that calls the job's manager
 through ``chiray.attach`` / ``chiray.jobs`` and prints either a human table
 or, with ``--json``, one JSON document (the values' ``to_json()``). Failures print one line
 (``chiray: error: ...``) on stderr and exit 1; usage errors exit 2.
@@ -41,7 +41,7 @@ def _connect(address: str | None) -> None:
         except (OSError, ValueError):
             raise CliError(f"no Ray cluster reachable at {address!r} (start one with `ray start --head`, "
                            f"or pass --address / set RAY_ADDRESS)") from None
-    from chiray.actors.client import connect
+    from chiray.actors.jobs.client import connect
 
     try:
         connect(address)
@@ -52,14 +52,14 @@ def _connect(address: str | None) -> None:
 
 
 def _attach(args: argparse.Namespace) -> Any:
-    from chiray.actors.client import attach
+    from chiray.actors.jobs.client import attach
 
     _connect(args.address)
     return attach(args.job)
 
 
 def _emit(args: argparse.Namespace, data: Any, human: Callable[[], str]) -> int:
-    from chiray.actors.jobvalues import plain_json
+    from chiray.actors.jobs.jobvalues import plain_json
 
     print(json.dumps(plain_json(data), sort_keys=True) if args.json else human())
     return 0
@@ -76,7 +76,7 @@ def _ago(seconds: float | None) -> str:
 
 
 def do_list(args: argparse.Namespace) -> int:
-    from chiray.actors.client import jobs
+    from chiray.actors.jobs.client import jobs
 
     _connect(args.address)
     found = jobs(all=args.all)
@@ -168,7 +168,7 @@ def _metrics_table(rows: list[dict[str, Any]]) -> str:
 
 def _side_rows(job: Any) -> list[dict[str, Any]]:
     """One row per source side (a Spark driver the job owns): ``{"operator", "instance": None, "source_side"}``."""
-    from chiray.actors.jobvalues import plain_json
+    from chiray.actors.jobs.jobvalues import plain_json
 
     try:
         sides = job.info().sources
@@ -411,7 +411,7 @@ def do_forget(args: argparse.Namespace) -> int:
 
 def _verbs() -> dict[str, Callable[[argparse.Namespace], int]]:
     """``list``, then each ``JobHandle`` verb that has a ``do_<verb>`` here, in the protocol's order."""
-    from chiray.actors.handle import VERBS as JOB_VERBS
+    from chiray.actors.jobs.handle import VERBS as JOB_VERBS
 
     here = globals()
     return {"list": do_list, **{verb: here[f"do_{verb}"] for verb in JOB_VERBS if f"do_{verb}" in here}}

@@ -24,7 +24,7 @@ operator's bin table and what was measured of its bins into a
 migration step's bin table, moves, parallelism, whether it blocks, the room
 new owners reserve and the instances that retire.
 
-Pure code, no Ray: ``actors/rescaler.py`` runs the steps.
+Pure code, no Ray: ``actors/jobs/rescaler.py`` runs the steps.
 """
 
 from __future__ import annotations

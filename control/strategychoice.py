@@ -1,7 +1,7 @@
 """strategychoice.py: which migration strategy and knobs a rescale uses, given a latency budget.
 
 A rescale moves the state of the bins that change owner. How long records
-wait meanwhile depends on the strategy (``actors/rescale.py``):
+wait meanwhile depends on the strategy (``actors/jobs/rescale.py``):
 all-at-once holds every moving bin for the whole transfer, batched and
 non-disruptive steps hold one chunk at a time, and replication ships the
 bytes ahead so a step sends only what changed since. This module predicts a

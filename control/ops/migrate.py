@@ -28,7 +28,7 @@ arrived on all its inputs); records of every other bin never wait.
 
 A step may also change the operator's instance set (scale-out, scale-in): the
 runtime registers channel changes under the op's id before injecting it, and
-applies them at each instance when the op passes (``actors/topology.py``).
+applies them at each instance when the op passes (``actors/runtime/topology.py``).
 
 Replication (Spacker's third knob): an old owner that replicated a bin to the
 new owner ahead of time (``ReplicateBins``) sends only a marker when the bin

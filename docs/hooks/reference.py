@@ -7,7 +7,7 @@
 * ``on_page_markdown`` replaces ``<!-- chiray:cli -->`` with the verbs of the
   ``chiray`` command line, made from its argparse parser, and
   ``<!-- chiray:metrics -->`` with the table of exported metrics, made from
-  ``chiray.actors.metrics``.
+  ``chiray.actors.jobs.metrics``.
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def cli_reference() -> str:
 
 def metrics_reference() -> str:
     """Markdown table of the metrics a detached job exports, by their names on Ray's metrics endpoint."""
-    from chiray.actors import metrics
+    from chiray.actors.jobs import metrics
 
     rows = [("counter", f, d) for f, d in {**metrics.COUNTERS, **metrics.JOB_COUNTERS}.items()]
     rows += [("gauge", f, d) for f, d in metrics.GAUGES.items()]

@@ -29,7 +29,7 @@ def free_cpus() -> float:
     """The CPUs Ray has free, counting those the warm pool's idle hosts hold (they serve the next job)."""
     import ray
 
-    from chiray.actors.pool import warm_pool
+    from chiray.actors.jobs.pool import warm_pool
 
     return ray.available_resources().get("CPU", 0) + warm_pool().held_cpus()
 

@@ -13,7 +13,7 @@ import threading
 import pytest
 
 import chiray
-from chiray.actors.client import ManagerRestartedError
+from chiray.actors.jobs.client import ManagerRestartedError
 from tests.gate import Gate, gated
 from tests.oracles import assert_counts_equal, key_counts
 from tests.waiting import wait_for

@@ -13,9 +13,9 @@ import pytest
 import ray
 
 import chiray
-from chiray.actors.handle import VERBS, JobHandle
-from chiray.actors.joblogs import JobLogs, LogLine
-from chiray.actors.savepoints import SavepointError
+from chiray.actors.jobs.handle import VERBS, JobHandle
+from chiray.actors.jobs.joblogs import JobLogs, LogLine
+from chiray.actors.jobs.savepoints import SavepointError
 from chiray.cli import main
 from tests.waiting import wait_for
 

@@ -23,7 +23,7 @@ import ray
 
 from chiray.actors import submit
 from chiray.actors.errors import JobFailedError
-from chiray.actors.storage import CheckpointError, CheckpointStorage
+from chiray.actors.runtime.storage import CheckpointError, CheckpointStorage
 from chiray.control.ops.chains import manifest_chains
 from chiray.control.ops.checkpoint import decode_offsets
 from chiray.operators import Dataflow, Source, generate, to_parquet
@@ -399,7 +399,7 @@ def test_a_job_restored_into_the_directory_it_came_from_adds_files_and_a_second_
     after the stop's cut (they committed output that the savepoint does not hold, and the restored job
     wrote it again; with one checkpoint kept, retention deleted the savepoint's checkpoint mid-copy), and
     the sources read nothing after it."""
-    from chiray.actors import job as job_module
+    from chiray.actors.jobs import job as job_module
 
     copy = job_module.copy_savepoint
     monkeypatch.setattr(job_module, "copy_savepoint", lambda *a: time.sleep(1.5) or copy(*a))
@@ -520,7 +520,7 @@ def test_checkpoint_whose_controller_dies_after_it_was_durable_returns_it(tmp_pa
 
 
 def test_rescale_called_while_the_job_recovers_waits_for_it(tmp_path):
-    from chiray.actors.rescale import RescaleError
+    from chiray.actors.jobs.rescale import RescaleError
 
     src, gate = held(tmp_path, fast=0.25)
     job = build("rescale-recovering", src).submit(poll_interval_s=0.2, checkpoint_interval_s=0.5,

@@ -29,7 +29,7 @@ import pytest
 import ray
 
 from chiray.actors import release_warm_actors
-from chiray.actors.rescale import RescaleError
+from chiray.actors.jobs.rescale import RescaleError
 from chiray.operators import Dataflow, generate
 from tests.gate import Gate, Gated
 from tests.oracles import assert_counts_equal, assert_in_order, key_counts, track_positions

@@ -11,7 +11,7 @@ import pytest
 import ray
 
 from chiray.actors import JobCancelledError, OperatorError
-from chiray.actors.messages import Parcel
+from chiray.actors.runtime.messages import Parcel
 from chiray.operators import Dataflow, Sink, SinkWriter, collect, from_items, generate
 from tests.waiting import wait_for
 
@@ -32,7 +32,7 @@ def actors_dead(actors) -> bool:
 
 def released(actors) -> bool:
     """Each of a job's actors is gone, or a bare host again, idle in the warm pool (``JobConfig.reuse_hosts``)."""
-    from chiray.actors.pool import warm_pool
+    from chiray.actors.jobs.pool import warm_pool
 
     idle = {a._actor_id for v in warm_pool()._idle.values() for a in v}
     return (actors_dead([a for a in actors if a._actor_id not in idle])
@@ -212,8 +212,8 @@ def test_a_job_ray_has_no_room_for_fails_fast_with_a_clear_error():
 @pytest.mark.parametrize("controller_process", [False, True])
 def test_warm_hosts_serve_the_next_submit_and_are_released(controller_process):
     from chiray.actors import release_warm_actors, wait_warm_actors
-    from chiray.actors.pool import warm_pool
-    from chiray.actors.supervisor import CONTROLLER_POOL_KEY
+    from chiray.actors.jobs.pool import warm_pool
+    from chiray.actors.jobs.supervisor import CONTROLLER_POOL_KEY
 
     def run(name: str, items: list[dict]) -> tuple[dict, list, set]:
         flow = Dataflow(name)

@@ -13,8 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 import ray
 
-from chiray.actors.shareddir import alive_nodes, probe, ray_runner
-from chiray.actors.storage import CheckpointStorage, child_uri
+from chiray.actors.jobs.shareddir import alive_nodes, probe, ray_runner
+from chiray.actors.runtime.storage import CheckpointStorage, child_uri
 from chiray.operators import Dataflow, generate, to_parquet
 from tests.gate import Gate, gated
 from tests.oracles import source_batches

@@ -93,7 +93,7 @@ def test_keyed_count_equals_spark_sql_on_both_push_paths_and_a_warm_coordinator_
                      "the coordinator to hear of every delivered row", detail=src.statistics)
             stats = src.statistics()
         assert dataflow_counts(job) == expected
-        from chiray.actors.pool import warm_pool  # Spark's tasks hold the hosts' handles: never reused
+        from chiray.actors.jobs.pool import warm_pool  # Spark's tasks hold the hosts' handles: never reused
 
         pooled = {a._actor_id for v in warm_pool()._idle.values() for a in v}
         assert not pooled & {h._actor_id for h in job.topology.hosts()}, "a Spark-fed job's hosts were reused"

@@ -13,8 +13,8 @@ import pytest
 import ray
 
 import chiray
-from chiray.actors.jobvalues import UpgradeOutcome
-from chiray.actors.upgrader import CanaryRolledBackError
+from chiray.actors.jobs.jobvalues import UpgradeOutcome
+from chiray.actors.jobs.upgrader import CanaryRolledBackError
 from chiray.operators import generate
 from chiray.operators.hashing import bins_of
 from tests.waiting import wait_for

@@ -9,7 +9,7 @@ import socket
 import pytest
 
 from chiray.cli import main
-from chiray.actors.jobvalues import plain_json
+from chiray.actors.jobs.jobvalues import plain_json
 from chiray.cli_jobs import CliError, _options
 
 
@@ -98,7 +98,7 @@ def test_tail_verb_prints_the_newest_rows_as_a_table_or_json(monkeypatch, capsys
 
 def test_rescale_wait_prints_one_line_per_state_when_not_on_a_terminal(monkeypatch, capsys):
     import chiray.cli_jobs as cli_jobs
-    from chiray.actors.jobvalues import RescaleOutcome, RescaleProgress, RescaleState
+    from chiray.actors.jobs.jobvalues import RescaleOutcome, RescaleProgress, RescaleState
 
     states = [RescaleState.WAITING] * 5 + [RescaleState.PLANNING] * 5 + [RescaleState.MIGRATING] * 90
     polls = [RescaleProgress("count", "fluid", s, steps_done=i // 10, steps=10, bins_moved=i, bins=100)
@@ -136,8 +136,8 @@ def test_metrics_waits_for_the_in_band_monitor_briefly_and_shows_the_rest(monkey
     import threading
 
     import chiray.cli_jobs as cli_jobs
-    from chiray.actors.job import JobStatistics
-    from chiray.actors.statistics import InstanceStatistics
+    from chiray.actors.jobs.job import JobStatistics
+    from chiray.actors.runtime.statistics import InstanceStatistics
 
     asked: list[float] = []
     released = threading.Event()

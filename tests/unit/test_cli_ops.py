@@ -13,8 +13,8 @@ import ray
 
 import chiray
 import chiray.cli_jobs as cli_jobs
-from chiray.actors.joblogs import JobLogs, LogLine
-from chiray.actors.savepoints import delete_savepoint, find_savepoints
+from chiray.actors.jobs.joblogs import JobLogs, LogLine
+from chiray.actors.jobs.savepoints import delete_savepoint, find_savepoints
 from chiray.cli import main
 from chiray.control.coordination import JobState
 from tests.unit.actors.test_savepoints import checkpoint, on_disk

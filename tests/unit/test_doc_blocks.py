@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 
 import chiray
-from chiray.actors.harness import LocalRun
+from chiray.actors.jobs.harness import LocalRun
 from chiray.cli import build_parser
 from chiray.operators import dataflow
 

@@ -24,7 +24,7 @@ STRING_IMPORTERS = {"import_module", "__import__"}
 
 
 def _module_name(path: pathlib.Path) -> str:
-    """``actors/job.py`` -> ``chiray.actors.job``; ``chiray/cli.py`` -> ``chiray.cli``."""
+    """``actors/jobs/job.py`` -> ``chiray.actors.jobs.job``; ``chiray/cli.py`` -> ``chiray.cli``."""
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
@@ -61,7 +61,7 @@ def imported_modules(path: pathlib.Path) -> set[str]:
 
 
 def layer_of(name: str) -> str | None:
-    """The layer of an absolute module name (``chiray.actors.job`` -> ``actors``), ``None`` outside chiray.
+    """The layer of an absolute module name (``chiray.actors.jobs.job`` -> ``actors``), ``None`` outside chiray.
 
     A bare ``actors``/``operators``/... (the pre-``chiray`` names) counts as that layer too, so it is caught.
     """
@@ -143,7 +143,7 @@ def test_import_graph_has_no_cycle():
 
 def test_checker_catches_an_upward_import_by_name_or_string(tmp_path):
     bad = tmp_path / "bad.py"
-    bad.write_text("from chiray.actors.job import submit\nimport ray\nimport importlib\n"
+    bad.write_text("from chiray.actors.jobs.job import submit\nimport ray\nimport importlib\n"
                    "importlib.import_module('chiray.spark_bridge.demo')\n__import__('actors')\n")
     layers = {layer_of(n) for n in imported_modules_outside(bad)} - {None}
     assert layers == {"actors", "spark_bridge"}
@@ -168,3 +168,28 @@ def imported_modules_outside(path: pathlib.Path) -> set[str]:
 def test_cycle_finder_finds_a_cycle():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_the_runtime_never_imports_the_jobs_that_operate_it():
+    """``chiray.actors.runtime`` (hosts, instances, channels) is below ``chiray.actors.jobs``: no module of the
+    runtime imports one of jobs, by name, by string or under ``TYPE_CHECKING``."""
+    runtime = ROOT / "actors" / "runtime"
+    assert sorted(runtime.glob("*.py")), "actors/runtime is missing"
+    for path in sorted(runtime.rglob("*.py")):
+        upward = sorted(n for n in imported_modules(path) if n.startswith("chiray.actors.jobs"))
+        assert not upward, f"{path.relative_to(ROOT)} imports {upward}: the runtime must not import jobs"
+    top = [p for p in (ROOT / "actors").glob("*.py") if p.name != "__init__.py"]
+    for path in top:  # the shared vocabulary at actors/ (config, errors) imports neither subpackage
+        inner = sorted(n for n in imported_modules(path) if n.startswith(("chiray.actors.jobs", "chiray.actors.runtime")))
+        assert not inner, f"{path.relative_to(ROOT)} imports {inner}: actors/{path.name} is below both subpackages"
+
+
+@pytest.mark.parametrize("module", ["chiray", "chiray.operators", "chiray.control"])
+def test_importing_the_description_layers_loads_no_ray(module):
+    """A dataflow can be described (and its operators unit-tested) without Ray or pyspark installed or loaded."""
+    import subprocess
+    import sys
+
+    code = f"import sys, {module}; print(sorted(m for m in ('ray', 'pyspark') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", f"import {module} loaded {out.strip()}"

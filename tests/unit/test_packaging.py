@@ -18,7 +18,7 @@ def test_wheel_holds_only_chiray(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     outside = [n for n in names if not (n.startswith("chiray/") or n.split("/")[0].endswith(".dist-info"))]
     assert not outside, f"the wheel installs files outside chiray/: {outside[:10]}"
-    for module in ("chiray/__init__.py", "chiray/__main__.py", "chiray/cli.py", "chiray/actors/job.py",
+    for module in ("chiray/__init__.py", "chiray/__main__.py", "chiray/cli.py", "chiray/actors/jobs/job.py",
                    "chiray/operators/dataflow.py", "chiray/control/ops/monitor.py", "chiray/spark_bridge/source.py",
                    "chiray/grafana/chiray_dashboard.json"):
         assert module in names, f"{module} is missing from the wheel"

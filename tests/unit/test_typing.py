@@ -70,7 +70,7 @@ def test_user_code_type_checks_strictly_and_misuse_does_not() -> None:
 def test_the_handle_of_flow_submit_has_every_verb_of_job_handle() -> None:
     """``Dataflow.submit`` returns ``operators.handles.JobLike``, the job handle as the operators layer can name
     it: the verbs of ``chiray.JobHandle`` with the same parameters (a new verb goes into both)."""
-    from chiray.actors.handle import VERBS, JobHandle
+    from chiray.actors.jobs.handle import VERBS, JobHandle
     from chiray.operators.handles import JobLike
 
     mine = [name for name, value in vars(JobLike).items() if callable(value) and not name.startswith("_")]

@@ -9,7 +9,7 @@ answers is ``{"ready": true}``, once connected. It exits at the end of its input
 
 Each request runs as ``__main__`` in this process, with its own ``sys.argv`` and ``sys.path`` (as Python sets
 them for such a command; what the request adds to ``sys.path`` goes with it): the modules it imports stay
-imported and Ray stays connected (``chiray.actors.client.connect``, as ``chiray``'s verbs connect), so a
+imported and Ray stays connected (``chiray.actors.jobs.client.connect``, as ``chiray``'s verbs connect), so a
 script's ``ray.init`` is skipped where Ray is connected already. Ray's own output (its C++ core, its logging
 handlers) goes to this process's stderr, not into a request's answer.
 """
@@ -60,7 +60,7 @@ def main() -> int:
     os.dup2(2, 1)  # anything else written to fd 1 (Ray's core, a stray print) goes to stderr, not to the answers
     sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
 
-    from chiray.actors.client import connect
+    from chiray.actors.jobs.client import connect
 
     connect()
     answers.write(json.dumps({"ready": True}) + "\n")

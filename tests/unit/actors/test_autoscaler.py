@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from chiray.actors.autoscaler import Autoscaler
+from chiray.actors.jobs.autoscaler import Autoscaler
 from chiray.control.coordination import JobState
 from chiray.control.ds2 import Action, Ds2Config
 from chiray.control.ops.monitor import MonitorResult

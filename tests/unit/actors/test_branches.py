@@ -8,7 +8,7 @@ import pyarrow.compute as pc
 import pytest
 
 from chiray import collect
-from chiray.actors.harness import LocalRun
+from chiray.actors.jobs.harness import LocalRun
 from chiray.operators import Dataflow, from_items
 from chiray.operators.branch import BranchError, branch_nodes, branch_of
 from chiray.operators.graph import branched_plan, physical_plan
@@ -91,7 +91,7 @@ def test_branch_of_is_the_sink_and_what_feeds_only_it():
 
 
 def test_a_job_on_ray_checks_a_branch_then_says_it_cannot_add_it_yet():
-    from chiray.actors.job import Job
+    from chiray.actors.jobs.job import Job
     from chiray.operators.branch import BranchNotSupportedError
 
     job = Job.__new__(Job)  # no Ray: only the checks before the runtime runs

@@ -8,7 +8,7 @@ the instances that had prepared the change waited for it until the step timed ou
 from __future__ import annotations
 
 from chiray.actors.config import JobConfig
-from chiray.actors.harness import LocalRun
+from chiray.actors.jobs.harness import LocalRun
 from chiray.control.rescaleplan import unreached
 from chiray.operators import Dataflow, from_items
 from chiray.operators.graph import rescaled_plan

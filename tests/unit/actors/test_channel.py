@@ -7,8 +7,8 @@ import random
 import pyarrow as pa
 import pytest
 
-from chiray.actors.channel import ChannelError, InputChannel, OutputChannel, WouldBlock
-from chiray.actors.messages import Data, End, Envelope
+from chiray.actors.runtime.channel import ChannelError, InputChannel, OutputChannel, WouldBlock
+from chiray.actors.runtime.messages import Data, End, Envelope
 
 
 def _batch(i: int, rows: int = 3) -> pa.RecordBatch:

@@ -18,8 +18,8 @@ import pyarrow as pa
 import pytest
 
 from chiray.actors.config import JobConfig
-from chiray.actors.harness import LocalRun
-from chiray.actors.messages import ControlRun, Data, Envelope, Parcel
+from chiray.actors.jobs.harness import LocalRun
+from chiray.actors.runtime.messages import ControlRun, Data, Envelope, Parcel
 from chiray.control.message import Configs, ControlMessage
 from chiray.control.ops import NoOp
 from chiray.operators import Dataflow, from_items

@@ -1,4 +1,4 @@
-"""The job controller's fenced commits (actors/controller.py with control/fencing.py), without Ray: a controller
+"""The job controller's fenced commits (actors/runtime/controller.py with control/fencing.py), without Ray: a controller
 cut off by a network partition commits nothing once a recovery elsewhere took a newer token, and retires."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import asyncio
 import pytest
 
 from chiray.actors.config import JobConfig
-from chiray.actors.controller import Controller
-from chiray.actors.storage import CheckpointStorage
+from chiray.actors.runtime.controller import Controller
+from chiray.actors.runtime.storage import CheckpointStorage
 from chiray.control.coordination import JobState
 from chiray.control.fencing import StaleIncarnationError
 

@@ -14,9 +14,9 @@ import random
 import pytest
 
 from chiray.actors.config import JobConfig
-from chiray.actors.channel import CreditLedger
-from chiray.actors.harness import LocalRun
-from chiray.actors.messages import Data, Grant, Parcel
+from chiray.actors.runtime.channel import CreditLedger
+from chiray.actors.jobs.harness import LocalRun
+from chiray.actors.runtime.messages import Data, Grant, Parcel
 from chiray.operators import Dataflow, from_items
 from tests.clock import FakeClock
 

@@ -8,11 +8,11 @@ import os
 import pytest
 
 import chiray
-from chiray.actors.jobstore import JobRecord
-from chiray.actors.jobvalues import EventKind
+from chiray.actors.jobs.jobstore import JobRecord
+from chiray.actors.jobs.jobvalues import EventKind
 from chiray.control.coordination import JobState
-from chiray.actors.detached import refuse_driver_bound
-from chiray.actors.manager import VERBS, JobManagerCore
+from chiray.actors.jobs.detached import refuse_driver_bound
+from chiray.actors.jobs.manager import VERBS, JobManagerCore
 from chiray.spark_bridge.source import SparkSource
 from chiray.spark_bridge.streaming import SparkStreamSource
 
@@ -88,7 +88,7 @@ def test_record_events_accumulate_and_terminal_states():
 
 
 def test_every_client_verb_is_a_manager_method_and_an_actor_method():
-    from chiray.actors.detached import JobManager
+    from chiray.actors.jobs.detached import JobManager
 
     shell = JobManager.__ray_metadata__.modified_class
     for verb in VERBS:
@@ -109,7 +109,7 @@ def test_config_checks_the_recovery_options(field, bad, why):
 
 @pytest.mark.parametrize("given", [False, True], ids=["temporary", "given checkpoint_dir"])
 def test_forgetting_an_ended_job_removes_the_temporary_directory_made_for_it(monkeypatch, tmp_path, given):
-    from chiray.actors import jobstore
+    from chiray.actors.jobs import jobstore
 
     stored: dict[str, JobRecord] = {}
     monkeypatch.setattr(jobstore, "save", lambda record: stored.__setitem__(record.name, record))

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pytest
 
 from chiray.actors.config import JobConfig
-from chiray.actors.harness import LocalRun
+from chiray.actors.jobs.harness import LocalRun
 import pyarrow.compute  # noqa: F401 - pa.compute in filters
 
 from chiray.operators import (Dataflow, bounded_out_of_orderness, collect, from_items, generate, session, sliding, tumbling,

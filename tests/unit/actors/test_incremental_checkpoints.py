@@ -23,8 +23,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from chiray.actors.restore import RestoreInfo
-from chiray.actors.storage import CheckpointError, CheckpointStorage
+from chiray.actors.runtime.restore import RestoreInfo
+from chiray.actors.runtime.storage import CheckpointError, CheckpointStorage
 from chiray.control.ops.chains import BinChains, ChainBound, ChainWriteError, manifest_chains
 from chiray.control.ops.checkpoint import Checkpoint
 from chiray.operators.hashing import bins_of

@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from chiray.actors import joblogs
-from chiray.actors.joblogs import JobLogs, LogLine, read_lines, worker_log
+from chiray.actors.jobs import joblogs
+from chiray.actors.jobs.joblogs import JobLogs, LogLine, read_lines, worker_log
 
 
 def write(path, lines: list[str], end: str = "\n") -> None:

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from chiray.actors.jobtopology import JobTopology, TopologySnapshot
+from chiray.actors.jobs.jobtopology import JobTopology, TopologySnapshot
 
 PLACEMENT = {("src", 0): 0, ("map", 0): 1, ("map", 1): 2}
 

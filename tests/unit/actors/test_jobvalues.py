@@ -10,9 +10,9 @@ import cloudpickle
 import pytest
 
 import chiray
-from chiray.actors import jobstore
-from chiray.actors.jobstore import RECORD_SCHEMA, JobRecord, JobRecordError
-from chiray.actors.jobvalues import (CheckpointInfo, EventKind, JobEvent, JobInfo, RescaleOutcome, RescaleProgress,
+from chiray.actors.jobs import jobstore
+from chiray.actors.jobs.jobstore import RECORD_SCHEMA, JobRecord, JobRecordError
+from chiray.actors.jobs.jobvalues import (CheckpointInfo, EventKind, JobEvent, JobInfo, RescaleOutcome, RescaleProgress,
                                      RescaleRecord, RescaleState)
 from chiray.control.coordination import JobState
 

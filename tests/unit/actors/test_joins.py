@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 
 from chiray.actors.config import JobConfig
-from chiray.actors.harness import LocalRun
+from chiray.actors.jobs.harness import LocalRun
 from chiray.operators import Dataflow, bounded_out_of_orderness, from_items, tumbling
 
 LEFT = pa.schema([("user", pa.string()), ("t", pa.int64()), ("amount", pa.int64())])

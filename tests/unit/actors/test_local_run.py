@@ -21,9 +21,9 @@ import pyarrow.compute as pc
 import pytest
 
 from chiray.actors.config import JobConfig
-from chiray.actors.harness import LocalRun
-from chiray.actors.instance import OperatorFailure
-from chiray.actors.router import KeyColumnError
+from chiray.actors.jobs.harness import LocalRun
+from chiray.actors.runtime.instance import OperatorFailure
+from chiray.actors.runtime.router import KeyColumnError
 from chiray.operators import Dataflow, Sink, SinkWriter, Stream, collect, from_arrow, from_items
 from chiray.operators.logic import InstanceInfo
 

@@ -6,7 +6,7 @@ import pyarrow as pa
 import pytest
 
 from chiray.actors.config import JobConfig
-from chiray.actors.host import use_memory_pool
+from chiray.actors.runtime.host import use_memory_pool
 
 
 def test_an_unknown_pool_is_refused_naming_the_field():

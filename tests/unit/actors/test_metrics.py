@@ -13,9 +13,9 @@ import pyarrow as pa
 import pytest
 
 import chiray
-from chiray.actors import metrics
-from chiray.actors.job import JobStatistics
-from chiray.actors.statistics import InstanceStatistics
+from chiray.actors.jobs import metrics
+from chiray.actors.jobs.job import JobStatistics
+from chiray.actors.runtime.statistics import InstanceStatistics
 from chiray.control.coordination import JobState
 
 

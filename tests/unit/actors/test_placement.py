@@ -6,8 +6,8 @@ import pyarrow as pa
 import pytest
 
 from chiray.actors.config import JobConfig
-from chiray.actors.harness import LocalRun
-from chiray.actors.placement import place
+from chiray.actors.jobs.harness import LocalRun
+from chiray.actors.jobs.placement import place
 from chiray.operators import Dataflow, collect, from_items
 from chiray.operators.graph import OperatorKind, PhysicalPlan, physical_plan
 

@@ -21,9 +21,9 @@ from typing import Any, Callable
 import pytest
 
 from chiray.actors.config import JobConfig
-from chiray.actors.harness import LocalRun, counting_clock
-from chiray.actors.jobvalues import RescaleState
-from chiray.actors.rescaler import RescaleError
+from chiray.actors.jobs.harness import LocalRun, counting_clock
+from chiray.actors.jobs.jobvalues import RescaleState
+from chiray.actors.jobs.rescaler import RescaleError
 from chiray.control.ops.migrate import MigrateBins
 from chiray.operators import Dataflow
 from tests.oracles import assert_counts_equal, assert_in_order, output_counts, track_positions

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from chiray.actors.restore import RestoreInfo, match_operators
+from chiray.actors.runtime.restore import RestoreInfo, match_operators
 from chiray.control.ops.checkpoint import encode_offsets
 from chiray.operators import Dataflow, collect, from_items
 

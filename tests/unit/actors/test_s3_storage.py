@@ -18,12 +18,12 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
-from chiray.actors.harness import LocalRun
-from chiray.actors.jobfiles import commit_stopped, copy_savepoint
-from chiray.actors.jobvalues import CheckpointInfo
-from chiray.actors.savepoints import delete_savepoint, find_savepoints, life_dir, savepoint_root
-from chiray.actors.storage import MANIFEST, RETIRED, CheckpointError, CheckpointStorage, child_uri
-from chiray.actors.submit import restore_point
+from chiray.actors.jobs.harness import LocalRun
+from chiray.actors.jobs.jobfiles import commit_stopped, copy_savepoint
+from chiray.actors.jobs.jobvalues import CheckpointInfo
+from chiray.actors.jobs.savepoints import delete_savepoint, find_savepoints, life_dir, savepoint_root
+from chiray.actors.runtime.storage import MANIFEST, RETIRED, CheckpointError, CheckpointStorage, child_uri
+from chiray.actors.jobs.submit import restore_point
 from chiray.control.ops.chains import manifest_chains
 from chiray.actors.config import JobConfig
 from chiray.operators import Dataflow, collect, from_csv, from_items, from_json, from_parquet, to_parquet
@@ -79,7 +79,7 @@ def test_incomplete_and_torn_checkpoints_on_s3_are_skipped_or_refused(s3, caplog
     storage.commit(1, {"state_files": {"count/0": rel}})
     storage.write_state(2, "count", 0, {1: b"c"})  # crashed before its manifest
     storage.commit(3, {"state_files": {"count/0": "chk-000003/state-count-0.arrow"}})  # its file missing
-    with caplog.at_level(logging.WARNING, logger="chiray.actors.storage"):
+    with caplog.at_level(logging.WARNING, logger="chiray.actors.runtime.storage"):
         assert CheckpointStorage(child_uri(root, "chk"), create=False).committed() == [1]
     assert "checkpoint 2" in caplog.text and "checkpoint 3" in caplog.text
     assert ":testing@" not in caplog.text and ":***@" in caplog.text  # the secret key never reaches a log

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from chiray.actors.storage import CheckpointError, CheckpointStorage
-from chiray.actors.submit import restore_point
+from chiray.actors.runtime.storage import CheckpointError, CheckpointStorage
+from chiray.actors.jobs.submit import restore_point
 from chiray.operators import Dataflow, collect, from_items
 from chiray.operators.graph import physical_plan
 

@@ -8,11 +8,11 @@ import os
 
 import pytest
 
-from chiray.actors.jobfiles import copy_savepoint
-from chiray.actors.jobvalues import CheckpointInfo
-from chiray.actors.savepoints import (SavepointError, delete_savepoint, find_savepoints, life_dir,
+from chiray.actors.jobs.jobfiles import copy_savepoint
+from chiray.actors.jobs.jobvalues import CheckpointInfo
+from chiray.actors.jobs.savepoints import (SavepointError, delete_savepoint, find_savepoints, life_dir,
                                       savepoint_root)
-from chiray.actors.storage import CheckpointStorage, child_uri
+from chiray.actors.runtime.storage import CheckpointStorage, child_uri
 
 
 def checkpoint(root: str, checkpoint_id: int, job: str, payload: bytes = b"state") -> str:

@@ -8,7 +8,7 @@ questions is looked at again at once).
 
 from __future__ import annotations
 
-from chiray.actors.scheduler import RECHECK_S, Scheduler
+from chiray.actors.runtime.scheduler import RECHECK_S, Scheduler
 
 
 class Scripted:

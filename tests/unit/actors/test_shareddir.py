@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from chiray.actors import shareddir
-from chiray.actors.shareddir import UnsharedStorageError, check_shared_dir, probe
+from chiray.actors.jobs import shareddir
+from chiray.actors.jobs.shareddir import UnsharedStorageError, check_shared_dir, probe
 
 NODES = {"a1" * 14: "10.0.0.1", "b2" * 14: "10.0.0.2", "c3" * 14: "10.0.0.3"}
 

@@ -16,9 +16,9 @@ import pyarrow as pa
 import pytest
 
 from chiray.actors.config import JobConfig
-from chiray.actors.harness import LocalRun
-from chiray.actors.messages import Data, End, Envelope, Grant
-from chiray.actors.stepresult import NOTHING, Ack, StepResult
+from chiray.actors.jobs.harness import LocalRun
+from chiray.actors.runtime.messages import Data, End, Envelope, Grant
+from chiray.actors.runtime.stepresult import NOTHING, Ack, StepResult
 from chiray.control.op import ControlOp, InstanceHandler
 from chiray.operators import Dataflow, from_items
 

@@ -9,7 +9,7 @@ import os
 import pyarrow.fs as pafs
 import pytest
 
-from chiray.actors.storage import MANIFEST, CheckpointError, CheckpointStorage
+from chiray.actors.runtime.storage import MANIFEST, CheckpointError, CheckpointStorage
 
 
 def test_state_round_trip_and_bin_filter(tmp_path):
@@ -38,7 +38,7 @@ def test_incomplete_and_corrupt_checkpoints_are_skipped_with_a_log_line(tmp_path
     with open(os.path.join(storage.chk_dir(3), MANIFEST), "w") as f:
         f.write("{not json")
     storage.commit(4, {"state_files": {"count/0": "chk-000004/state-count-0.arrow"}})  # file missing
-    with caplog.at_level(logging.WARNING, logger="chiray.actors.storage"):
+    with caplog.at_level(logging.WARNING, logger="chiray.actors.runtime.storage"):
         assert storage.committed() == [1]
     text = caplog.text
     assert "checkpoint 2" in text and "incomplete" in text

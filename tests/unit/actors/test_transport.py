@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from chiray.actors.outbox import Outbox
-from chiray.actors.messages import Envelope, Grant, Parcel
-from chiray.actors.transport import Transport
+from chiray.actors.runtime.outbox import Outbox
+from chiray.actors.runtime.messages import Envelope, Grant, Parcel
+from chiray.actors.runtime.transport import Transport
 from chiray.control.message import ControlReturn
 
 

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pytest
 
 from chiray.actors.config import JobConfig
-from chiray.actors.harness import LocalRun
+from chiray.actors.jobs.harness import LocalRun
 from chiray.operators import Dataflow, bounded_out_of_orderness, collect, from_items
 
 SCHEMA = pa.schema([("k", pa.string()), ("t", pa.int64())])

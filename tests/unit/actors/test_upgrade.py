@@ -9,9 +9,9 @@ import pyarrow.compute as pc
 import pytest
 
 from chiray import collect
-from chiray.actors.harness import LocalRun
-from chiray.actors.jobvalues import UpgradeOutcome
-from chiray.actors.upgrader import CanaryRolledBackError
+from chiray.actors.jobs.harness import LocalRun
+from chiray.actors.jobs.jobvalues import UpgradeOutcome
+from chiray.actors.jobs.upgrader import CanaryRolledBackError
 from chiray.control.ops.checkpoint import code_entry
 from chiray.operators import Dataflow, from_items
 from chiray.operators.hashing import bins_of
@@ -182,7 +182,7 @@ def test_checkpoint_entry_carries_the_code():
     change = CodeChange.of("m", times(3))
     entry = code_entry(change)
     assert entry is not None and entry["identity"] == change.identity and code_entry(None) is None
-    from chiray.actors.restore import RestoreInfo
+    from chiray.actors.runtime.restore import RestoreInfo
 
     info = RestoreInfo(None, {"job": {"operators": {"m": {"parallelism": 2}}},  # type: ignore[arg-type]
                               "code": {"m/0": entry, "m/1": entry}})

@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from chiray.actors.messages import Watermark
-from chiray.actors.watermarks import MIN_WATERMARK, InputWatermarks
+from chiray.actors.runtime.messages import Watermark
+from chiray.actors.runtime.watermarks import MIN_WATERMARK, InputWatermarks
 
 
 @pytest.mark.parametrize("seed", range(20))

@@ -8,7 +8,7 @@ from benchmarks.nexmark.generator import NexmarkConfig
 from benchmarks.nexmark.oracle import run_sql, same_rows
 from benchmarks.nexmark.queries import Events, all_queries
 from benchmarks.nexmark.source import write_parquet
-from chiray.actors.harness import LocalRun
+from chiray.actors.jobs.harness import LocalRun
 
 from .nexmark_process import PROCESS_QUERIES
 

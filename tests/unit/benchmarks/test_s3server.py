@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from benchmarks.s3server import S3Server
-from chiray.actors.storage import child_uri, split_uri
+from chiray.actors.runtime.storage import child_uri, split_uri
 
 
 def _alive(pid: int) -> bool:

@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterable
 
 import pyarrow as pa
 
-from chiray.actors.harness import LocalRun
+from chiray.actors.jobs.harness import LocalRun
 from chiray.control.message import InstanceId
 from chiray.control.op import ControlOp, InstanceHandler
 from chiray.control.oprun import OpState

@@ -14,7 +14,7 @@ import os
 import pyarrow as pa
 import pytest
 
-from chiray.actors.restore import RestoreInfo
+from chiray.actors.runtime.restore import RestoreInfo
 from chiray.control.ops.checkpoint import Checkpoint
 from chiray.operators import to_parquet
 from chiray.operators.endpoints import SinkLogic
@@ -89,7 +89,7 @@ def test_a_stops_final_checkpoint_halts_the_sources_at_its_cut_and_a_resume_read
     """The cut of ``Job.stop``: after its final checkpoint a source reads nothing (so the job's input ends where
     the checkpoint's offsets do), until ``ResumeSources`` (the stop failed and the job runs on)."""
     from chiray.actors.config import JobConfig
-    from chiray.actors.harness import LocalRun
+    from chiray.actors.jobs.harness import LocalRun
     from chiray.control.ops.checkpoint import ResumeSources
     from chiray.control.oprun import OpState
     from chiray.operators import Dataflow, collect, from_items

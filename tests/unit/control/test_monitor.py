@@ -19,7 +19,7 @@ import pyarrow as pa
 import pytest
 
 from chiray.actors.config import JobConfig
-from chiray.actors.harness import LocalRun
+from chiray.actors.jobs.harness import LocalRun
 from chiray.control.oprun import OpState
 from chiray.control.ops import Monitor, MonitorResult
 from chiray.operators import Dataflow, collect

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from chiray.actors.config import JobConfig
-from chiray.actors.harness import LocalRun
-from chiray.actors.instance import OperatorFailure
+from chiray.actors.jobs.harness import LocalRun
+from chiray.actors.runtime.instance import OperatorFailure
 from chiray.control.op import ControlOp, InstanceHandler
 from chiray.control.oprun import OpFailedError, OpState, OpTimeoutError
 from chiray.control.ops import NoOp

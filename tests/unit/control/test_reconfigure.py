@@ -22,8 +22,8 @@ import pyarrow.compute as pc
 import pytest
 
 from chiray.actors.config import JobConfig
-from chiray.actors.harness import LocalRun
-from chiray.actors.instance import OperatorFailure
+from chiray.actors.jobs.harness import LocalRun
+from chiray.actors.runtime.instance import OperatorFailure
 from chiray.control.oprun import OpState
 from chiray.control.ops import Reconfigure
 from chiray.operators import Dataflow, collect

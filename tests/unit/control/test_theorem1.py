@@ -43,7 +43,7 @@ import pyarrow.compute as pc
 import pytest
 
 from chiray.actors.config import JobConfig
-from chiray.actors.harness import LocalRun
+from chiray.actors.jobs.harness import LocalRun
 from chiray.control.message import CONTROLLER, InstanceId
 from chiray.control.oprun import OpState
 from chiray.operators import Dataflow, Stream, collect

@@ -9,7 +9,7 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from chiray.actors.harness import LocalRun
+from chiray.actors.jobs.harness import LocalRun
 from chiray.operators import Dataflow, from_items, to_callable
 from chiray.operators.callsinks import format_batch
 

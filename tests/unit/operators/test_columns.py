@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from chiray.actors.harness import LocalRun
+from chiray.actors.jobs.harness import LocalRun
 from chiray.operators import Dataflow, bounded_out_of_orderness, collect, from_arrow, session, tumbling
 from chiray.operators.columns import ColumnTypeError, column_type
 

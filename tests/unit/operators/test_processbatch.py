@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from chiray.actors.harness import LocalRun
+from chiray.actors.jobs.harness import LocalRun
 from chiray.operators import Dataflow, from_arrow
 from chiray.operators.keygroups import group_by_key
 from chiray.operators.keyed import ProcessLogic, ValueState

@@ -25,10 +25,10 @@ import pyarrow.fs as pafs
 
 from chiray.operators.staging import RUN_PATTERN
 
-from .errors import ChirayError
+from ..errors import ChirayError
 from .jobfiles import dir_bytes
 from .jobvalues import EventKind
-from .storage import CheckpointError, CheckpointStorage, child_uri, split_uri
+from ..runtime.storage import CheckpointError, CheckpointStorage, child_uri, split_uri
 
 __all__ = ["SavepointInfo", "SavepointError", "savepoint_root", "life_dir", "find_savepoints", "delete_savepoint",
            "running_restores", "taken_in"]

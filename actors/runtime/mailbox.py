@@ -28,7 +28,7 @@ from chiray.operators.graph import PhysicalPlan
 from .build import build_instance, control_trees
 from .channel import CreditLedger
 from .channeltable import ChannelTable
-from .config import JobConfig
+from ..config import JobConfig
 from .instance import OperatorInstance
 from .messages import ControlRun, Envelope, Grant, Parcel
 from .outbox import Outbox, RunGatherer

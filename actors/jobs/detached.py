@@ -23,7 +23,7 @@ import ray
 from chiray.operators.graph import OperatorKind
 
 from . import jobstore
-from .config import JobConfig
+from ..config import JobConfig
 from .shareddir import check_shared_dir
 from .submit import register_detached
 from .jobstore import NAMESPACE

@@ -30,13 +30,13 @@ import ray
 from chiray.control.coordination import JobState
 from chiray.control.fencing import Fence
 
-from .config import JobConfig
-from .controller import controller_host
-from .errors import JobFailedError, OperatorError
-from .host import SPARE_HOST_ID, OperatorHost
+from ..config import JobConfig
+from ..runtime.controller import controller_host
+from ..errors import JobFailedError, OperatorError
+from ..runtime.host import SPARE_HOST_ID, OperatorHost
 from .pool import kill, warm_pool
-from .restore import RestoreInfo, reset_code
-from .storage import CheckpointError
+from ..runtime.restore import RestoreInfo, reset_code
+from ..runtime.storage import CheckpointError
 
 __all__ = ["Deployment", "Supervisor", "release_outputs"]
 

@@ -33,7 +33,7 @@ from chiray.operators.errors import ChirayError
 from chiray.operators.graph import OperatorKind, PhysicalPlan, rescaled_plan
 
 from .jobvalues import RescaleProgress, RescaleState
-from .topology import ChangePrepared
+from ..runtime.topology import ChangePrepared
 
 __all__ = ["RescaleError", "STRATEGIES", "RescaleRequest", "check_request", "RescaleTarget", "HostChange",
            "place_change", "Tally", "Rescaler", "changes_topology", "change_views"]

@@ -39,11 +39,11 @@ from chiray.operators.graph import OperatorKind
 from chiray.operators.sides import SourceSide, SourceSideStatus, source_sides
 
 from . import jobstore
-from .config import JobConfig
-from .errors import ChirayError, JobCancelledError, portable
+from ..config import JobConfig
+from ..errors import ChirayError, JobCancelledError, portable
 from .handle import VERBS as JOB_VERBS, ended_error
 from .job import Job, JobStatus
-from .controller import controller_host
+from ..runtime.controller import controller_host
 from .jobfiles import RescaleOutcome, dir_bytes, interrupted, plain, recover_sinks
 from .jobfiles import sink_names, with_parallelism
 from .jobvalues import (CheckpointInfo, EventKind, JobEvent, JobInfo, RescaleProgress, RescaleRecord, RescaleState,
@@ -52,9 +52,9 @@ from .submit import submit
 from .jobstore import JobRecord
 from .joblogs import JobLogs, job_log_actors, job_logs
 from .metrics import MetricsExporter
-from .restore import RestoreInfo
+from ..runtime.restore import RestoreInfo
 from .savepoints import SavepointInfo, delete_savepoint, find_savepoints, running_restores, savepoint_root, taken_in
-from .storage import CheckpointStorage
+from ..runtime.storage import CheckpointStorage
 
 __all__ = ["JobManagerCore", "VERBS"]
 

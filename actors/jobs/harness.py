@@ -34,15 +34,15 @@ from chiray.operators.dataflow import Dataflow
 from chiray.operators.hashing import DEFAULT_NUM_BINS
 from chiray.operators.graph import OperatorKind, PhysicalPlan, physical_plan
 
-from .config import JobConfig
-from .build import control_trees
+from ..config import JobConfig
+from ..runtime.build import control_trees
 from .jobvalues import RescaleProgress, RescaleState
-from .mailbox import HostCore
-from .outbox import Outbox
-from .messages import Parcel
+from ..runtime.mailbox import HostCore
+from ..runtime.outbox import Outbox
+from ..runtime.messages import Parcel
 from .placement import place
 from .rescaler import HostChange, RescaleError, Rescaler, Tally, check_request, place_change
-from .topology import ChangePrepared
+from ..runtime.topology import ChangePrepared
 from .brancher import add_branch
 from .upgrader import run_upgrade
 

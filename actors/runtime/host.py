@@ -29,9 +29,9 @@ import ray
 
 from chiray.operators.endpoints import SinkLogic, SourceLogic
 
-from .config import JobConfig
+from ..config import JobConfig
 from .controller import Controller
-from .errors import OperatorError, portable
+from ..errors import OperatorError, portable
 from .instance import OperatorFailure
 from .mailbox import HostCore
 from .messages import Parcel

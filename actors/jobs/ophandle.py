@@ -10,7 +10,7 @@ import ray
 from chiray.control.oprun import OpFailedError, OpState, OpTimeoutError
 from chiray.operators.inflight import CallWindow, concat
 
-from .controller import controller_host
+from ..runtime.controller import controller_host
 
 __all__ = ["OpHandle", "OpSender"]
 

@@ -22,7 +22,7 @@ by a third round. Nodes of one machine share its disk, so the probe passes on
 a ``ray.cluster_utils`` cluster; on nodes with disks of their own (separate
 machines, or a mount namespace each) it refuses. To probe by hand::
 
-    from chiray.actors.shareddir import check_shared_dir
+    from chiray.actors.jobs.shareddir import check_shared_dir
     check_shared_dir("/data/chk")           # raises UnsharedStorageError if some node cannot read it
 
 :func:`probe` takes the runner as an argument (``ray_runner`` by default):
@@ -39,7 +39,7 @@ import tempfile
 import uuid
 from typing import Any, Callable, Mapping, Sequence
 
-from .errors import ChirayError
+from ..errors import ChirayError
 
 __all__ = ["UnsharedStorageError", "ProbeFailure", "probe", "check_shared_dir", "ray_runner", "alive_nodes"]
 

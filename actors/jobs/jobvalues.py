@@ -11,7 +11,7 @@ the attributes. A ``JobEvent`` becomes text only in ``str(event)`` (and the
 CLI that prints it): enum members render as their values, never as reprs.
 
 Example:
-    >>> from chiray.actors.jobvalues import EventKind, JobEvent, RescaleOutcome
+    >>> from chiray.actors.jobs.jobvalues import EventKind, JobEvent, RescaleOutcome
     >>> str(JobEvent.of(EventKind.RESCALE_ENDED, None, operator="count", **{"from": 2}, to=3,
     ...                 outcome=RescaleOutcome.DONE))
     'rescale count 2 -> 3 done'

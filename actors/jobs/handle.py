@@ -15,7 +15,7 @@ again. Both handles give the same answers and raise the same errors:
 
 Example:
     >>> import chiray
-    >>> from chiray.actors.handle import JobHandle
+    >>> from chiray.actors.jobs.handle import JobHandle
     >>> flow = chiray.Dataflow("tiny")
     >>> _ = flow.source(chiray.from_items([{"x": 1}])).sink(chiray.collect())
     >>> job = chiray.submit(flow)                                   # doctest: +SKIP
@@ -29,7 +29,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from chiray.control.oprun import OpFailedError
 
-from .errors import ChirayError
+from ..errors import ChirayError
 from .joblogs import JobLogs
 from .jobvalues import CheckpointInfo, JobInfo, RescaleProgress, RescaleRecord, UpgradeRecord
 from .rescale import RescaleError

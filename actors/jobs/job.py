@@ -30,20 +30,20 @@ from chiray.operators.graph import OperatorKind, PhysicalPlan
 from chiray.operators.hashing import DEFAULT_NUM_BINS
 
 from .autoscaler import start_autoscale
-from .controlops import SideController
-from .controller import HostedController, JobController, controller_host
-from .errors import ChirayError, JobCancelledError, JobFailedError, JobUnresponsiveError
+from ..runtime.controlops import SideController
+from ..runtime.controller import HostedController, JobController, controller_host
+from ..errors import ChirayError, JobCancelledError, JobFailedError, JobUnresponsiveError
 from .handle import JobNotFoundError, check_timeout, ended_error
 from .jobfiles import RescaleOutcome, commit_stopped, copy_savepoint
 from .jobtopology import JobTopology
 from .jobvalues import CheckpointInfo, EventKind, JobEvent, JobInfo, RescaleRecord, UpgradeOutcome, UpgradeRecord
-from .statistics import InstanceStatistics
-from .storage import child_uri
+from ..runtime.statistics import InstanceStatistics
+from ..runtime.storage import child_uri
 from .tail import sink_node, tail_rows
 from .ophandle import OpHandle, OpSender
 from .pool import kill, warm_pool
 from .rescale import RescaleHandle, start_rescale
-from .restore import RestoreInfo
+from ..runtime.restore import RestoreInfo
 from .joblogs import JobLogs, job_log_actors, job_logs
 from .savepoints import SavepointInfo, delete_savepoint, find_savepoints, life_dir, running_restores, savepoint_root
 from .supervisor import CONTROLLER_POOL_KEY, Deployment, Supervisor, release_outputs
@@ -828,7 +828,7 @@ class Job:
 
     def savepoints(self) -> tuple[SavepointInfo, ...]:
         """The job's savepoints, oldest first: those under ``<checkpoint_dir>/savepoints`` and those this handle
-        took into other directories (see ``chiray.actors.savepoints``)."""
+        took into other directories (see ``chiray.actors.jobs.savepoints``)."""
         self._known()
         roots = [savepoint_root(self.checkpoint_dir)] if self.checkpoint_dir is not None else []
         return find_savepoints(self.name, roots, self._savepoints_taken)
@@ -846,7 +846,7 @@ class Job:
         return delete_savepoint(self.name, path, self.savepoints(), restores)
 
     def logs(self, lines: int = 100, since: Any = None) -> JobLogs:
-        """The log lines Ray keeps of the job's hosts and controller (see ``chiray.actors.joblogs``)."""
+        """The log lines Ray keeps of the job's hosts and controller (see ``chiray.actors.jobs.joblogs``)."""
         self._known()
         return job_logs(job_log_actors(self), lines, since)
 
@@ -864,7 +864,7 @@ class Job:
     def autoscale(self, enabled: bool = True, **options: Any) -> Any:
         """Switch the DS2 autoscaler on (``latency_budget_ms=``, ``min_parallelism=``, ...) or off.
 
-        See ``chiray.actors.autoscaler.start_autoscale`` for the options; decisions are in
+        See ``chiray.actors.jobs.autoscaler.start_autoscale`` for the options; decisions are in
         ``job.autoscaler.events``.
 
         Returns:

@@ -2,7 +2,7 @@
 
 An ``AttachedJob`` is a ``JobHandle``: the verbs of the driver's ``Job``,
 each sent to the remote method of the same name on the job's manager actor
-(``actors/manager.py``). Reading verbs (status, statistics, wait, ...)
+(``actors/jobs/manager.py``). Reading verbs (status, statistics, wait, ...)
 retry while Ray restarts the manager; a changing verb (checkpoint, rescale,
 stop, ...) that was in flight when the manager died fails with a
 ``ManagerRestartedError``: the job rolled back to its last checkpoint
@@ -21,7 +21,7 @@ import ray
 from chiray.control.coordination import JobState
 
 from . import jobstore
-from .errors import ChirayError, JobCancelledError, JobFailedError
+from ..errors import ChirayError, JobCancelledError, JobFailedError
 from .handle import READING_VERBS, JobNotFoundError, check_timeout
 from .jobstore import NAMESPACE
 from .joblogs import JobLogs

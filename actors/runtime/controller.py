@@ -35,7 +35,7 @@ from chiray.control.trees import Relay, Tree
 from chiray.operators.inflight import CallWindow
 
 from .controlops import ControllerOps
-from .errors import JobFailedError
+from ..errors import JobFailedError
 from .messages import Parcel
 from .transport import when_returned
 

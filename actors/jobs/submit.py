@@ -25,16 +25,16 @@ from chiray.operators.graph import OperatorKind, PhysicalPlan, physical_plan
 from chiray.operators.pickling import check_picklable
 from chiray.operators.staging import new_run_id
 
-from .config import JobConfig
-from .controller import HostedController, JobController
+from ..config import JobConfig
+from ..runtime.controller import HostedController, JobController
 from .handle import JobHandle
 from .job import Job
-from .build import control_trees
+from ..runtime.build import control_trees
 from .placement import place
 from .shareddir import check_shared_dir
 from .pool import warm_pool
-from .restore import RestoreInfo, match_operators, reset_code
-from .storage import CheckpointError, CheckpointStorage, child_uri, split_uri
+from ..runtime.restore import RestoreInfo, match_operators, reset_code
+from ..runtime.storage import CheckpointError, CheckpointStorage, child_uri, split_uri
 from .supervisor import CONTROLLER_POOL_KEY, Deployment, release_outputs
 
 if TYPE_CHECKING:
@@ -121,7 +121,7 @@ _DETACHED: Any = None
 
 
 def register_detached(fn: Any) -> None:
-    """Set the function that runs a ``detached=True`` job (``actors/manager.py`` registers it)."""
+    """Set the function that runs a ``detached=True`` job (``actors/jobs/manager.py`` registers it)."""
     global _DETACHED
     _DETACHED = fn
 

@@ -29,7 +29,7 @@ from typing import Any, Mapping
 
 import ray
 
-from .errors import ChirayError
+from ..errors import ChirayError
 
 __all__ = ["LogLine", "JobLogs", "job_logs", "job_log_actors", "read_lines", "worker_log", "RAY_MARKERS"]
 
@@ -158,7 +158,7 @@ def _locate(actor_id: str) -> tuple[str, int]:
 def job_log_actors(job: Any) -> dict[str, str]:
     """``controller`` (where it has an actor of its own) and ``host-<id>`` -> the actor id, for a driver's
     ``Job`` (running, or the actors it had when it ended)."""
-    from .controller import controller_host
+    from ..runtime.controller import controller_host
 
     snap = job.topology.snapshot()
     out = {}

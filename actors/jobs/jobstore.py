@@ -19,7 +19,7 @@ from ray.experimental import internal_kv
 
 from chiray.control.coordination import JobState
 
-from .errors import ChirayError
+from ..errors import ChirayError
 from .jobvalues import EventKind, JobEvent, RescaleRecord
 
 __all__ = ["NAMESPACE", "RECORD_SCHEMA", "JobRecord", "JobRecordError", "save", "load", "delete", "names"]

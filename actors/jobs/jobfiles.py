@@ -16,8 +16,8 @@ import pyarrow.fs as pafs
 from chiray.operators.graph import OperatorKind
 
 from .jobvalues import CheckpointInfo, RescaleOutcome, RescaleProgress, RescaleRecord
-from .restore import RestoreInfo
-from .storage import CheckpointError, CheckpointStorage, child_uri
+from ..runtime.restore import RestoreInfo
+from ..runtime.storage import CheckpointError, CheckpointStorage, child_uri
 
 __all__ = ["RescaleOutcome", "sink_names", "recover_sinks", "with_parallelism", "dir_bytes", "committed_results",
            "interrupted", "plain", "copy_savepoint", "commit_stopped"]

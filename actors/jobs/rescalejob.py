@@ -21,10 +21,10 @@ from chiray.control.message import InstanceId
 from chiray.control.oprun import JobView, OpTimeoutError
 from chiray.operators.graph import PhysicalPlan
 
-from .controller import controller_host
+from ..runtime.controller import controller_host
 from .ophandle import OpHandle
 from .rescaler import HostChange, RescaleError, Tally, place_change
-from .topology import ChangePrepared
+from ..runtime.topology import ChangePrepared
 
 __all__ = ["JobTarget", "STEP_POLL_S"]
 

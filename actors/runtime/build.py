@@ -13,7 +13,7 @@ from chiray.operators.graph import OperatorKind, PhysicalPlan
 from chiray.operators.logic import InstanceInfo
 
 from .channel import InputChannel, OutputChannel
-from .config import JobConfig
+from ..config import JobConfig
 from .instance import OperatorFailure, OperatorInstance
 from .source import SourceInstance
 from .restore import RestoreInfo
