@@ -653,6 +653,10 @@ class KeyedStream:
         stream = self._keyed("top", lambda: KeyedTopLogic(key, n, by, descending, bins, idle, on),
                              name=op_name, parallelism=parallelism, schema=schema)
         stream.node.event_time = on is not None
+        if idle is None:  # a key's rows go out at end of input only: refused where the input never ends
+            stream.node.final_by_default = True
+            stream.node.final_fix = (f"pass idle= and on= to {op_name!r} (a duration and an event-time column) "
+                                     "to emit each key's rows once it has been idle that long")
         return stream
 
     def _check_timer(self, where: str, verb: str, idle: Any, on: str | None) -> None:

@@ -1,7 +1,8 @@
 """emission.py: the check that an aggregation left to emit only at end of input is not fed by a source that never ends.
 
 A keyed aggregation (``agg``, ``count``, ``sum``... and ``reduce``) emits its
-results when its input ends unless told ``emit="updates"``. Downstream of a
+results when its input ends unless told ``emit="updates"``; a keyed ``top``
+without ``idle=`` emits each key's rows only when its input ends too. Downstream of a
 source that never ends it would emit nothing, and nothing would say so. What
 the source says of itself (:meth:`~operators.logic.Source.bounded`) decides
 what ``submit`` does, for an aggregation whose ``emit`` was left at its default:
@@ -80,6 +81,9 @@ def _sources_above(graph: LogicalGraph, node: OperatorNode) -> list[OperatorNode
 
 def _message(flow: str, node: OperatorNode, source: OperatorNode, why: str) -> str:
     described = source.source.describe() if source.source is not None else ""
+    if node.final_fix:
+        return (f"dataflow {flow!r}: operator {node.name!r} emits only when its input ends, but source "
+                f"{source.name!r} ({described}) {why}, so it would emit nothing; {node.final_fix}")
     return (f"dataflow {flow!r}: operator {node.name!r} emits only when its input ends (emit=\"final\", the "
             f"default), but source {source.name!r} ({described}) {why}, so it would emit nothing; pass "
             f"emit=\"updates\" to {node.name!r} to emit each key's new value as its batches arrive (or "

@@ -90,6 +90,8 @@ class OperatorNode:
             must make watermarks.
         final_by_default: it emits only when its input ends because ``emit`` was left at its default
             (``"final"``): ``submit`` refuses it downstream of a source that never ends (``emission.py``).
+        final_fix: how to make such an operator emit before its input ends, for that refusal's message
+            (empty: pass ``emit="updates"``, as the aggregations take).
         code: the code an upgrade put in place of the submitted one (an ``upgrade.CodeChange``), or None.
     """
 
@@ -108,6 +110,7 @@ class OperatorNode:
     uid: str | None = None
     event_time: bool = False
     final_by_default: bool = False
+    final_fix: str = ""
     code: Any = None
 
     @property

@@ -82,3 +82,28 @@ def test_a_source_that_cannot_tell_gets_a_warning_naming_the_fix():
     with pytest.warns(FinalOnlyWarning, match=r"source 'mine' \(_Quiet\) may never end .* pass emit=\"updates\" to "
                                               r"'count'.*Source.bounded\(\) returning True"):
         flow.validate()
+
+
+def test_a_top_per_key_without_idle_on_a_source_that_never_ends_is_refused_naming_idle():
+    flow = Dataflow("best")
+    _never_ends(flow).key_by("key").top(2, by="value", name="best").collect(name="out")
+    with pytest.raises(FinalOnUnboundedError) as caught:
+        flow.validate()
+    assert str(caught.value) == (
+        "dataflow 'best': operator 'best' emits only when its input ends, but source 'events' (generate(uniform)) "
+        "never ends, so it would emit nothing; pass idle= and on= to 'best' (a duration and an event-time column) "
+        "to emit each key's rows once it has been idle that long")
+
+
+def test_a_top_per_key_with_idle_or_on_a_source_that_ends_is_accepted():
+    idle = Dataflow("idle")
+    src = idle.source(generate(None, rate=100, num_keys=4), name="events",
+                      watermarks=bounded_out_of_orderness("ts", datetime.timedelta(seconds=1)))
+    src.key_by("key").top(2, by="value", idle=datetime.timedelta(seconds=5), on="ts", name="best").collect()
+    ends = Dataflow("ends")
+    ends.source(from_items([{"key": "a", "value": 1}]), name="rows").key_by("key").top(
+        1, by="value", name="best").collect()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        idle.validate()
+        ends.validate()
