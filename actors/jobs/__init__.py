@@ -3,7 +3,8 @@
 * ``submit`` (validate and deploy), ``placement`` and ``pool`` (where hosts run, warm actors), ``jobtopology``;
 * ``handle`` (the one job interface), ``job`` (the driver's ``Job``), ``client`` (``attach``, ``AttachedJob``),
   ``ophandle`` (control ops from the driver), ``tail``;
-* ``supervisor`` (recovery), ``detached`` and ``manager`` (the job manager of a detached job),
+* ``supervisor`` (recovery), ``detached`` and ``manager`` (the job manager of a detached job; ``managerrecord``,
+  ``managerrescales``, ``managersides`` and ``managerinfo`` its record, rescales, sources' sides and reports),
   ``jobstore`` and ``jobfiles`` (its record and files), ``joblogs``, ``metrics``, ``savepoints``;
 * ``rescale``, ``rescaler`` and ``rescalejob`` (a rescale plan's runner), ``autoscaler``;
 * ``upgrader`` and ``brancher`` (changing a running job's code and graph);

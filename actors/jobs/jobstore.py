@@ -12,17 +12,19 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any
+from typing import TypedDict
 
 import cloudpickle
 from ray.experimental import internal_kv
 
 from chiray.control.coordination import JobState
 
+from ..config import JobConfig
 from ..errors import ChirayError
-from .jobvalues import EventKind, JobEvent, RescaleRecord
+from .jobvalues import EventKind, JobEvent, RescaleRecord, UpgradeRecord
 
-__all__ = ["NAMESPACE", "RECORD_SCHEMA", "JobRecord", "JobRecordError", "save", "load", "delete", "names"]
+__all__ = ["NAMESPACE", "RECORD_SCHEMA", "JobRecord", "RecordChanges", "JobRecordError", "save", "load", "delete",
+           "names"]
 
 NAMESPACE = "chiray"
 """The Ray namespace of every job manager actor, and the KV namespace of their records."""
@@ -65,31 +67,46 @@ class JobRecord:
 
     name: str
     flow: bytes
-    config: Any
+    config: JobConfig
     checkpoint_dir: str
     restore_from: str | None
     state: JobState = JobState.RUNNING
     parallelism: tuple[tuple[str, int], ...] = ()
     events: tuple[JobEvent, ...] = ()
     rescales: tuple[RescaleRecord, ...] = ()
-    upgrades: tuple[Any, ...] = ()
-    results: tuple[tuple[str, Any], ...] = ()
-    statistics: Any = None
+    upgrades: tuple[UpgradeRecord, ...] = ()
+    results: tuple[tuple[str, object], ...] = ()
+    statistics: object = None
     error: str | None = None
     failure: BaseException | None = None
-    autoscale: tuple[tuple[str, Any], ...] | None = None
+    autoscale: tuple[tuple[str, object], ...] | None = None
     submitted_at: float = dataclasses.field(default_factory=time.time)
     ended_at: float | None = None
     restarts: int = 0
     schema: int = RECORD_SCHEMA
 
-    def with_event(self, kind: EventKind, **fields: Any) -> "JobRecord":
+    def with_event(self, kind: EventKind, **fields: object) -> "JobRecord":
         """The record with one more event, of ``kind`` with ``fields``, stamped now."""
         return dataclasses.replace(self, events=(*self.events, JobEvent.of(kind, time.time(), **fields)))
 
     @property
     def terminal(self) -> bool:
         return self.state.terminal
+
+
+class RecordChanges(TypedDict, total=False):
+    """The fields of a ``JobRecord`` that its job manager changes as the job goes on (``RecordKeeper.update``)."""
+
+    state: JobState
+    parallelism: tuple[tuple[str, int], ...]
+    rescales: tuple[RescaleRecord, ...]
+    upgrades: tuple[UpgradeRecord, ...]
+    results: tuple[tuple[str, object], ...]
+    statistics: object
+    error: str | None
+    failure: BaseException | None
+    autoscale: tuple[tuple[str, object], ...] | None
+    ended_at: float | None
 
 
 def _key(name: str) -> str:
