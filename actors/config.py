@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any
 
 from chiray.operators.staging import check_run_id
 from chiray.operators.validation import check_name
@@ -135,7 +134,7 @@ class JobConfig:
     colocate: bool = True
     host_num_cpus: float = 0.5
     host_resources: dict[str, float] = dataclasses.field(default_factory=dict)
-    host_options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    host_options: dict[str, object] = dataclasses.field(default_factory=dict)
     poll_interval_s: float = 1.0
     liveness_timeout_s: float = 120.0
     controller_process: bool = False
@@ -164,6 +163,13 @@ class JobConfig:
     memory_pool: str | None = "system"
 
     def __post_init__(self) -> None:
+        self._check_channels()
+        self._check_checkpoints()
+        self._check_recovery()
+        self._check_hosts()
+
+    def _check_channels(self) -> None:
+        """Channels, hosts and the control plane's fan-out and batching."""
         if self.channel_capacity < 1:
             raise ValueError(f"JobConfig: channel_capacity must be >= 1, got {self.channel_capacity}")
         if self.channel_capacity_bytes < 1:
@@ -176,6 +182,9 @@ class JobConfig:
             raise ValueError(f"JobConfig: control_fanout must be >= 2 or None, got {self.control_fanout}")
         if self.control_batch_s < 0:
             raise ValueError(f"JobConfig: control_batch_s must be >= 0, got {self.control_batch_s}")
+
+    def _check_checkpoints(self) -> None:
+        """Checkpoints, liveness and restores."""
         if self.checkpoint_interval_s is not None and self.checkpoint_interval_s <= 0:
             raise ValueError(
                 f"JobConfig: checkpoint_interval_s must be positive or None, got {self.checkpoint_interval_s}")
@@ -191,6 +200,9 @@ class JobConfig:
         if not self.checkpoint_max_delta_ratio > 0:
             raise ValueError(
                 f"JobConfig: checkpoint_max_delta_ratio must be positive, got {self.checkpoint_max_delta_ratio}")
+
+    def _check_recovery(self) -> None:
+        """Restarts and recoveries."""
         if self.max_restarts < 0:
             raise ValueError(f"JobConfig: max_restarts must be >= 0, got {self.max_restarts}")
         if self.restart_window_s is not None and not self.restart_window_s > 0:
@@ -199,6 +211,9 @@ class JobConfig:
             raise ValueError(f"JobConfig: step_warning_s must be positive or None, got {self.step_warning_s}")
         if not self.recovery_timeout_s > 0:
             raise ValueError(f"JobConfig: recovery_timeout_s must be positive, got {self.recovery_timeout_s}")
+
+    def _check_hosts(self) -> None:
+        """Spare, warm and reused hosts, memory, metrics, the job's name and run id, host CPUs."""
         if self.spare_hosts < 0:
             raise ValueError(f"JobConfig: spare_hosts must be >= 0, got {self.spare_hosts}")
         if self.warm_hosts < 0:

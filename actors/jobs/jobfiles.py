@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any
+from typing import TYPE_CHECKING
 
 import pyarrow.fs as pafs
 
-from chiray.operators.graph import OperatorKind
+from chiray.operators.graph import LogicalGraph, OperatorKind
 
 from .jobvalues import CheckpointInfo, RescaleOutcome, RescaleProgress, RescaleRecord
 from ..runtime.restore import RestoreInfo
 from ..runtime.storage import CheckpointError, CheckpointStorage, child_uri
+
+if TYPE_CHECKING:
+    from chiray.operators.dataflow import Dataflow
 
 __all__ = ["RescaleOutcome", "sink_names", "recover_sinks", "with_parallelism", "dir_bytes", "committed_results",
            "interrupted", "plain", "copy_savepoint", "commit_stopped"]
@@ -25,20 +28,22 @@ __all__ = ["RescaleOutcome", "sink_names", "recover_sinks", "with_parallelism", 
 log = logging.getLogger(__name__)
 
 
-def sink_names(graph: Any) -> list[str]:
+def sink_names(graph: LogicalGraph) -> list[str]:
     return [n.name for n in graph.nodes.values() if n.kind is OperatorKind.SINK]
 
 
-def recover_sinks(graph: Any, storage: CheckpointStorage, restore: RestoreInfo | None, run: str) -> None:
+def recover_sinks(graph: LogicalGraph, storage: CheckpointStorage, restore: RestoreInfo | None, run: str) -> None:
     """Commit what ``restore``'s checkpoint staged for each sink of ``graph`` and discard their later output
     (``run``'s: the job's own, never another run's)."""
     for node in graph.nodes.values():
         if node.kind is OperatorKind.SINK:
+            assert node.sink is not None
             bound = node.sink.bind_output(storage.output_dir(node.name), node.name, run)
             bound.recover(restore.sink_staged(node.name) if restore is not None else [])
 
 
-def with_parallelism(flow: Any, parallelism: dict[str, int]) -> Any:
+def with_parallelism(flow: Dataflow, parallelism: dict[str, int]) -> Dataflow:
+    """``flow`` with each operator that ``parallelism`` names at that parallelism (changed in place)."""
     for name, p in parallelism.items():
         node = flow.graph.nodes.get(name)
         if node is not None and node.parallelism != p:
@@ -51,12 +56,13 @@ def dir_bytes(fs: pafs.FileSystem, path: str) -> int:
     return sum(i.size or 0 for i in infos if i.type == pafs.FileType.File)
 
 
-def committed_results(graph: Any, storage: CheckpointStorage, run: str) -> dict[str, Any]:
+def committed_results(graph: LogicalGraph, storage: CheckpointStorage, run: str) -> dict[str, object]:
     """Sink -> what it committed to ``storage`` in ``run`` (``graph``: a logical or physical plan's graph)."""
-    out = {}
+    out: dict[str, object] = {}
     for node in graph.nodes.values():
         if node.kind is OperatorKind.SINK:
             try:
+                assert node.sink is not None
                 out[node.name] = node.sink.bind_output(storage.output_dir(node.name), node.name, run).combine([])
             except Exception as exc:
                 log.debug("no committed result for %s: %r", node.name, exc)
@@ -102,7 +108,7 @@ def copy_savepoint(storage: CheckpointStorage, taken: CheckpointInfo, directory:
     return dataclasses.replace(taken, path=child_uri(directory, f"chk-{taken.id:06d}"), root=directory)
 
 
-def commit_stopped(graph: Any, storage: CheckpointStorage, checkpoint_id: int, run: str) -> dict[str, Any]:
+def commit_stopped(graph: LogicalGraph, storage: CheckpointStorage, checkpoint_id: int, run: str) -> dict[str, object]:
     """A stopped job's sinks commit what checkpoint ``checkpoint_id`` staged and discard later output.
 
     Returns:

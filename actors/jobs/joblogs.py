@@ -25,11 +25,14 @@ from __future__ import annotations
 import dataclasses
 import glob
 import os
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Mapping, Protocol, TypedDict
 
 import ray
 
 from ..errors import ChirayError
+
+if TYPE_CHECKING:
+    from .jobtopology import JobTopology
 
 __all__ = ["LogLine", "JobLogs", "job_logs", "job_log_actors", "read_lines", "worker_log", "RAY_MARKERS"]
 
@@ -60,6 +63,13 @@ class LogLine:
         return f"{self.source} {self.stream} | {self.text}"
 
 
+class JobLogsJson(TypedDict):
+    """``JobLogs.to_json()``: each line as ``{"source", "stream", "text"}``, and actor -> why its log is missing."""
+
+    lines: list[dict[str, str]]
+    missing: dict[str, str]
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class JobLogs:
     """What ``JobHandle.logs`` read: the lines, where to go on from, and the actors whose logs it missed.
@@ -74,7 +84,7 @@ class JobLogs:
     cursor: tuple[tuple[str, int], ...] = ()
     missing: tuple[tuple[str, str], ...] = ()
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JobLogsJson:
         """``{"lines": [{"source", "stream", "text"}...], "missing": {actor: why}}`` (``--json``)."""
         return {"lines": [dataclasses.asdict(line) for line in self.lines], "missing": dict(self.missing)}
 
@@ -155,7 +165,28 @@ def _locate(actor_id: str) -> tuple[str, int]:
     return node, int(pid)
 
 
-def job_log_actors(job: Any) -> dict[str, str]:
+def _by_node(actors: Mapping[str, str]) -> tuple[dict[str, list[tuple[str, int]]], list[tuple[str, str]]]:
+    """Node id -> (name, process id) of each of ``actors`` (name -> actor id) that runs there; and
+    (name, why) of those not found."""
+    by_node: dict[str, list[tuple[str, int]]] = {}
+    missing: list[tuple[str, str]] = []
+    for source, actor_id in actors.items():
+        try:
+            node, pid = _locate(actor_id)
+        except Exception as exc:
+            missing.append((source, str(exc)))
+            continue
+        by_node.setdefault(node, []).append((source, pid))
+    return by_node, missing
+
+
+class _RanJob(Protocol):
+    """A driver's ``Job``, as far as its logs go: its topology's actors."""
+
+    topology: JobTopology
+
+
+def job_log_actors(job: _RanJob) -> dict[str, str]:
     """``controller`` (where it has an actor of its own) and ``host-<id>`` -> the actor id, for a driver's
     ``Job`` (running, or the actors it had when it ended)."""
     from ..runtime.controller import controller_host
@@ -184,15 +215,7 @@ def job_logs(actors: Mapping[str, str], lines: int = 100, since: JobLogs | tuple
         raise ValueError(f"logs(): lines must be an int from 0 to 100,000, got {lines!r}")
     cursor = since.cursor if isinstance(since, JobLogs) else since
     seen = None if cursor is None else dict(cursor)
-    by_node: dict[str, list[tuple[str, int]]] = {}
-    missing: list[tuple[str, str]] = []
-    for source, actor_id in actors.items():
-        try:
-            node, pid = _locate(actor_id)
-        except Exception as exc:
-            missing.append((source, str(exc)))
-            continue
-        by_node.setdefault(node, []).append((source, pid))
+    by_node, missing = _by_node(actors)
     pending = {node: _read_task.options(scheduling_strategy=ray.util.scheduling_strategies.
                                         NodeAffinitySchedulingStrategy(node, soft=False)).remote(wanted, lines, seen)
                for node, wanted in by_node.items()}

@@ -31,14 +31,19 @@ metrics cannot turn into seconds.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Mapping
 
 import pyarrow as pa
 from ray.util import metrics
 
 from chiray.control.coordination import JobState
-from chiray.operators.graph import OperatorKind
+from chiray.operators.graph import LogicalGraph, OperatorKind
 from chiray.operators.watermarks import WatermarkedSource
+
+from ..runtime.statistics import InstanceStatistics
+
+if TYPE_CHECKING:
+    from .job import JobStatistics
 
 __all__ = ["MetricsExporter", "COUNTERS", "GAUGES", "JOB_COUNTERS", "metric_name", "endpoint_names", "tick_seconds"]
 
@@ -103,7 +108,7 @@ def endpoint_names() -> dict[str, str]:
 _TICKS_PER_SECOND = {"s": 1, "ms": 10**3, "us": 10**6, "ns": 10**9}
 
 
-def tick_seconds(graph: Any) -> float | None:
+def tick_seconds(graph: LogicalGraph) -> float | None:
     """The length of an event-time tick in seconds, where it has one.
 
     Each source that makes watermarks takes them from a time column; where every such column is a
@@ -137,7 +142,7 @@ class MetricsExporter:
             (``tick_seconds``); set later with :meth:`describe`.
     """
 
-    def __init__(self, job: str, graph: Any = None):
+    def __init__(self, job: str, graph: LogicalGraph | None = None):
         self.job = job
         self._counters = {f: metrics.Counter(metric_name(f), d, tag_keys=TAGS) for f, d in COUNTERS.items()}
         self._counters.update({f: metrics.Counter(metric_name(f), d, tag_keys=TAGS) for f, d in JOB_COUNTERS.items()})
@@ -151,7 +156,7 @@ class MetricsExporter:
         if graph is not None:
             self.describe(graph)
 
-    def describe(self, graph: Any) -> None:
+    def describe(self, graph: LogicalGraph) -> None:
         """The job's dataflow graph: its sources, and the length of its event-time tick."""
         self.tick_s = tick_seconds(graph)
         self.sources = frozenset(n.name for n in graph.nodes.values() if n.kind is OperatorKind.SOURCE)
@@ -159,7 +164,7 @@ class MetricsExporter:
     def _tags(self, operator: str = "", index: int | None = None) -> dict[str, str]:
         return {"job": self.job, "operator": operator, "instance": "" if index is None else str(index)}
 
-    def export(self, stats: Any) -> None:
+    def export(self, stats: JobStatistics) -> None:
         """One ``JobStatistics`` snapshot: counters by their growth, gauges set."""
         interval = None if self._last_at is None else max(stats.taken_at - self._last_at, 1e-6)
         self._last_at = stats.taken_at
@@ -182,7 +187,7 @@ class MetricsExporter:
             if top is not None and s.watermark is not None:
                 self._event_time(s.watermark, top, stats.taken_at, tags)
 
-    def _input_wait(self, s: Any, consumed: float, interval: float, now: float) -> float:
+    def _input_wait(self, s: InstanceStatistics, consumed: float, interval: float, now: float) -> float:
         """Little's law: queued batches over batches consumed per second; while it consumes none, the time since
         it last did (a lower bound on its oldest batch's wait)."""
         key = (s.operator, s.index)
@@ -205,14 +210,14 @@ class MetricsExporter:
         for each in JobState:
             self._gauges["job_state"].set(1.0 if each == state else 0.0, {"job": self.job, "state": each.value})
 
-    def _grow(self, s: Any, field: str) -> float:
+    def _grow(self, s: InstanceStatistics, field: str) -> float:
         key = (s.operator, s.index, field)
         value = float(getattr(s, field))
         last = self._last.get(key, 0.0)
         self._last[key] = value
         return value if value < last else value - last  # a new host after a recovery starts at zero
 
-    def state_sizes(self, instances: dict[Any, dict[str, Any]]) -> None:
+    def state_sizes(self, instances: Mapping[tuple[str, int], Mapping[str, float]]) -> None:
         """Keyed state sizes from a ``Monitor`` result's per-instance metrics."""
         for (operator, index), values in instances.items():
             if values.get("keys") or values.get("state_bytes"):

@@ -44,14 +44,7 @@ def place(plan: PhysicalPlan, num_hosts: int | None = None,
         ValueError: a pin names an unknown operator, has the wrong length, or a host out of range.
     """
     nodes = plan.graph.nodes
-    pins = dict(pins or {})
-    for op, hosts in pins.items():
-        if op not in nodes:
-            raise ValueError(f"placement: unknown operator {op!r}; operators: {list(nodes)}")
-        if (len(hosts) != nodes[op].parallelism
-                or any(isinstance(h, bool) or not isinstance(h, int) or h < 0 for h in hosts)):
-            raise ValueError(
-                f"placement: operator {op!r} needs {nodes[op].parallelism} host ids >= 0, got {list(hosts)}")
+    pins = _checked_pins(plan, pins)
     needed = max((h + 1 for hosts in pins.values() for h in hosts), default=1)
     keyed = max((n.parallelism for n in nodes.values() if n.kind is OperatorKind.KEYED), default=0)
     free = max((n.parallelism for n in nodes.values() if n.kind is not OperatorKind.KEYED), default=0)
@@ -70,3 +63,21 @@ def place(plan: PhysicalPlan, num_hosts: int | None = None,
         else:
             placement[(op, index)] = (n - 1 - index) % n
     return n, placement
+
+
+def _checked_pins(plan: PhysicalPlan, pins: Mapping[str, Sequence[int]] | None) -> dict[str, Sequence[int]]:
+    """``pins`` as a dict, each naming an operator of ``plan`` and one host id >= 0 per instance.
+
+    Raises:
+        ValueError: a pin names an unknown operator, has the wrong length, or a host id that is not an int >= 0.
+    """
+    nodes = plan.graph.nodes
+    checked = dict(pins or {})
+    for op, hosts in checked.items():
+        if op not in nodes:
+            raise ValueError(f"placement: unknown operator {op!r}; operators: {list(nodes)}")
+        if (len(hosts) != nodes[op].parallelism
+                or any(isinstance(h, bool) or not isinstance(h, int) or h < 0 for h in hosts)):
+            raise ValueError(
+                f"placement: operator {op!r} needs {nodes[op].parallelism} host ids >= 0, got {list(hosts)}")
+    return checked

@@ -19,7 +19,7 @@ import dataclasses
 import posixpath
 import re
 import urllib.parse
-from typing import Any, Iterable, Mapping
+from typing import Iterable, Mapping, TypedDict
 
 import pyarrow.fs as pafs
 
@@ -27,7 +27,7 @@ from chiray.operators.staging import RUN_PATTERN
 
 from ..errors import ChirayError
 from .jobfiles import dir_bytes
-from .jobvalues import EventKind
+from .jobvalues import EventKind, JobEvent
 from ..runtime.storage import CheckpointError, CheckpointStorage, child_uri, split_uri
 
 __all__ = ["SavepointInfo", "SavepointError", "savepoint_root", "life_dir", "find_savepoints", "delete_savepoint",
@@ -38,6 +38,16 @@ _CHK = re.compile(r"^chk-(\d+)$")
 
 class SavepointError(ChirayError, ValueError):
     """A savepoint that cannot be deleted: not one of the job's, or a running job was restored from it."""
+
+
+class SavepointJson(TypedDict):
+    """``SavepointInfo.to_json()``: its fields."""
+
+    path: str
+    checkpoint_id: int
+    created_at: float | None
+    size_bytes: int
+    run: str | None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -58,9 +68,10 @@ class SavepointInfo:
     size_bytes: int
     run: str | None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> SavepointJson:
         """The fields as JSON-able data (what ``chiray savepoints --json`` prints)."""
-        return dataclasses.asdict(self)
+        return SavepointJson(path=self.path, checkpoint_id=self.checkpoint_id, created_at=self.created_at,
+                             size_bytes=self.size_bytes, run=self.run)
 
 
 def savepoint_root(checkpoint_root: str, dir: str | None = None) -> str:
@@ -149,7 +160,7 @@ def find_savepoints(job: str, roots: Iterable[str], taken: Iterable[str] = ()) -
     return tuple(sorted(found, key=lambda sp: (sp.created_at or 0.0, sp.path)))
 
 
-def taken_in(events: Iterable[Any]) -> list[str]:
+def taken_in(events: Iterable[JobEvent]) -> list[str]:
     """The savepoints a job manager's ``JobEvent``s name: ``savepoint`` verbs and stops with a savepoint."""
     fields = {EventKind.SAVEPOINT: "path", EventKind.STOPPED: "savepoint"}
     return [path for e in events if e.kind in fields and (path := e.field(fields[e.kind]))]
