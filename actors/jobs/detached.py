@@ -15,11 +15,13 @@ from __future__ import annotations
 import logging
 import threading
 import warnings
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable, Concatenate, ParamSpec, TypeVar
 
 import cloudpickle
 import ray
+from ray.actor import ActorHandle
 
+from chiray.operators.dataflow import Dataflow
 from chiray.operators.graph import OperatorKind
 
 from . import jobstore
@@ -28,6 +30,9 @@ from .shareddir import check_shared_dir
 from .submit import register_detached
 from .jobstore import NAMESPACE
 from .manager import VERBS, JobManagerCore
+
+if TYPE_CHECKING:
+    from .client import AttachedJob
 
 __all__ = ["JobManager", "submit_detached", "refuse_driver_bound"]
 
@@ -48,10 +53,14 @@ class _JobManagerShell:
 
 
 
-def _verb(method: Callable[..., Any]) -> Callable[..., Any]:
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _verb(method: Callable[Concatenate[JobManagerCore, _P], _R]) -> Callable[Concatenate[_JobManagerShell, _P], _R]:
     """The shell's method for one of the core's: waits until the job is deployed, then calls it."""
 
-    def verb(self: _JobManagerShell, *args: Any, **kwargs: Any) -> Any:
+    def verb(self: _JobManagerShell, *args: _P.args, **kwargs: _P.kwargs) -> _R:
         self._core.ready(None)
         return method(self._core, *args, **kwargs)
 
@@ -67,15 +76,16 @@ JobManager = ray.remote(max_restarts=-1, max_concurrency=64, num_cpus=0)(_JobMan
 """The job manager actor class (``JobManager.options(...).remote(name, flow, config, restore_from)``)."""
 
 
-def refuse_driver_bound(flow: Any) -> None:
+def refuse_driver_bound(flow: Dataflow) -> None:
     """Raise ``ValueError`` if a source of ``flow`` needs the submitting process (a push-mode Spark source)."""
     for node in flow.graph.nodes.values():
-        reason = node.source.driver_bound() if node.kind is OperatorKind.SOURCE else None
+        source = node.source if node.kind is OperatorKind.SOURCE else None
+        reason = source.driver_bound() if source is not None else None
         if reason:
             raise ValueError(f"source {node.name!r} of job {flow.name!r} cannot run detached: {reason}")
 
 
-def submit_detached(flow: Any, config: JobConfig, restore_from: str | None) -> Any:
+def submit_detached(flow: Dataflow, config: JobConfig, restore_from: str | None) -> AttachedJob:
     """Start ``flow`` under a detached job manager; returns an ``AttachedJob``.
 
     Raises:
@@ -108,7 +118,7 @@ def submit_detached(flow: Any, config: JobConfig, restore_from: str | None) -> A
     return AttachedJob(name, manager)
 
 
-def _taken(name: str, manager: Any) -> str:
+def _taken(name: str, manager: ActorHandle | None) -> str:
     state = "running"
     if manager is not None:
         try:
@@ -121,7 +131,7 @@ def _taken(name: str, manager: Any) -> str:
     return f"a job named {name!r} is already {state} on this cluster; choose another name"
 
 
-def _discard(name: str, manager: Any) -> None:
+def _discard(name: str, manager: ActorHandle) -> None:
     try:
         ray.kill(manager, no_restart=True)
     finally:

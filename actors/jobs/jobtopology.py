@@ -11,7 +11,10 @@ import contextlib
 import dataclasses
 import threading
 from types import MappingProxyType
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Sequence
+
+if TYPE_CHECKING:
+    from .jobactors import HostActor
 
 __all__ = ["JobTopology", "TopologySnapshot"]
 
@@ -30,13 +33,13 @@ class TopologySnapshot:
         incarnation: the deployment's incarnation (0 at submit, one more per recovery).
     """
 
-    controller: Any
+    controller: Any  # a JobController actor, a HostedController, or None before the job launched
     host_ids: tuple[int, ...]
-    hosts: tuple[Any, ...]
+    hosts: tuple[HostActor, ...]
     placement: Mapping[Instance, int]
     incarnation: int
 
-    def peers(self) -> dict[int, Any]:
+    def peers(self) -> dict[int, HostActor]:
         """Host id -> host actor."""
         return dict(zip(self.host_ids, self.hosts))
 
@@ -67,10 +70,10 @@ class JobTopology:
         (2,)
     """
 
-    def __init__(self, controller: Any, hosts: Sequence[Any] = ()):
+    def __init__(self, controller: Any, hosts: Sequence[HostActor] = ()):
         self.lock = threading.RLock()
         self._controller = controller
-        self._hosts: tuple[Any, ...] = tuple(hosts)
+        self._hosts: tuple[HostActor, ...] = tuple(hosts)
         self._host_ids: tuple[int, ...] = tuple(range(len(self._hosts)))
         self._placement: dict[Instance, int] = {}
         self._incarnation = 0
@@ -93,19 +96,19 @@ class JobTopology:
             return TopologySnapshot(self._controller, self._host_ids, self._hosts,
                                     MappingProxyType(dict(self._placement)), self._incarnation)
 
-    def hosts(self) -> tuple[Any, ...]:
+    def hosts(self) -> tuple[HostActor, ...]:
         """The live host actors."""
         with self.lock:
             return self._hosts
 
-    def peers(self) -> dict[int, Any]:
+    def peers(self) -> dict[int, HostActor]:
         """Host id -> host actor, for the live hosts."""
         with self.lock:
             return dict(zip(self._host_ids, self._hosts))
 
     # -- changing ------------------------------------------------------------------------
 
-    def install(self, hosts: Sequence[Any], host_ids: Iterable[int],
+    def install(self, hosts: Sequence[HostActor], host_ids: Iterable[int],
                 placement: Mapping[Instance, int]) -> None:
         """The first deployment (at submit): these hosts, with these ids and this placement.
 
@@ -126,7 +129,7 @@ class JobTopology:
         with self.lock:
             return self._replacing
 
-    def swap(self, hosts: Sequence[Any], host_ids: Iterable[int], placement: Mapping[Instance, int],
+    def swap(self, hosts: Sequence[HostActor], host_ids: Iterable[int], placement: Mapping[Instance, int],
              incarnation: int) -> None:
         """A recovery deployed new hosts: they replace every host, under a new incarnation.
 
@@ -156,7 +159,7 @@ class JobTopology:
             first, self._next_host_id = self._next_host_id, self._next_host_id + count
             return tuple(range(first, first + count))
 
-    def add_hosts(self, host_ids: Sequence[int], hosts: Sequence[Any]) -> TopologySnapshot:
+    def add_hosts(self, host_ids: Sequence[int], hosts: Sequence[HostActor]) -> TopologySnapshot:
         """New hosts join (a scale-out); returns the topology with them.
 
         Raises:
@@ -169,7 +172,7 @@ class JobTopology:
             self._set_hosts((*self._hosts, *hosts), (*self._host_ids, *host_ids))
             return self.snapshot()
 
-    def retire_hosts(self, host_ids: Iterable[int]) -> dict[int, Any]:
+    def retire_hosts(self, host_ids: Iterable[int]) -> dict[int, HostActor]:
         """Hosts left (a scale-in drained them); returns the remaining host id -> host actor."""
         gone = set(host_ids)
         with self.lock:
@@ -203,7 +206,7 @@ class JobTopology:
         with self._rescale_turn:
             yield
 
-    def _set_hosts(self, hosts: Sequence[Any], host_ids: Iterable[int]) -> None:
+    def _set_hosts(self, hosts: Sequence[HostActor], host_ids: Iterable[int]) -> None:
         ids = tuple(host_ids)
         if len(ids) != len(hosts):
             raise ValueError(f"{len(hosts)} host actors for {len(ids)} host ids {list(ids)}")

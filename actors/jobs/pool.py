@@ -24,9 +24,12 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import ray
+from ray.actor import ActorHandle
+
+from .jobactors import PoolKey
 
 __all__ = ["WarmPool", "kill", "release_warm_actors", "wait_warm_actors", "warm_pool"]
 
@@ -35,7 +38,7 @@ log = logging.getLogger(__name__)
 PING_TIMEOUT_S = 10.0
 """How long a taken warm actor may take to answer before it is dropped (a dead node's actors never answer)."""
 
-Key = tuple[str, Any]
+Key = PoolKey
 
 
 class WarmPool:
@@ -43,17 +46,17 @@ class WarmPool:
 
     def __init__(self, session: str) -> None:
         self.session = session
-        self._idle: dict[Key, list[Any]] = {}
+        self._idle: dict[Key, list[ActorHandle]] = {}
         self._lock = threading.Lock()
 
-    def take(self, key: Key, n: int) -> list[Any]:
+    def take(self, key: Key, n: int) -> list[ActorHandle]:
         """Up to ``n`` live idle actors of ``key`` (fewer, possibly none, when the pool has fewer)."""
         with self._lock:
             idle = self._idle.get(key, [])
             taken, self._idle[key] = idle[:n], idle[n:]
         return _alive(taken)
 
-    def put(self, key: Key, actors: list[Any]) -> None:
+    def put(self, key: Key, actors: list[ActorHandle]) -> None:
         with self._lock:
             self._idle.setdefault(key, []).extend(actors)
 
@@ -74,7 +77,8 @@ class WarmPool:
     def held_cpus(self) -> float:
         """The CPUs the idle actors hold (a host's key names its ``host_num_cpus``; controllers hold none)."""
         with self._lock:
-            return sum(len(actors) * key[1][0] for key, actors in self._idle.items() if key[0] == "host")
+            return sum(len(actors) * key[1][0] for key, actors in self._idle.items()
+                       if key[0] == "host" and key[1] is not None)
 
     def check(self, timeout: float | None) -> int:
         """Wait until every idle actor has started; drop the dead ones; how many are up."""
@@ -96,7 +100,7 @@ class WarmPool:
         return len(idle)
 
 
-def _alive(actors: list[Any], timeout: float | None = PING_TIMEOUT_S) -> list[Any]:
+def _alive(actors: list[ActorHandle], timeout: float | None = PING_TIMEOUT_S) -> list[ActorHandle]:
     """The actors that answer a ping within ``timeout`` (those still starting are waited for); the others are killed."""
     if not actors:
         return []
@@ -113,7 +117,7 @@ def _alive(actors: list[Any], timeout: float | None = PING_TIMEOUT_S) -> list[An
     return alive
 
 
-def kill(actors: list[Any]) -> None:
+def kill(actors: Iterable[ActorHandle]) -> None:
     """Kill these actors; those already gone are skipped."""
     for actor in actors:
         try:

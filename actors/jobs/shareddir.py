@@ -37,7 +37,7 @@ import os
 import posixpath
 import tempfile
 import uuid
-from typing import Any, Callable, Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from ..errors import ChirayError
 
@@ -48,7 +48,7 @@ PROBE_TIMEOUT_S = 120.0
 
 _PROBE_PREFIX = ".chiray-probe-"
 
-Runner = Callable[[Callable[..., Any], Mapping[str, tuple]], Mapping[str, Any]]
+Runner = Callable[[Callable[..., object], Mapping[str, tuple]], Mapping[str, object]]
 """Runs ``fn(*args)`` on each node (node id -> args); node id -> its result, or the exception it raised."""
 
 _passed: set[tuple[str, frozenset[str]]] = set()  # (directory, nodes) probed and shared, in this process
@@ -117,8 +117,8 @@ def probe(directory: str, nodes: Sequence[str], run_on: Runner) -> list[ProbeFai
     files = {node: posixpath.join(where, f"{i}.token") for i, node in enumerate(ring)}
     tokens = {node: uuid.uuid4().hex for node in ring}
     wrote = run_on(write_token, {node: (files[node], tokens[node]) for node in ring})
-    failures = [ProbeFailure(node, None, f"could not write there ({_why(wrote[node])})")
-                for node in ring if isinstance(wrote[node], BaseException)]
+    failures = [ProbeFailure(node, None, f"could not write there ({_why(error)})")
+                for node in ring if isinstance(error := wrote[node], BaseException)]
     readers = {node: ring[(i - 1) % len(ring)] for i, node in enumerate(ring)}  # writer -> who reads its file
     asked = {readers[w]: (files[w],) for w in ring if not isinstance(wrote[w], BaseException)}
     read = run_on(read_token, asked) if asked else {}
@@ -181,12 +181,12 @@ def ray_runner(timeout_s: float = PROBE_TIMEOUT_S) -> Runner:
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    def run_on(fn: Callable[..., Any], args: Mapping[str, tuple]) -> dict[str, Any]:
+    def run_on(fn: Callable[..., object], args: Mapping[str, tuple]) -> dict[str, object]:
         task = ray.remote(num_cpus=0, max_retries=0)(fn)
         refs = {node: task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False))
                 .remote(*a) for node, a in args.items()}
         ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
-        out: dict[str, Any] = {}
+        out: dict[str, object] = {}
         for node, ref in refs.items():
             if ref not in ready:
                 ray.cancel(ref, force=True)

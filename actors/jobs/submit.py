@@ -8,20 +8,24 @@ the dataflow to a job manager actor instead (``detached.py`` registers it).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import logging
 import re
 import shutil
 import tempfile
-from typing import TYPE_CHECKING, Any, Literal, overload
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Literal, cast, overload
 
 import pyarrow.fs as pafs
 import ray
+from ray.actor import ActorHandle
 
 from chiray.control.oprun import job_view
+from chiray.control.trees import Tree
 from chiray.operators.dataflow import Dataflow
-from chiray.operators.graph import OperatorKind, PhysicalPlan, physical_plan
+from chiray.operators.graph import LogicalGraph, OperatorKind, PhysicalPlan, physical_plan
+from chiray.operators.logic import Sink, Source
 from chiray.operators.pickling import check_picklable
 from chiray.operators.staging import new_run_id
 
@@ -29,6 +33,7 @@ from ..config import JobConfig
 from ..runtime.controller import HostedController, JobController
 from .handle import JobHandle
 from .job import Job
+from .jobactors import HostActor
 from ..runtime.build import control_trees
 from .placement import place
 from .shareddir import check_shared_dir
@@ -44,8 +49,7 @@ __all__ = ["submit", "restore_point", "register_detached"]
 
 log = logging.getLogger(__name__)
 
-
-def _private_graph(flow: Dataflow) -> Any:
+def _private_graph(flow: Dataflow) -> LogicalGraph:
     """A copy of the flow's graph that the job may bind (sinks) without touching the user's Dataflow."""
     graph = copy.copy(flow.graph)
     graph.nodes = {k: dataclasses.replace(v, inputs=list(v.inputs)) for k, v in flow.graph.nodes.items()}
@@ -62,21 +66,7 @@ def restore_point(restore_from: str, plan: PhysicalPlan, allow_non_restored_stat
             differ, or some of its state has no operator to go to (unless ``allow_non_restored_state``).
     """
     path = str(restore_from).rstrip("/")
-    parent, base = split_uri(path)  # a URI's query string stays at its end
-    match = re.match(r"^chk-(\d+)$", base)
-    try:  # a root that holds checkpoints, even one named like a checkpoint ("chk-0")
-        storage = CheckpointStorage(path, create=False)
-        latest = storage.latest()
-    except CheckpointError:
-        if not match:
-            raise
-        latest = None
-    if latest is None and match:  # a checkpoint's own directory
-        storage = CheckpointStorage(parent or ".", create=False)
-        latest = storage.load(int(match.group(1)))
-    elif latest is None:  # a savepoint directory: one job life's savepoints per subdirectory
-        storage, latest = _only_savepoints(storage, path)
-    manifest = latest
+    storage, manifest = _checkpoint_at(path)
     nodes = plan.graph.nodes
     renames, orphans, empty = match_operators(manifest, nodes)
     saved = manifest.get("job", {}).get("operators", {})
@@ -99,6 +89,30 @@ def restore_point(restore_from: str, plan: PhysicalPlan, allow_non_restored_stat
     return RestoreInfo(storage, manifest, renames)
 
 
+def _checkpoint_at(path: str) -> tuple[CheckpointStorage, dict]:
+    """The storage and manifest of the checkpoint ``path`` names: a root's newest, a ``chk-N`` directory, or
+    the newest of a savepoint directory's one job life.
+
+    Raises:
+        CheckpointError: there is none, or it is incomplete or corrupt.
+    """
+    parent, base = split_uri(path)  # a URI's query string stays at its end
+    match = re.match(r"^chk-(\d+)$", base)
+    try:  # a root that holds checkpoints, even one named like a checkpoint ("chk-0")
+        storage = CheckpointStorage(path, create=False)
+        latest = storage.latest()
+    except CheckpointError:
+        if not match:
+            raise
+        latest = None
+    if latest is None and match:  # a checkpoint's own directory
+        storage = CheckpointStorage(parent or ".", create=False)
+        latest = storage.load(int(match.group(1)))
+    elif latest is None:  # a savepoint directory: one job life's savepoints per subdirectory
+        storage, latest = _only_savepoints(storage, path)
+    return storage, latest
+
+
 def _only_savepoints(parent: CheckpointStorage, path: str) -> tuple[CheckpointStorage, dict]:
     """The newest checkpoint of the one subdirectory of ``path`` that holds any (savepoints go to
     ``DIR/{job}-{run}/chk-N``); several: refused, naming them."""
@@ -117,11 +131,14 @@ def _only_savepoints(parent: CheckpointStorage, path: str) -> tuple[CheckpointSt
     return found[0][1], found[0][2]
 
 
-_DETACHED: Any = None
+DetachedSubmit = Callable[[Dataflow, JobConfig, "str | None"], "AttachedJob"]
+"""What runs a ``detached=True`` job: ``(flow, config, restore_from) -> AttachedJob``."""
+
+_DETACHED: DetachedSubmit | None = None
 
 
-def register_detached(fn: Any) -> None:
-    """Set the function that runs a ``detached=True`` job (``actors/jobs/manager.py`` registers it)."""
+def register_detached(fn: DetachedSubmit) -> None:
+    """Set the function that runs a ``detached=True`` job (``actors/jobs/detached.py`` registers it)."""
     global _DETACHED
     _DETACHED = fn
 
@@ -172,17 +189,31 @@ def submit(flow: Dataflow, *, config: JobConfig | None = None, restore_from: str
         config = JobConfig(**options)
     elif options:
         config = dataclasses.replace(config, **options)
+    flow, config = _prepared(flow, config)
+    if config.detached:
+        if _DETACHED is None:
+            raise RuntimeError("bug: no job manager registered (import chiray.actors)")
+        return _DETACHED(flow, config, restore_from)
+    return _deploy(flow, config, restore_from, allow_non_restored_state)
+
+
+def _prepared(flow: Dataflow, config: JobConfig) -> tuple[Dataflow, JobConfig]:
+    """``flow``, validated and named as ``config`` names the job; ``config`` with a run id (a new one if it has
+    none).
+
+    Raises:
+        ValueError, TypeError: the dataflow is invalid (naming the operator).
+    """
     flow.validate()
     check_picklable(flow.graph)
     if config.name is not None and config.name != flow.name:
         flow = copy.copy(flow)
         flow.name = config.name
-    run = config.run_id or new_run_id()
-    config = dataclasses.replace(config, run_id=run)
-    if config.detached:
-        if _DETACHED is None:
-            raise RuntimeError("bug: no job manager registered (import chiray.actors)")
-        return _DETACHED(flow, config, restore_from)
+    return flow, dataclasses.replace(config, run_id=config.run_id or new_run_id())
+
+
+def _deploy(flow: Dataflow, config: JobConfig, restore_from: str | None, allow_non_restored_state: bool) -> Job:
+    """Deploy ``flow`` (prepared) on Ray, started here if need be: its controller and hosts; the running job."""
     if not ray.is_initialized():
         ray.init()
     check_shared_dir(config.checkpoint_dir)  # a local directory on several nodes: every node must read it
@@ -191,63 +222,86 @@ def submit(flow: Dataflow, *, config: JobConfig | None = None, restore_from: str
                if restore_from is not None else None)
     reset_code(plan, restore)  # the code an upgrade put in place before the checkpoint: a scale-out builds it
     num_hosts, placement = place(plan, config.num_hosts, config.placement, config.colocate)
-    own_dir = config.checkpoint_dir is None
     root = tempfile.mkdtemp(prefix=f"chiray-{flow.name}-") if config.checkpoint_dir is None else config.checkpoint_dir
+    own_dir = root if config.checkpoint_dir is None else None
     storage = CheckpointStorage(root)
-    sinks = {}
-    for node in plan.graph.nodes.values():
-        if node.kind is OperatorKind.SINK:
-            assert node.sink is not None
-            node.sink = node.sink.bind_output(storage.output_dir(node.name), node.name, run)
-            sinks[node.name] = node.sink
-    try:
+    sinks = _bind_sinks(plan, storage, config.run_id)
+    with _undone_on_failure(own_dir, None):
         claim_outputs(flow.name, sinks)
-    except BaseException:
-        if own_dir:
-            shutil.rmtree(root, ignore_errors=True)
-        raise
     deployment = Deployment(flow.name, ray.put(plan), placement, num_hosts, config, storage, sinks,
                             fallback=restore)
     view = job_view(flow.name, plan)
     broadcast, _ = control_trees(plan, placement, config.control_fanout)
     sources = {n.name: n.source for n in plan.graph.nodes.values() if n.kind is OperatorKind.SOURCE}
     sink_instances = [i for i in plan.instances if plan.graph.nodes[i[0]].kind is OperatorKind.SINK]
-
     deployment.plan = plan
+    make_controller = _ControllerStarter(flow.name, config, deployment, storage, sinks, broadcast, sink_instances,
+                                         sources)
+    with _undone_on_failure(own_dir, sinks):  # without controller_process, the job's launch starts it in its first host
+        controller = make_controller() if config.controller_process else None
+    job = Job(flow.name, plan, controller, [], view, own_dir=own_dir)
+    with _undone_on_failure(own_dir, sinks):  # a job that never ran leaves no temporary checkpoint directory behind
+        job.launch(deployment, restore, make_controller)
+    return job
 
-    def make_controller(host: Any = None, host_id: int = 0) -> Any:
+
+def _bind_sinks(plan: PhysicalPlan, storage: CheckpointStorage, run: str | None) -> dict[str, Sink]:
+    """Each sink of ``plan`` bound to its output under ``storage`` for ``run``, by name (``plan`` keeps them)."""
+    assert run is not None  # _prepared gave the job its run id
+    sinks = {}
+    for node in plan.graph.nodes.values():
+        if node.kind is OperatorKind.SINK:
+            assert node.sink is not None
+            node.sink = node.sink.bind_output(storage.output_dir(node.name), node.name, run)
+            sinks[node.name] = node.sink
+    return sinks
+
+
+@contextlib.contextmanager
+def _undone_on_failure(own_dir: str | None, sinks: dict[str, Sink] | None) -> Iterator[None]:
+    """If the block raises: ``sinks`` drop their claims on their output, and ``own_dir`` (the temporary
+    checkpoint directory made for the job) goes."""
+    try:
+        yield
+    except BaseException:
+        if sinks is not None:
+            release_outputs(sinks)
+        if own_dir is not None:
+            shutil.rmtree(own_dir, ignore_errors=True)
+        raise
+
+
+@dataclasses.dataclass(frozen=True)
+class _ControllerStarter:
+    """Starts the job's controller (``Job.launch`` and the supervisor call it), for the deployment as it is
+    then: the plan and placement that rescales left."""
+
+    name: str
+    config: JobConfig
+    deployment: Deployment
+    storage: CheckpointStorage
+    sinks: dict[str, Sink]
+    broadcast: Tree
+    sink_instances: list[tuple[str, int]]
+    sources: dict[str, Source | None]
+
+    def __call__(self, host: HostActor | None = None, host_id: int = 0) -> ActorHandle:
         """The job's controller: in the process of ``host`` (id ``host_id``), else in an actor of its own."""
-        first = max(storage.checkpoint_ids(), default=0) + 1
-        args = (flow.name, sink_instances, config, job_view(flow.name, deployment.plan), broadcast,
-                deployment.placement, storage, sinks, first, sources)
+        config = self.config
+        first = max(self.storage.checkpoint_ids(), default=0) + 1
+        args = (self.name, self.sink_instances, config, job_view(self.name, self.deployment.plan), self.broadcast,
+                self.deployment.placement, self.storage, self.sinks, first, self.sources)
         if host is not None:
             ray.get(host.controller_call.remote("configure", args, {}, config.run_id))
-            return HostedController(host, host_id, config.run_id)
+            return cast(ActorHandle, HostedController(host, host_id, config.run_id))  # answers as an actor does
         warm = warm_pool().take(CONTROLLER_POOL_KEY, 1) if config.warm_hosts else []
         if warm:
             ray.get(warm[0].configure.remote(*args))  # configured before anyone calls it (from any thread)
             return warm[0]
-        return JobController.remote(*args)  # type: ignore[attr-defined]
-
-    try:  # without controller_process, the job's launch starts it in its first host
-        controller = make_controller() if config.controller_process else None
-    except BaseException:
-        release_outputs(sinks)
-        if own_dir:
-            shutil.rmtree(root, ignore_errors=True)
-        raise
-    job = Job(flow.name, plan, controller, [], view, own_dir=root if own_dir else None)
-    try:
-        job.launch(deployment, restore, make_controller)
-    except BaseException:
-        release_outputs(sinks)
-        if own_dir:  # a job that never ran leaves no temporary checkpoint directory behind
-            shutil.rmtree(root, ignore_errors=True)
-        raise
-    return job
+        return JobController.remote(*args)  # type: ignore[attr-defined,return-value]
 
 
-def claim_outputs(job: str, sinks: dict[str, Any]) -> None:
+def claim_outputs(job: str, sinks: dict[str, Sink]) -> None:
     """Each sink claims its output for this run; a sink whose output another running job writes
     (``OutputInUseError``) refuses the submit, and the claims already taken are dropped."""
     claimed = []

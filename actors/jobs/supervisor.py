@@ -23,7 +23,7 @@ import logging
 import random
 import threading
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable, Mapping, Protocol
 
 import ray
 
@@ -34,9 +34,19 @@ from ..config import JobConfig
 from ..runtime.controller import controller_host
 from ..errors import JobFailedError, OperatorError
 from ..runtime.host import SPARE_HOST_ID, OperatorHost
+from .jobactors import ControllerHandle, HostActor, PoolKey
 from .pool import kill, warm_pool
 from ..runtime.restore import RestoreInfo, reset_code
-from ..runtime.storage import CheckpointError
+from ..runtime.storage import CheckpointError, CheckpointStorage
+
+if TYPE_CHECKING:
+    from ray import ObjectRef
+    from ray.actor import ActorHandle
+
+    from chiray.operators.graph import PhysicalPlan
+    from chiray.operators.logic import Sink
+
+    from .jobtopology import JobTopology
 
 __all__ = ["Deployment", "Supervisor", "release_outputs"]
 
@@ -67,14 +77,14 @@ class Deployment:
         host_ids: the ids of the hosts (0..num_hosts-1 at first; a rescale adds and retires ids).
         plan: the physical plan (``plan_ref`` holds it in the object store).
         config: the runtime options.
-        storage: the checkpoint storage (or None).
+        storage: the checkpoint storage.
         sinks: sink operator name -> its (bound) ``Sink``.
         fallback: the checkpoint the job was restored from (``submit(restore_from=...)``): a recovery
             before the job's own first checkpoint rolls back to it, never to the start.
     """
 
-    def __init__(self, name: str, plan_ref: Any, placement: dict, num_hosts: int, config: JobConfig,
-                 storage: Any, sinks: dict[str, Any], fallback: RestoreInfo | None = None):
+    def __init__(self, name: str, plan_ref: ObjectRef, placement: dict, num_hosts: int, config: JobConfig,
+                 storage: CheckpointStorage, sinks: dict[str, Sink], fallback: RestoreInfo | None = None):
         self.name = name
         self.fallback = fallback
         self.plan_ref = plan_ref
@@ -84,10 +94,10 @@ class Deployment:
         self.storage = storage
         self.sinks = sinks
         self.host_ids = list(range(num_hosts))
-        self.plan: Any = None
-        self.spares: list[Any] = []  # started, not set up (``config.spare_hosts``)
+        self.plan: PhysicalPlan | None = None
+        self.spares: list[HostActor] = []  # started, not set up (``config.spare_hosts``)
 
-    def update(self, plan: Any, placement: dict, host_ids: list[int]) -> None:
+    def update(self, plan: PhysicalPlan, placement: dict, host_ids: list[int]) -> None:
         """A rescale step completed: recoveries from now on deploy this topology."""
         self.plan = plan
         self.plan_ref = ray.put(plan)
@@ -95,13 +105,13 @@ class Deployment:
         self.host_ids = sorted(host_ids)
         self.num_hosts = len(self.host_ids)
 
-    def _start_host(self, host_id: int) -> Any:
+    def _start_host(self, host_id: int) -> HostActor:
         config = self.config
         opts = {"num_cpus": config.host_num_cpus, "resources": config.host_resources or None,
                 "max_concurrency": 1000, **config.host_options}
         return OperatorHost.options(**opts).remote(host_id, self.name)  # type: ignore[attr-defined]
 
-    def new_hosts(self, host_ids: list[int]) -> list[Any]:
+    def new_hosts(self, host_ids: list[int]) -> list[HostActor]:
         """Host actors (not yet set up) for these ids: warm ones first (they take their ids at setup)."""
         key = host_pool_key(self.config)
         warm = warm_pool().take(key, len(host_ids)) if key is not None else []
@@ -109,14 +119,14 @@ class Deployment:
             warm_pool().release(other_hosts_than=key)
         return warm + [self._start_host(i) for i in host_ids[len(warm):]]
 
-    def recycle_hosts(self, hosts: list[Any]) -> None:
+    def recycle_hosts(self, hosts: list[HostActor]) -> None:
         """The job ended: its live hosts become bare again and join the warm pool, up to
         ``config.warm_hosts`` or ``config.reuse_hosts`` of them (see ``OperatorHost.recycle``); the
         others are killed."""
         key = host_pool_key(self.config)
         keep = max(self.config.warm_hosts, self.config.reuse_hosts)
         room = keep - warm_pool().size(key) if key is not None else 0
-        if room <= 0 or not hosts:
+        if key is None or room <= 0 or not hosts:
             kill(hosts)
             return
         refs = [h.recycle.remote() for h in hosts[:room]]
@@ -132,9 +142,9 @@ class Deployment:
                 pass
             kill([host])
         kill(hosts[room:])
-        warm_pool().put(key, bare)  # type: ignore[arg-type]
+        warm_pool().put(key, bare)
 
-    def refill_pool(self, unused: list[Any]) -> None:
+    def refill_pool(self, unused: list[HostActor]) -> None:
         """The job ended: keep ``unused`` (bare spares) and start warm hosts up to ``config.warm_hosts``."""
         key = host_pool_key(self.config)
         if key is None or self.config.warm_hosts == 0:
@@ -156,13 +166,13 @@ class Deployment:
         """Wait until every spare host's process has started."""
         ray.get([h.ping.remote() for h in self.spares], timeout=timeout)
 
-    def take_hosts(self, host_ids: list[int]) -> list[Any]:
+    def take_hosts(self, host_ids: list[int]) -> list[HostActor]:
         """Hosts for a scale-out: spares first (they take their ids at setup), then new ones."""
         taken, self.spares = self.spares[:len(host_ids)], self.spares[len(host_ids):]
         return taken + self.new_hosts(host_ids[len(taken):])
 
-    def start_hosts(self, controller: Any, restore: RestoreInfo | None, incarnation: int,
-                    hosts: list[Any] | None = None) -> list[Any]:
+    def start_hosts(self, controller: ControllerHandle, restore: RestoreInfo | None, incarnation: int,
+                    hosts: list[HostActor] | None = None) -> list[HostActor]:
         """Set up every host (in ``host_ids`` order; ``hosts`` started before, else new ones); raises a
         user constructor's error. The hosts are killed if any fails."""
         config = self.config
@@ -189,7 +199,7 @@ class Deployment:
         return hosts
 
 
-def release_outputs(sinks: Any) -> None:
+def release_outputs(sinks: dict[str, Sink] | list[Sink]) -> None:
     """The job ended (or never started): its sinks drop their claims on their output (``Sink.claim``)."""
     for sink in (sinks.values() if isinstance(sinks, dict) else sinks):
         try:
@@ -198,14 +208,28 @@ def release_outputs(sinks: Any) -> None:
             log.warning("could not release the output claim of %s: %r", sink.describe(), exc)
 
 
-def host_pool_key(config: JobConfig) -> tuple[str, Any] | None:
+def host_pool_key(config: JobConfig) -> PoolKey | None:
     """The warm pool's key for this config's hosts; ``None``: not pooled (custom ``host_options``)."""
     if config.host_options:
         return None
     return "host", (config.host_num_cpus, tuple(sorted(config.host_resources.items())))
 
 
-CONTROLLER_POOL_KEY = ("controller", None)
+CONTROLLER_POOL_KEY: PoolKey = ("controller", None)
+
+
+class SupervisedJob(Protocol):
+    """What the supervisor needs of a job (``Job``): its topology, plan and side controllers, and a way to
+    end it when no controller can be started."""
+
+    name: str
+    topology: JobTopology
+    plan: PhysicalPlan
+
+    @property
+    def side_controllers(self) -> Mapping[str, ActorHandle]: ...
+
+    def controller_lost(self, reason: str, events: tuple[str, ...], restarts: int) -> None: ...
 
 
 class Supervisor(threading.Thread):
@@ -217,7 +241,7 @@ class Supervisor(threading.Thread):
         make_controller: starts a fresh job controller (after the old one died).
     """
 
-    def __init__(self, job: Any, deployment: Deployment, make_controller: Callable[[], Any]):
+    def __init__(self, job: SupervisedJob, deployment: Deployment, make_controller: Callable[[], ControllerHandle]):
         super().__init__(name=f"chiray-supervisor-{job.name}", daemon=True)
         self.job = job
         self.deployment = deployment
@@ -380,7 +404,7 @@ class Supervisor(threading.Thread):
         self.job.topology.set_controller(controller)
         self._history = (snap.events, snap.restarts)
 
-    def _adopt_side_controllers(self, controller: Any) -> None:
+    def _adopt_side_controllers(self, controller: ControllerHandle) -> None:
         """The job's side controllers inject through ``controller`` from now on, and it tells them of
         the job's sinks and failures."""
         for name, side in self.job.side_controllers.items():
