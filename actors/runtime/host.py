@@ -33,6 +33,7 @@ from ..config import JobConfig
 from .controller import Controller
 from ..errors import OperatorError, portable
 from .instance import OperatorFailure
+from .lifecycle import HostLifecycle
 from .mailbox import HostCore
 from .messages import Parcel
 from .transport import Transport
@@ -96,7 +97,7 @@ class OperatorHost:
         self.core: HostCore | None = None
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
-        self._stopped = False
+        self._lifecycle = HostLifecycle.RUNNING  # its run loop: STOPPED once aborted or failed
         self._background: set[asyncio.Task] = set()
         self._feed: collections.deque[tuple[str, int, str, Any]] = collections.deque()  # see feed_reader
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -278,7 +279,7 @@ class OperatorHost:
 
     async def abort(self) -> None:
         """Stop the loop and abort unfinished sinks. Idempotent."""
-        self._stopped = True
+        self._lifecycle = self._lifecycle.stop()
         self._wake.set()
         if self.core is not None:
             self.transport.close()
@@ -308,7 +309,7 @@ class OperatorHost:
         return True
 
     def _peer_failed(self, host: int, exc: BaseException) -> None:
-        if not self._stopped:
+        if not self._lifecycle.stopped:
             self.controller.host_error.remote(
                 host, f"a call from host {self.host_id} to host {host} failed: {exc}", self.incarnation)
 
@@ -318,7 +319,7 @@ class OperatorHost:
         # start() answers first: its reply is queued behind this task's first step, and a step of user code
         # can be long (a source and its consumers on one host have work at once, as a warm host's do)
         await asyncio.sleep(0)
-        while not self._stopped:
+        while not self._lifecycle.stopped:
             self._wake.clear()
             self._take_feed()
             try:
@@ -327,7 +328,7 @@ class OperatorHost:
                 self._report_failure(failure)
                 return
             except Exception:
-                self._stopped = True
+                self._lifecycle = self._lifecycle.stop()
                 self.controller.host_error.remote(
                     self.host_id, f"bug in host {self.host_id}: {traceback.format_exc()}", self.incarnation)
                 log.exception("host %s failed", self.host_id)
@@ -399,7 +400,7 @@ class OperatorHost:
         return OperatorError(failure.info.operator, failure.info.index, portable(cause), tb)
 
     def _report_failure(self, failure: OperatorFailure) -> None:
-        self._stopped = True
+        self._lifecycle = self._lifecycle.stop()
         error = self._operator_error(failure)
         self.controller.instance_failed.remote(failure.info.operator, failure.info.index, error, self.incarnation)
         if self.core is not None:
