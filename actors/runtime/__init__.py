@@ -4,7 +4,9 @@ The data plane, in the order a record meets it:
 
 * ``host`` (the ``OperatorHost`` actor) and ``mailbox`` (its loop as a plain class, ``HostCore``);
 * ``scheduler`` (which instance runs next), ``build`` (an instance from the physical plan);
-* ``instance`` and ``source`` (one operator instance), ``instanceview`` and ``context`` (what control sees of it);
+* ``instance`` and ``source`` (one operator instance), made of ``inputs``, ``outputs``, ``controlport`` and the
+  counters in ``statistics``; ``lifecycle`` (its, a source's and a host's states), ``failure`` (user code raised);
+  ``instanceview`` and ``context`` (what control sees of it), ``change`` (what a rescale changes of it);
 * ``channel`` and ``channeltable`` (bounded FIFO channels and their credits), ``router`` (an output edge),
   ``messages`` (what travels on them), ``held`` (records held back while their bins migrate);
 * ``outbox`` and ``transport`` (what a step sends, and the one place that sends it), ``relay`` (control trees);

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from chiray.control.message import InstanceId
+from chiray.control.message import ControlMessage, InstanceId
 from chiray.control.ops.chains import BinChains
 from chiray.operators.endpoints import SinkLogic, SourceLogic
 from chiray.operators.logic import InstanceInfo
 from chiray.operators.upgrade import CanaryTrial
 
 from .instanceview import InstanceView
+from .stepresult import Ack
 
 __all__ = ["InstanceControlContext"]
 
@@ -28,6 +29,7 @@ class InstanceControlContext:
         self._kind = kind
         self._downstream = downstream
         self._chains = BinChains()
+        self._acks: list[Ack] = []  # made by the handlers of the processor call under way (``take_acks``)
 
     @property
     def instance(self) -> InstanceId:
@@ -53,7 +55,7 @@ class InstanceControlContext:
 
     @property
     def routers(self) -> list[Any]:
-        return list(self._instance.routers)
+        return list(self._instance.outputs.routers)
 
     @property
     def downstream(self) -> list[InstanceId]:
@@ -65,7 +67,7 @@ class InstanceControlContext:
     def set_bin_table(self, operator: str, table: list[int]) -> None:
         from .router import HashRouter
 
-        for router in self._instance.routers:
+        for router in self._instance.outputs.routers:
             if isinstance(router, HashRouter) and router.operator == operator:
                 router.set_table(table, max(router.num_targets, max(table) + 1))
 
@@ -102,7 +104,7 @@ class InstanceControlContext:
 
     def input_records(self) -> dict[int, int]:
         """Records taken so far per input channel id."""
-        return dict(self._instance.records_by_channel)
+        return dict(self._instance.inputs.records_by_channel)
 
     def recent_input(self) -> list[Any]:
         """A sample of the recent input: (record batch, input index) per input."""
@@ -129,8 +131,17 @@ class InstanceControlContext:
     def attach_all(self, payload: Any) -> None:
         raise RuntimeError("attach_all() is only available inside on_complete")
 
-    def queue_ack(self, message: Any, payload: Any, background: bool) -> None:
-        self._instance.queue_ack(message.op_id, message.origin, payload, background)
+    def queue_ack(self, message: ControlMessage, payload: object, background: bool) -> None:
+        """Acknowledge ``message``'s op to its controller (it leaves with this step's result)."""
+        self._acks.append(Ack(message.origin, message.op_id, self.instance, payload, background))
+
+    def take_acks(self) -> tuple[Ack, ...]:
+        """The acks made since the last call (``ControlPort`` takes them after each processor call)."""
+        if not self._acks:
+            return ()
+        acks = tuple(self._acks)
+        self._acks.clear()
+        return acks
 
     def sink_prepare(self, epoch: int, durable: int = 0) -> list[Any]:
         logic = self._instance.logic
@@ -147,4 +158,4 @@ class InstanceControlContext:
 
     def halt_source(self, halted: bool = True) -> None:
         if self._instance.is_source:
-            self._instance.halted = halted
+            self._instance.halt(halted)

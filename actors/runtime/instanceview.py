@@ -6,12 +6,20 @@ instead of importing ``instance.py``, which imports them, so the import graph ha
 
 from __future__ import annotations
 
-from typing import Any, Protocol, Sequence
+from typing import Callable, Protocol, Sequence
+
+import pyarrow as pa
 
 from chiray.control.message import InstanceId
-from chiray.operators.logic import InstanceInfo
+from chiray.operators.endpoints import SourceLogic
+from chiray.operators.logic import InstanceInfo, OperatorLogic
+from chiray.operators.upgrade import CanaryTrial, CodeChange
 
-from .channel import InputChannel, OutputChannel
+from .channel import OutputChannel
+from .inputs import InstanceInputs
+from .outputs import InstanceOutputs
+from .replicas import BinReplicas
+from .statistics import InstanceStatistics
 
 __all__ = ["InstanceView"]
 
@@ -21,19 +29,18 @@ class InstanceView(Protocol):
 
     info: InstanceInfo
     name: InstanceId
-    logic: Any
-    inputs: list[InputChannel]
-    outputs: list[list[OutputChannel]]
-    routers: list[Any]
-    targets: list[list[InstanceId]]
-    replicas: Any
-    ctx: Any
+    logic: OperatorLogic | SourceLogic
+    inputs: InstanceInputs
+    outputs: InstanceOutputs
+    replicas: BinReplicas
     is_source: bool
-    halted: bool  # a source halted at a stop's cut
+
+    @property
+    def halted(self) -> bool: ...  # a source halted at a stop's cut
+
+    def halt(self, halted: bool) -> None: ...
 
     def output_channels(self) -> list[OutputChannel]: ...
-
-    def queue_ack(self, op_id: str, origin: str, payload: Any, background: bool) -> None: ...
 
     def hold_bins(self, bins: Sequence[int], key: str | Sequence[str]) -> None: ...
 
@@ -43,14 +50,13 @@ class InstanceView(Protocol):
 
     def resume_event_time(self) -> None: ...
 
-    def statistics(self) -> Any: ...
+    def statistics(self) -> InstanceStatistics: ...
 
     # an upgrade of the operator's code (``instance.py``, "upgrades")
-    code: Any
-    records_by_channel: dict[int, int]
+    code: CodeChange | None
 
-    def recent_input(self) -> list[Any]: ...
+    def recent_input(self) -> list[tuple[pa.RecordBatch, int]]: ...
 
-    def upgrade_code(self, change: Any, migrate: Any = None) -> None: ...
+    def upgrade_code(self, change: CodeChange, migrate: Callable[[object], object] | None = None) -> None: ...
 
-    def start_trial(self, trial: Any) -> None: ...
+    def start_trial(self, trial: Callable[[], CanaryTrial]) -> None: ...

@@ -81,7 +81,7 @@ class HostCore:
         self.scheduler: Scheduler[OperatorInstance] = Scheduler(self.instances)
         self.ended_peers: dict[InstanceId, frozenset] = {}  # finished instance -> ops it sent on extra edges
         for inst in self.instances:
-            inst.control.ended_senders = self.ended_peers
+            inst.control.share_ended_peers(self.ended_peers)
         self.outbox = Outbox()
         self.finished_events: list[OperatorInstance] = []
         self.took_control = False  # the last step only took control messages (see ``run_step``)
@@ -140,7 +140,7 @@ class HostCore:
     def _add_instance(self, inst: OperatorInstance) -> None:
         self.instances.append(inst)
         self.by_name[inst.name] = inst
-        inst.control.ended_senders = self.ended_peers
+        inst.control.share_ended_peers(self.ended_peers)
         self.channels.add_instance(inst)
         self.scheduler.wake(inst)
 
@@ -212,7 +212,7 @@ class HostCore:
         """Control messages along an op's extra (control-only) edges."""
         for name, message in items:
             inst = self.by_name[instance_id(name)]
-            inst.extra_inbox.append(message)
+            inst.control.deliver_extra(message)
             self.scheduler.wake(inst)
 
     def peer_ended(self, ended: Iterable[tuple[InstanceId, Iterable[str]]]) -> None:
@@ -229,8 +229,8 @@ class HostCore:
     def _announce_end(self, inst: OperatorInstance) -> None:
         for host in set(self.placement.values()):
             if host != self.host_id:
-                self.outbox.ended[host].append((inst.name, sorted(inst.extra_ops_sent)))
-        self.peer_ended([(inst.name, inst.extra_ops_sent)])
+                self.outbox.ended[host].append((inst.name, sorted(inst.control.extra_ops_sent)))
+        self.peer_ended([(inst.name, inst.control.extra_ops_sent)])
 
     def _take_relay_output(self) -> None:
         out = self.relays.take_output()
@@ -247,7 +247,7 @@ class HostCore:
         for name, message in result.extra:
             host = self.placement[name]
             if host == self.host_id:
-                self.by_name[name].extra_inbox.append(message)
+                self.by_name[name].control.deliver_extra(message)
                 self.scheduler.wake(self.by_name[name])
             else:
                 self.outbox.extra[host].append((name, message))
@@ -326,7 +326,7 @@ class HostCore:
             self._return_credit(result.grants)
         if result.control:
             self._gather_control(inst.name, result.control)
-        for chs in inst.outputs:
+        for chs in inst.outputs.edges:
             for ch in chs:
                 self._dirty[ch.channel] = None
         if result.closed:

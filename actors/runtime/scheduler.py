@@ -29,8 +29,14 @@ class Schedulable(Hashable, Protocol):
     """What the scheduler asks of an instance."""
 
     is_source: bool
-    finished: bool
-    halted: bool  # a source that reads nothing until resumed
+
+    @property
+    def finished(self) -> bool:
+        """Its input ended and its final output went out."""
+
+    @property
+    def halted(self) -> bool:
+        """A source that reads nothing until resumed."""
 
     def runnable(self, now: float) -> bool:
         """Work to do and credit on every output."""

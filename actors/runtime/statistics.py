@@ -1,15 +1,55 @@
-"""statistics.py: ``InstanceStatistics``, a frozen snapshot of one operator instance's counters."""
+"""statistics.py: an operator instance's counters (``InstanceCounters``) and their frozen snapshot
+(``InstanceStatistics``)."""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 from chiray.operators.endpoints import SourceLogic
+from chiray.operators.logic import InstanceInfo, OperatorLogic
 
+from .channel import OutputChannel
+from .inputs import InstanceInputs
 from .watermarks import MIN_WATERMARK
 
-__all__ = ["InstanceStatistics", "instance_statistics"]
+__all__ = ["InstanceCounters", "InstanceStatistics", "instance_statistics"]
+
+
+@dataclasses.dataclass(slots=True)
+class InstanceCounters:
+    """What an instance counted so far (only its host's loop writes them; a snapshot reads them).
+
+    ``backpressured_s`` counts the spells its outputs held messages waiting for credit that have ended;
+    ``blocked_since`` is when the current one began (None: its outputs are free).
+    """
+
+    records_in: int = 0
+    records_out: int = 0
+    batches_in: int = 0
+    batches_out: int = 0
+    busy_s: float = 0.0
+    backpressured_s: float = 0.0
+    blocked_since: float | None = None
+
+    def took(self, rows: int) -> None:
+        """It took (a source: read) a batch of ``rows`` records."""
+        self.records_in += rows
+        self.batches_in += 1
+
+    def note_outputs(self, blocked: bool, now: float) -> bool:
+        """Its outputs are ``blocked`` (or not) at ``now``; True when a blocked spell just ended."""
+        if blocked and self.blocked_since is None:
+            self.blocked_since = now
+        elif not blocked and self.blocked_since is not None:
+            self.backpressured_s += now - self.blocked_since
+            self.blocked_since = None
+            return True
+        return False
+
+    def backpressured_until(self, now: float) -> float:
+        """Seconds its outputs held messages waiting for credit, up to ``now``."""
+        since = self.blocked_since
+        return self.backpressured_s + (now - since if since is not None else 0.0)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -53,23 +93,24 @@ class InstanceStatistics:
     expired_keys: int = 0
 
 
-def instance_statistics(inst: Any, now: float) -> InstanceStatistics:
-    """A snapshot of ``inst`` (an ``OperatorInstance``) at ``now``."""
-    queued = [ch.buffered() for ch in inst.inputs]
-    outputs = inst.output_channels()
-    mark = inst.watermarks.output.timestamp
+def instance_statistics(info: InstanceInfo, host: int, counters: InstanceCounters, inputs: InstanceInputs,
+                        outputs: list[OutputChannel], control_completed: int, logic: OperatorLogic | SourceLogic,
+                        finished: bool, now: float) -> InstanceStatistics:
+    """A snapshot at ``now`` of the instance ``info`` on ``host`` with these pieces."""
+    queued = [ch.buffered() for ch in inputs]
+    mark = inputs.watermarks.output.timestamp
     return InstanceStatistics(
-        inst.info.operator, inst.info.index, inst.host,
-        inst.records_in, inst.records_out, inst.batches_in, inst.batches_out,
+        info.operator, info.index, host,
+        counters.records_in, counters.records_out, counters.batches_in, counters.batches_out,
         sum(q[0] for q in queued), sum(q[1] for q in queued),
         sum(len(ch.pending) for ch in outputs),
-        inst.backpressured_until(now),
-        inst.busy_s,
-        inst.finished,
+        counters.backpressured_until(now),
+        counters.busy_s,
+        finished,
         tuple(ch.statistics() for ch in outputs),
-        inst.control.completed,
+        control_completed,
         None if mark == MIN_WATERMARK else mark,
-        int(getattr(inst.logic, "late_records", 0)),
-        inst.logic.backlog() if isinstance(inst.logic, SourceLogic) and not inst.finished else 0,
-        int(getattr(inst.logic, "expired_keys", 0)),
+        int(getattr(logic, "late_records", 0)),
+        logic.backlog() if isinstance(logic, SourceLogic) and not finished else 0,
+        int(getattr(logic, "expired_keys", 0)),
     )

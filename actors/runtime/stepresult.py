@@ -6,7 +6,8 @@ it sent at once, what goes along extra edges or back to a controller, the
 acknowledgements of ops, the output channels a rescale closed, and whether it
 finished. Data and watermarks stay in the instance's output channels, which
 the host drains. Nothing is left in the instance for the host to fetch and
-clear afterwards.
+clear afterwards: each handler of the instance returns what it sent as a
+:class:`Sends`, and the step adds them up into its result.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from chiray.control.message import ControlMessage, ControlReturn, InstanceId
 from .channel import OutputChannel
 from .messages import Grant
 
-__all__ = ["Ack", "ControlSend", "StepResult", "NOTHING"]
+__all__ = ["Ack", "ControlSend", "NO_SENDS", "NOTHING", "Sends", "StepResult"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -74,3 +75,37 @@ class StepResult:
 
 NOTHING = StepResult()
 """A step (or a peer's end) that produced nothing for the host."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Sends:
+    """What one handler of an instance sent besides data and watermarks (the ``StepResult`` fields
+    but grants and ``took_control``); handlers return it and a step adds them up with ``+``."""
+
+    control: tuple[ControlSend, ...] = ()
+    extra: tuple[tuple[InstanceId, ControlMessage], ...] = ()
+    returns: tuple[ControlReturn, ...] = ()
+    acks: tuple[Ack, ...] = ()
+    closed: tuple[OutputChannel, ...] = ()
+    finished: bool = False
+
+    def __add__(self, other: Sends) -> Sends:
+        if other is NO_SENDS:  # the common case: a data step sends nothing of this kind
+            return self
+        if self is NO_SENDS:
+            return other
+        return Sends(self.control + other.control, self.extra + other.extra, self.returns + other.returns,
+                     self.acks + other.acks, self.closed + other.closed, self.finished or other.finished)
+
+    def result(self, grants: tuple[Grant, ...], took_control: bool) -> StepResult:
+        """The step's result: these sends, ``grants`` and ``took_control``."""
+        if self is NO_SENDS:
+            if not grants and not took_control:
+                return NOTHING
+            return StepResult(grants, took_control=took_control)
+        return StepResult(grants, self.control, self.extra, self.returns, self.acks, self.closed, self.finished,
+                          took_control)
+
+
+NO_SENDS = Sends()
+"""A handler that sent nothing but data (or nothing at all)."""

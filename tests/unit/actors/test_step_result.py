@@ -18,7 +18,7 @@ import pytest
 from chiray.actors.config import JobConfig
 from chiray.actors.jobs.harness import LocalRun
 from chiray.actors.runtime.messages import Data, End, Envelope, Grant
-from chiray.actors.runtime.stepresult import NOTHING, Ack, StepResult
+from chiray.actors.runtime.stepresult import NO_SENDS, NOTHING, Ack, Sends, StepResult
 from chiray.control.op import ControlOp, InstanceHandler
 from chiray.operators import Dataflow, from_items
 
@@ -62,7 +62,7 @@ def test_each_step_returns_what_it_produced_once():
     assert result.took_control and result.grants == () and not result.finished
     assert [(s.channel, s.seq, s.message.op_id) for s in result.control] == [(och.channel, 0, message.op_id)]
     assert result.acks == (Ack("controller", message.op_id, ("count", 0), ("acked", ("count", 0))),)
-    assert inst._result((), False) is NOTHING, "what a step returned is forgotten by the instance"
+    assert inst.senders_ended([]) == StepResult(took_control=True), "what a step returned is forgotten"
 
     ich.offer(Envelope(ich.channel, 3, End()))
     inst.refresh_input(ich.channel)
@@ -74,3 +74,16 @@ def test_each_step_returns_what_it_produced_once():
     rows = [r for e in sent if isinstance(e.message, Data) for r in e.message.batch.to_pylist()]
     assert {r["k"]: r["count"] for r in rows} == dict(counts)
     assert not inst.runnable(0.0)
+
+
+def test_sends_add_up_in_the_order_made_and_become_the_step_result():
+    first, second = Ack("c", "op-1", ("m", 0), 1), Ack("c", "op-2", ("m", 0), 2, background=True)
+    a, b = Sends(acks=(first,)), Sends(acks=(second,), finished=True)
+    assert a + NO_SENDS is a and NO_SENDS + b is b, "adding nothing allocates nothing"
+    total = a + b
+    assert total.acks == (first, second) and total.finished and (b + a).acks == (second, first)
+    grant = Grant(3, 1, 100)
+    assert total.result((grant,), True) == StepResult(grants=(grant,), acks=(first, second), finished=True,
+                                                      took_control=True)
+    assert NO_SENDS.result((), False) is NOTHING
+    assert NO_SENDS.result((grant,), False) == StepResult(grants=(grant,))

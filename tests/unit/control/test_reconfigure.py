@@ -121,7 +121,7 @@ def test_reconfigure_switches_both_branches_at_one_point(seed):
         f"the switch {switches} is not mid-stream: the test did not exercise a reconfiguration")
     for name in ("a", "b"):
         for i in range(run.plan.graph.nodes[name].parallelism):
-            params = run.instance((name, i)).ctx.parameters()
+            params = run.instance((name, i)).control.ctx.parameters()
             assert params == {"threshold": T1, "branch": name}
 
 
