@@ -1,8 +1,9 @@
 """jobs: deploying, operating and supervising jobs that run on ``chiray.actors.runtime``.
 
 * ``submit`` (validate and deploy), ``placement`` and ``pool`` (where hosts run, warm actors), ``jobtopology``;
-* ``handle`` (the one job interface), ``job`` (the driver's ``Job``), ``client`` (``attach``, ``AttachedJob``),
-  ``ophandle`` (control ops from the driver), ``tail``;
+* ``handle`` (the one job interface), ``job`` (the driver's ``Job``; ``jobcore`` its lifecycle and controller link,
+  ``jobcontrols``, ``jobchanges``, ``jobstatus`` and ``jobrelease`` its op routes, rescale and upgrade history,
+  reports and end), ``client`` (``attach``, ``AttachedJob``), ``ophandle`` (control ops from the driver), ``tail``;
 * ``supervisor`` (recovery), ``detached`` and ``manager`` (the job manager of a detached job; ``managerrecord``,
   ``managerrescales``, ``managersides`` and ``managerinfo`` its record, rescales, sources' sides and reports),
   ``jobstore`` and ``jobfiles`` (its record and files), ``joblogs``, ``metrics``, ``savepoints``;

@@ -25,7 +25,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from chiray.control.oprun import OpFailedError
 
@@ -34,6 +34,14 @@ from .joblogs import JobLogs
 from .jobvalues import CheckpointInfo, JobInfo, RescaleProgress, RescaleRecord, UpgradeRecord
 from .rescale import RescaleError
 from .savepoints import SavepointInfo
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from chiray.control.ops.monitor import MonitorResult
+
+    from .jobstatus import JobStatistics, JobStatus
+    from .ophandle import OpHandle
 
 __all__ = ["JobHandle", "RescaleControl", "VERBS", "READING_VERBS", "JobEndedError", "JobNotFoundError",
            "check_timeout", "ended_error"]
@@ -51,7 +59,7 @@ class JobNotFoundError(ChirayError, LookupError):
     """No job of that name (on the cluster, or a driver's job that was forgotten)."""
 
 
-def ended_error(name: str, state: Any, verb: str) -> JobEndedError:
+def ended_error(name: str, state: object, verb: str) -> JobEndedError:
     """The error for ``verb`` on job ``name`` that ended in ``state``: the same text from both handles."""
     return JobEndedError(f"job {name!r} has ended ({str(getattr(state, 'value', state)).lower()}); there is "
                          f"nothing left to {verb}")
@@ -90,7 +98,7 @@ class JobHandle(Protocol):
 
     name: str
 
-    def status(self) -> Any:
+    def status(self) -> JobStatus:
         """The job's ``JobStatus``: state, finished instances, events (as text and as ``JobEvent``s), error."""
         ...
 
@@ -98,17 +106,39 @@ class JobHandle(Protocol):
         """A summary: state, uptime, operators and parallelism, last checkpoint, records/s."""
         ...
 
-    def statistics(self) -> Any:
+    def statistics(self) -> JobStatistics:
         """Per-instance ``JobStatistics`` (the last snapshot once the job ended)."""
         ...
 
-    def metrics(self, timeout: float | None = 60.0) -> Any:
+    def metrics(self, timeout: float | None = 60.0) -> MonitorResult:
         """A ``Monitor`` op's result, run in-band now (per instance: state bytes, keys, per-bin load)."""
         ...
 
     def rescale(self, operator: str, parallelism: int, strategy: str = "all_at_once", planner: str = "ssm",
                 **knobs: Any) -> RescaleControl:
-        """Change an operator's parallelism while the job runs (see ``Job.rescale`` for the knobs)."""
+        """Change an operator's parallelism while the job runs; no record is lost or processed twice.
+
+        Args:
+            operator: a keyed or stateless operator (not a source or sink).
+            parallelism: the new number of instances (>= 1).
+            strategy: "all_at_once" (one blocking step), "batched" (``chunk_bins`` per
+                step), "fluid" (one bin per step) or "non_disruptive" (non-blocking steps;
+                only records of moving bins wait for their state).
+            planner: "ssm" (minimum bytes moved within load bound ``theta``),
+                "round_robin" or "consistent_hash".
+            **knobs: ``chunk_bins``, ``chunks``, ``priority`` ("hot_first", "arrival",
+                "random"), ``replicate`` (non_disruptive), ``gap_s``, ``pace`` (each step
+                waits for the backlog the one before left), ``theta``, ``seed``, ``step_timeout_s``.
+
+        Returns:
+            A handle: ``progress()`` and ``result(timeout)``.
+
+        Raises:
+            ValueError / TypeError: an unknown operator, strategy, planner or knob, a
+                parallelism < 1, a source or sink, a keyed strategy for a stateless operator.
+            RescaleError: another rescale of the operator is running.
+            JobEndedError: the job has ended (a ``RescaleError`` too).
+        """
         ...
 
     def migrate(self, operator: str, assignment: list[int], strategy: str = "all_at_once",
@@ -123,7 +153,42 @@ class JobHandle(Protocol):
     def upgrade(self, operator: str, fn: Any, *, on_timer: Any = None, schema: Any = None,
                 migrate_state: Any = None, canary: int = 0, rate_bound: float = 0.5,
                 timeout: float | None = 60.0) -> UpgradeRecord:
-        """Replace an operator's code while the job runs (see ``Job.upgrade``); its history entry."""
+        """Replace ``operator``'s code while the job runs: every record is processed wholly by the old or wholly
+        by the new code, the operators upstream never stop, and keyed state is kept.
+
+        The new code is first run on a sample of the operator's recent input (it must not raise, and must return
+        the declared ``schema``, else the old code's output schema). Then a blocking control op that holds only the
+        operator's inputs swaps it in at each instance, at a cut whose position the returned record gives. A later
+        checkpoint records the new code, so a recovery or a restore runs it.
+
+        Example::
+
+            record = job.upgrade("enrich", enrich_v2)                  # map, filter, flat_map
+            job.upgrade("sessions", count_v2, migrate_state=lambda key, old: {"n": old, "sum": 0}, canary=20)
+
+        Args:
+            operator: a ``map``, ``filter``, ``flat_map`` (batch or record level) or keyed ``process``.
+            fn: the new function (its signature as the old one's).
+            on_timer: a keyed process's new ``on_timer`` (None: keep it).
+            schema: the output schema the new code returns (None: the old code's).
+            migrate_state: ``fn(key, old_value) -> new_value`` (None deletes the key), applied to each key's
+                state of a keyed process at the cut.
+            canary: run the new code on instance 0 for this many batches first, its output held; if it raises,
+                changes the output schema or its records out per record in depart from the old code's by more
+                than ``rate_bound`` (a fraction of the larger), the old code and state come back at the cut and
+                the records it saw are processed again by the old code (nothing lost, nothing emitted twice).
+            rate_bound: the canary's output rate bound.
+            timeout: seconds each of its control ops may take (the canary's trial included).
+
+        Returns:
+            The upgrade's ``UpgradeRecord``: old and new code identity, cut, pause, duration.
+
+        Raises:
+            UpgradeError: refused before the cut: an unknown operator or one without user code, code that does not
+                pickle, raises on the sample or returns another schema.
+            CanaryRolledBackError: the canary failed (an ``UpgradeError``); the old code runs on.
+            JobEndedError: the job has ended.
+        """
         ...
 
     def upgrades(self) -> tuple[UpgradeRecord, ...]:
@@ -170,8 +235,26 @@ class JobHandle(Protocol):
         """A finished job's sink result (``collect()``: a table); waits for the end first."""
         ...
 
-    def tail(self, sink: str | None = None, n: int = 10) -> Any:
-        """The newest ``n`` rows (up to 1,000) that reached ``sink`` of the running job: a ``pyarrow.Table``."""
+    def tail(self, sink: str | None = None, n: int = 10) -> pa.Table:
+        """The newest ``n`` rows that reached ``sink`` of the running job, oldest first (a ``pyarrow.Table``).
+
+        A look at the output as it flows, whatever the sink (``collect()``, ``to_parquet``, ``print()``...):
+        the rows are counted as they reach the sink, before a checkpoint commits them. Each sink instance
+        keeps its newest 1,000 rows.
+
+        Args:
+            sink: the sink operator's name; may be omitted when there is one sink.
+            n: how many rows, 1 to 1,000.
+
+        Raises:
+            ValueError: no such sink (or several and none named), or ``n`` out of range.
+            JobEndedError: the job has ended (its output is in ``result()``).
+
+        Example::
+
+            job = chiray.submit(flow)
+            print(job.tail("out", 5).to_pandas())
+        """
         ...
 
     def logs(self, lines: int = 100, since: Any = None) -> JobLogs:
@@ -180,11 +263,11 @@ class JobHandle(Protocol):
         ``cursor``). An ended job's: those of the actors it ran on last."""
         ...
 
-    def run_control(self, op: Any, controller: str | None = None) -> Any:
+    def run_control(self, op: Any, controller: str | None = None) -> OpHandle:
         """Start a control op on the running job; returns its ``OpHandle`` (``result(timeout)``)."""
         ...
 
-    def autoscale(self, enabled: bool = True, **options: Any) -> Any:
+    def autoscale(self, enabled: bool = True, **options: Any) -> object:
         """Switch the DS2 autoscaler on (``latency_budget_ms=``, ``min_parallelism=``, ...) or off."""
         ...
 
