@@ -33,15 +33,20 @@ import logging
 import random
 import threading
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Protocol, TypedDict
 
 from chiray.control.ds2 import Action, Ds2Config, Ds2Policy, OperatorDecision
 from chiray.control.rates import Cut, rates_between, skewed
-from chiray.control.strategychoice import MigrationModel, choose_strategy
+from chiray.control.ops.monitor import MonitorResult
+from chiray.control.strategychoice import MigrationModel, StrategyChoice, choose_strategy
 from chiray.operators.errors import ChirayError
-from chiray.operators.graph import OperatorKind
+from chiray.operators.graph import OperatorKind, PhysicalPlan
 
-__all__ = ["Autoscaler", "AutoscaleEvent", "start_autoscale"]
+if TYPE_CHECKING:
+    from .handle import RescaleControl
+    from .jobstatus import JobStatus
+
+__all__ = ["Autoscaler", "AutoscaleEvent", "AutoscaleOptions", "ScaledJob", "start_autoscale"]
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +69,7 @@ class AutoscaleEvent:
     at: float
     decision: OperatorDecision
     strategy: str
-    knobs: dict[str, Any]
+    knobs: dict[str, object]
     predicted_duration_s: float
     predicted_max_latency_ms: float
     outcome: dict[str, Any]
@@ -76,7 +81,41 @@ class AutoscaleEvent:
                 f"{self.predicted_max_latency_ms:.0f} ms; outcome {self.outcome}")
 
 
-def upstream_of(plan: Any) -> dict[str, list[str]]:
+class ScaledJob(Protocol):
+    """What the autoscaler asks of a job: its public verbs (the driver's ``Job`` is one), and the ``autoscaler``
+    attribute it keeps the running one in."""
+
+    name: str
+    plan: PhysicalPlan
+    autoscaler: Autoscaler | None
+
+    def metrics(self, timeout: float | None = 60.0) -> MonitorResult: ...
+
+    def rescale(self, operator: str, parallelism: int, strategy: str = "all_at_once", planner: str = "ssm",
+                **knobs: object) -> RescaleControl: ...
+
+    def status(self) -> JobStatus: ...
+
+    def note_event(self, text: str) -> None: ...
+
+
+class AutoscaleOptions(TypedDict, total=False):
+    """The knobs of ``start_autoscale`` (what ``Autoscaler.options`` keeps, to start it again)."""
+
+    operators: list[str] | None
+    policy: str
+    min_parallelism: int
+    max_parallelism: int
+    latency_budget_ms: float
+    target_utilisation: float
+    interval_s: float
+    scale_down_stable_s: float
+    cooldown_s: float
+    catch_up_s: float | None
+    model: MigrationModel
+
+
+def upstream_of(plan: PhysicalPlan) -> dict[str, list[str]]:
     """Each operator of a physical plan's graph -> its upstream operators."""
     return {name: [e.upstream for e in node.inputs] for name, node in plan.graph.nodes.items()}
 
@@ -99,7 +138,7 @@ class Autoscaler(threading.Thread):
         wait: ``wait(seconds)`` returning True when stopped (injectable for tests).
     """
 
-    def __init__(self, job: Any, operators: list[str], config: Ds2Config, latency_budget_ms: float,
+    def __init__(self, job: ScaledJob, operators: list[str], config: Ds2Config, latency_budget_ms: float,
                  interval_s: float = 2.0, model: MigrationModel = MigrationModel(),
                  clock: Callable[[], float] = time.time, wait: Callable[[float], bool] | None = None):
         super().__init__(name=f"chiray-autoscaler-{getattr(job, 'name', '')}", daemon=True)
@@ -120,7 +159,7 @@ class Autoscaler(threading.Thread):
         self.decisions = 0
         self.error: BaseException | None = None
         self._previous: Cut | None = None
-        self.options: dict[str, Any] = {}  # what start_autoscale was given (to start it again)
+        self.options: AutoscaleOptions = {}  # what start_autoscale was given (to start it again)
 
     def stop(self) -> None:
         """Stop after the current decision (idempotent)."""
@@ -198,7 +237,7 @@ class Autoscaler(threading.Thread):
         hot = self.policy.config.target_utilisation
         return skewed(busy, hot=hot, idle=hot / 2)
 
-    def _choose(self, decision: OperatorDecision, result: Any, target: int) -> Any:
+    def _choose(self, decision: OperatorDecision, result: MonitorResult, target: int) -> StrategyChoice:
         stats = result.operators.get(decision.operator, {})
         load = min(0.99, decision.target_rate / max(1e-9, (decision.true_rate_per_instance or 1) * decision.current))
         loads = result.bin_loads.get(decision.operator)
@@ -206,14 +245,14 @@ class Autoscaler(threading.Thread):
         return choose_strategy(float(stats.get("state_bytes", 0)), num_bins, decision.current, target, load,
                                self.latency_budget_ms, self.model, None if loads is None else list(loads))
 
-    def _rescale(self, decision: OperatorDecision, result: Any) -> AutoscaleEvent:
+    def _rescale(self, decision: OperatorDecision, result: MonitorResult) -> AutoscaleEvent:
         choice = self._choose(decision, result, decision.target)
         outcome = self._carry_out(lambda: self.job.rescale(decision.operator, decision.target, choice.strategy,
                                                            **choice.knobs))
         self.policy.rescaled(decision.operator, self.clock())
         return self._record(decision, choice, outcome)
 
-    def _rebalance(self, decision: OperatorDecision, result: Any) -> AutoscaleEvent:
+    def _rebalance(self, decision: OperatorDecision, result: MonitorResult) -> AutoscaleEvent:
         rebalance = dataclasses.replace(decision, action=Action.HOLD, target=decision.current,
                                         reason=decision.reason + "; one instance hot, the others idle: "
                                         "rebalance bins hottest first")
@@ -224,14 +263,14 @@ class Autoscaler(threading.Thread):
         self.policy.rescaled(decision.operator, self.clock())
         return self._record(rebalance, dataclasses.replace(choice, knobs=knobs), outcome)
 
-    def _carry_out(self, start: Callable[[], Any]) -> dict[str, Any]:
+    def _carry_out(self, start: Callable[[], RescaleControl]) -> dict[str, Any]:
         try:
             result = start().result(timeout=None)
             return {k: result[k] for k in OUTCOME_FIELDS if k in result}
         except Exception as exc:  # the decision and its failure are both events
             return {"error": f"{type(exc).__name__}: {exc}"}
 
-    def _record(self, decision: OperatorDecision, choice: Any, outcome: dict[str, Any]) -> AutoscaleEvent:
+    def _record(self, decision: OperatorDecision, choice: StrategyChoice, outcome: dict[str, Any]) -> AutoscaleEvent:
         event = AutoscaleEvent(self.clock(), decision, choice.strategy, dict(choice.knobs),
                                choice.predicted_duration_s, choice.predicted_max_latency_ms, outcome)
         self.events.append(event)
@@ -239,7 +278,7 @@ class Autoscaler(threading.Thread):
         return event
 
 
-def start_autoscale(job: Any, enabled: bool = True, *, operators: list[str] | None = None, policy: str = "ds2",
+def start_autoscale(job: ScaledJob, enabled: bool = True, *, operators: list[str] | None = None, policy: str = "ds2",
                     min_parallelism: int = 1, max_parallelism: int = 16, latency_budget_ms: float = 500.0,
                     target_utilisation: float = 0.8, interval_s: float = 2.0, scale_down_stable_s: float = 10.0,
                     cooldown_s: float = 5.0, catch_up_s: float | None = 30.0,
@@ -269,11 +308,11 @@ def start_autoscale(job: Any, enabled: bool = True, *, operators: list[str] | No
                        max_parallelism=max_parallelism, catch_up_s=catch_up_s,
                        scale_down_stable_s=scale_down_stable_s, cooldown_s=cooldown_s)
     scaler = Autoscaler(job, chosen, config, latency_budget_ms, interval_s, model)
-    scaler.options = dict(operators=operators, policy=policy, min_parallelism=min_parallelism,
-                          max_parallelism=max_parallelism, latency_budget_ms=latency_budget_ms,
-                          target_utilisation=target_utilisation, interval_s=interval_s,
-                          scale_down_stable_s=scale_down_stable_s, cooldown_s=cooldown_s, catch_up_s=catch_up_s,
-                          model=model)
+    scaler.options = AutoscaleOptions(operators=operators, policy=policy, min_parallelism=min_parallelism,
+                                      max_parallelism=max_parallelism, latency_budget_ms=latency_budget_ms,
+                                      target_utilisation=target_utilisation, interval_s=interval_s,
+                                      scale_down_stable_s=scale_down_stable_s, cooldown_s=cooldown_s,
+                                      catch_up_s=catch_up_s, model=model)
     job.autoscaler = scaler
     scaler.start()
     return scaler

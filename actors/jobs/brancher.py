@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from typing import Any
 
 from chiray.control.oprun import OpFailedError
 from chiray.control.ops.branch import AddBranch
@@ -18,7 +17,7 @@ from chiray.control.rescaleplan import unreached
 from chiray.operators.branch import BranchError
 from chiray.operators.graph import OperatorNode, branched_plan
 
-from .rescaler import change_views
+from .rescaler import RescaleTarget, change_views
 
 __all__ = ["BranchCut", "add_branch"]
 
@@ -39,7 +38,8 @@ class BranchCut:
     cut: dict[str, int]
 
 
-def add_branch(target: Any, operator: str, nodes: list[OperatorNode], timeout_s: float | None = 60.0) -> BranchCut:
+def add_branch(target: RescaleTarget, operator: str, nodes: list[OperatorNode],
+               timeout_s: float | None = 60.0) -> BranchCut:
     """Add ``nodes`` (``operators.branch.branch_nodes``) downstream of ``operator`` of the job ``target`` runs.
 
     Raises:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 
@@ -27,6 +27,16 @@ from .jobstore import NAMESPACE
 from .joblogs import JobLogs
 from .jobvalues import CheckpointInfo, JobInfo, RescaleProgress, RescaleRecord, UpgradeRecord
 from .savepoints import SavepointInfo
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from ray.actor import ActorHandle, ActorMethod
+
+    from chiray.control.op import ControlOp
+    from chiray.control.ops.monitor import MonitorResult
+
+    from .jobstatus import JobStatistics, JobStatus
+    from .ophandle import OpHandle
 
 __all__ = ["attach", "jobs", "AttachedJob", "RemoteRescale", "JobNotFoundError", "ManagerRestartedError",
            "connect", "find_manager"]
@@ -50,7 +60,7 @@ def connect(address: str | None = None) -> None:
              logging_level=logging.ERROR, log_to_driver=False)
 
 
-def find_manager(name: str) -> Any | None:
+def find_manager(name: str) -> ActorHandle | None:
     """The manager actor of job ``name``, or None."""
     try:
         return ray.get_actor(name, namespace=NAMESPACE)
@@ -108,14 +118,14 @@ def jobs(address: str | None = None, all: bool = False) -> list[JobInfo]:
 class AttachedJob:
     """A detached job's handle: a ``JobHandle``, whose verbs the job's manager carries out."""
 
-    def __init__(self, name: str, manager: Any):
+    def __init__(self, name: str, manager: ActorHandle):
         self.name = name
         self._manager = manager
 
     def __repr__(self) -> str:
         return f"AttachedJob({self.name!r})"
 
-    def _call(self, method: Any, verb: str, *args: Any, timeout: float | None = None) -> Any:
+    def _call(self, method: ActorMethod, verb: str, *args: object, timeout: float | None = None) -> Any:
         """``method.remote(*args)`` on the manager (``method``: its remote method ``verb``), with the errors
         the verb raised there; a reading verb retries while the manager restarts."""
         deadline = time.monotonic() + RESTART_WAIT_S
@@ -138,7 +148,7 @@ class AttachedJob:
 
     # -- observing ---------------------------------------------------------------------
 
-    def status(self) -> Any:
+    def status(self) -> JobStatus:
         """The job's ``JobStatus``: state, events (the manager's and the current run's)."""
         return self._call(self._manager.status, "status")
 
@@ -146,11 +156,11 @@ class AttachedJob:
         """A summary: state, uptime, operators and their parallelism, last checkpoint, records/s."""
         return self._call(self._manager.info, "info")
 
-    def statistics(self) -> Any:
+    def statistics(self) -> JobStatistics:
         """Per-instance ``JobStatistics`` (the last snapshot once the job ended)."""
         return self._call(self._manager.statistics, "statistics")
 
-    def metrics(self, timeout: float | None = 60.0) -> Any:
+    def metrics(self, timeout: float | None = 60.0) -> MonitorResult:
         """A ``Monitor`` op's result, run in-band now."""
         return self._call(self._manager.metrics, "metrics", timeout)
 
@@ -158,7 +168,7 @@ class AttachedJob:
         """The rescale history: when, operator, from -> to, strategy, duration, bytes, outcome."""
         return self._call(self._manager.rescales, "rescales")
 
-    def logs(self, lines: int = 100, since: Any = None) -> JobLogs:
+    def logs(self, lines: int = 100, since: JobLogs | tuple | None = None) -> JobLogs:
         """The log lines of the job's manager, hosts and controller (as ``JobHandle.logs``)."""
         return self._call(self._manager.logs, "logs", lines, since)
 
@@ -177,23 +187,23 @@ class AttachedJob:
     # -- operating ---------------------------------------------------------------------
 
     def rescale(self, operator: str, parallelism: int, strategy: str = "all_at_once", planner: str = "ssm",
-                **knobs: Any) -> "RemoteRescale":
+                **knobs: object) -> "RemoteRescale":
         """As ``Job.rescale``; returns a handle with ``progress()``, ``done()`` and ``result(timeout)``."""
         return RemoteRescale(self, self._call(self._manager.rescale, "rescale", operator, parallelism, strategy,
                                               planner, knobs))
 
     def migrate(self, operator: str, assignment: list[int], strategy: str = "all_at_once",
-                **knobs: Any) -> "RemoteRescale":
+                **knobs: object) -> "RemoteRescale":
         """As ``Job.migrate``: a new bin -> instance table for a keyed operator."""
         return RemoteRescale(self, self._call(self._manager.migrate, "migrate", operator, list(assignment),
                                               strategy, knobs))
 
-    def autoscale(self, enabled: bool = True, **options: Any) -> dict[str, Any]:
+    def autoscale(self, enabled: bool = True, **options: object) -> dict[str, object]:
         """Switch the job's DS2 autoscaler on (options as ``Job.autoscale``) or off; a summary of the switch."""
         return self._call(self._manager.autoscale, "autoscale", enabled, options)
 
-    def upgrade(self, operator: str, fn: Any, *, on_timer: Any = None, schema: Any = None,
-                migrate_state: Any = None, canary: int = 0, rate_bound: float = 0.5,
+    def upgrade(self, operator: str, fn: object, *, on_timer: object = None, schema: pa.Schema | None = None,
+                migrate_state: object = None, canary: int = 0, rate_bound: float = 0.5,
                 timeout: float | None = 60.0) -> UpgradeRecord:
         """As ``Job.upgrade`` (the functions travel to the job's manager pickled)."""
         return self._call(self._manager.upgrade, "upgrade", operator, fn, on_timer, schema, migrate_state, canary,
@@ -228,7 +238,7 @@ class AttachedJob:
         """Stop now; output after the last checkpoint is discarded. An ended job is left as it is."""
         self._call(self._manager.cancel, "cancel")
 
-    def run_control(self, op: Any, controller: str | None = None) -> Any:
+    def run_control(self, op: ControlOp, controller: str | None = None) -> OpHandle:
         """Start a control op on the job; returns its ``OpHandle``."""
         return self._call(self._manager.run_control, "run_control", op, controller)
 
@@ -271,7 +281,7 @@ class AttachedJob:
         self.wait()
         return self._call(self._manager.result, "result", sink)
 
-    def tail(self, sink: str | None = None, n: int = 10) -> Any:
+    def tail(self, sink: str | None = None, n: int = 10) -> pa.Table:
         """The newest ``n`` rows (up to 1,000) that reached ``sink`` of the running job (as ``Job.tail``)."""
         return self._call(self._manager.tail, "tail", sink, n)
 

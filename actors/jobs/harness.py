@@ -23,10 +23,11 @@ import dataclasses
 import itertools
 import random
 import time
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from chiray.control.coordination import JobState, OpCoordinator
 from chiray.control.message import InstanceId
+from chiray.control.op import ControlOp
 from chiray.control.oprun import JobView, OpRun, OpState, job_view
 from chiray.control.trees import Relay
 from chiray.operators.branch import branch_nodes
@@ -41,10 +42,16 @@ from ..runtime.mailbox import HostCore
 from ..runtime.outbox import Outbox
 from ..runtime.messages import Parcel
 from .placement import place
-from .rescaler import HostChange, RescaleError, Rescaler, Tally, check_request, place_change
+from .rescaler import HostChange, RescaleError, Rescaler, StartedOp, Tally, check_request, place_change
 from ..runtime.topology import ChangePrepared
-from .brancher import add_branch
+from .brancher import BranchCut, add_branch
+from .jobvalues import UpgradeRecord
 from .upgrader import run_upgrade
+
+if TYPE_CHECKING:
+    from chiray.operators.dataflow import Stream
+
+    from ..runtime.instance import OperatorInstance
 
 __all__ = ["LocalRun", "counting_clock"]
 
@@ -92,7 +99,7 @@ class LocalRun:
 
     # -- control ---------------------------------------------------------------------
 
-    def run_control(self, op: Any, op_id: str | None = None,
+    def run_control(self, op: ControlOp, op_id: str | None = None,
                     views: tuple[JobView, JobView] | None = None) -> OpRun:
         """Inject ``op`` now (at the sources' next step); returns its run (see ``.state``).
 
@@ -166,7 +173,7 @@ class LocalRun:
         progressed |= self._deliver_some()
         return progressed
 
-    def run(self, max_rounds: int = 1_000_000, until: Any = None) -> dict[str, Any]:
+    def run(self, max_rounds: int = 1_000_000, until: Callable[[], bool] | None = None) -> dict[str, object]:
         """Run to completion (or until ``until()`` is true); return each sink's combined result."""
         for _ in range(max_rounds):
             if until is not None and until():
@@ -177,11 +184,12 @@ class LocalRun:
             raise RuntimeError("LocalRun did not finish within max_rounds")
         return self.results()
 
-    def results(self) -> dict[str, Any]:
-        results: dict[tuple[str, int], Any] = {}
+    def results(self) -> dict[str, object]:
+        """Each sink's combined result (every instance finished: the last epoch is committed)."""
+        results: dict[tuple[str, int], object] = {}
         for host in self.hosts:
             results.update(host.sink_results())
-        out = {}
+        out: dict[str, object] = {}
         for node in self.plan.graph.nodes.values():
             if node.kind is OperatorKind.SINK:
                 assert node.sink is not None
@@ -190,11 +198,11 @@ class LocalRun:
                 out[node.name] = node.sink.combine(parts)
         return out
 
-    def instance(self, name: tuple[str, int]) -> Any:
+    def instance(self, name: tuple[str, int]) -> OperatorInstance:
         """The ``OperatorInstance`` called ``name``."""
         return self._by_id[self.placement[name]].by_name[name]
 
-    def wait_op(self, run: OpRun) -> Any:
+    def wait_op(self, run: OpRun) -> object:
         """Step until ``run`` ends; returns its result.
 
         Raises:
@@ -224,13 +232,13 @@ class LocalRun:
         wakeups = [w for w in (h.next_wakeup() for h in self.hosts) if w is not None]
         return not wakeups or min(wakeups) > now + 3600.0
 
-    def add_branch(self, from_operator: str, build: Callable[[Any], Any]) -> Any:
+    def add_branch(self, from_operator: str, build: Callable[[Stream], object]) -> BranchCut:
         """Add the operators ``build(stream)`` adds downstream of ``from_operator`` as ``Job.add_branch`` does,
         stepping the loop while its op runs; returns its ``brancher.BranchCut``."""
         nodes = branch_nodes(self.plan.graph, from_operator, build, DEFAULT_NUM_BINS)
         return add_branch(_LocalTarget(self, from_operator, None), from_operator, nodes)
 
-    def upgrade(self, operator: str, fn: Any, **options: Any) -> Any:
+    def upgrade(self, operator: str, fn: object, **options: Any) -> UpgradeRecord:
         """Upgrade ``operator``'s code as ``Job.upgrade`` does, stepping the loop while its ops run; returns its
         ``UpgradeRecord``."""
         return run_upgrade(lambda op, timeout: self.wait_op(self.run_control(op)), self.plan, operator, fn,
@@ -240,7 +248,7 @@ class LocalRun:
 
     def rescale(self, operator: str, parallelism: int | None = None, strategy: str = "all_at_once",
                 planner: str = "ssm", assignment: Sequence[int] | None = None,
-                **knobs: Any) -> RescaleProgress:
+                **knobs: object) -> RescaleProgress:
         """Rescale ``operator`` as ``Job.rescale`` (or ``migrate``, with ``assignment``) does, stepping the
         loop while each step's op runs; returns the final progress.
 
@@ -312,11 +320,11 @@ class _LocalTarget:
     def finished(self) -> set[InstanceId]:
         return {inst.name for host in self.local.hosts for inst in host.instances if inst.finished}
 
-    def start_op(self, op: Any, op_id: str | None = None,
-                 views: tuple[JobView, JobView] | None = None) -> Any:
+    def start_op(self, op: ControlOp, op_id: str | None = None,
+                 views: tuple[JobView, JobView] | None = None) -> _LocalOp:
         return _LocalOp(self.local, self.local.run_control(op, op_id, views))
 
-    def wait_op(self, handle: Any, timeout_s: float | None) -> Any:
+    def wait_op(self, handle: StartedOp, timeout_s: float | None) -> Any:
         """The op's result; a job that ended meanwhile (its input did) raises, as on Ray."""
         try:
             return handle.result(timeout_s)

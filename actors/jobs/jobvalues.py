@@ -22,19 +22,22 @@ from __future__ import annotations
 import dataclasses
 import enum
 import time
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping, TypeAlias
 
 from chiray.control.coordination import JobState
 from chiray.operators.sides import SourceSideStatus
 
 __all__ = ["EventKind", "JobEvent", "JobInfo", "RescaleProgress", "RescaleRecord", "CheckpointInfo", "RescaleState",
-           "RescaleOutcome", "UpgradeOutcome", "UpgradeRecord", "plain_json"]
+           "RescaleOutcome", "UpgradeOutcome", "UpgradeRecord", "plain_json", "JsonValue"]
+
+JsonValue: TypeAlias = "str | int | float | bool | None | list[JsonValue] | dict[str, JsonValue]"
+"""JSON-able data: what ``plain_json`` and the values' ``to_json()`` return."""
 
 _RENAMED = {"from_": "from"}
 """Attribute -> key in the dict form, where the key is a Python keyword."""
 
 
-def plain_json(value: Any) -> Any:
+def plain_json(value: object) -> JsonValue:
     """``value`` as JSON-able data: values by their ``to_json()``, other dataclasses field by field, enums by
     value, tuples as lists, NumPy arrays as lists, exceptions as their text."""
     if isinstance(value, _Value) or hasattr(value, "to_json"):
@@ -75,7 +78,7 @@ class RescaleOutcome(str, enum.Enum):
     INTERRUPTED = "interrupted"
 
 
-def _plain(value: Any) -> Any:
+def _plain(value: object) -> object:
     return value.value if isinstance(value, enum.Enum) else value
 
 
@@ -105,9 +108,9 @@ class _Value:
             out[_RENAMED.get(f.name, f.name)] = _plain(value)
         return out
 
-    def to_json(self) -> Any:
+    def to_json(self) -> dict[str, JsonValue]:
         """The dict form as JSON-able data (what ``--json`` prints)."""
-        return plain_json(self.as_dict())
+        return {key: plain_json(value) for key, value in self.as_dict().items()}
 
     def __getitem__(self, key: str) -> Any:
         return self.as_dict()[key]
@@ -118,7 +121,7 @@ class _Value:
     def __iter__(self) -> Iterator[str]:
         return iter(self.as_dict())
 
-    def get(self, key: str, default: Any = None) -> Any:
+    def get(self, key: str, default: object = None) -> Any:
         """``as_dict().get(key, default)``."""
         return self.as_dict().get(key, default)
 
@@ -164,7 +167,7 @@ class EventKind(str, enum.Enum):
     """An event of the job's current run (its controller's lifecycle: failures, recoveries)."""
 
 
-def _text(kind: EventKind, f: Mapping[str, Any]) -> str:
+def _text(kind: EventKind, f: Mapping[str, object]) -> str:
     """The words for an event of ``kind`` with fields ``f`` (enum fields already plain)."""
     error = f": {f['error']}" if f.get("error") else ""
     render: dict[EventKind, Callable[[], str]] = {
@@ -206,15 +209,15 @@ class JobEvent:
 
     kind: EventKind
     at: float | None
-    fields: tuple[tuple[str, Any], ...] = ()
+    fields: tuple[tuple[str, object], ...] = ()
 
     @classmethod
-    def of(cls, kind: EventKind, at: float | None = None, **fields: Any) -> "JobEvent":
+    def of(cls, kind: EventKind, at: float | None = None, **fields: object) -> "JobEvent":
         """An event of ``kind`` at ``at`` (default: now) with ``fields``; a ``RUN`` event has no time."""
         when = None if kind is EventKind.RUN else (time.time() if at is None else at)
         return cls(kind, when, tuple(fields.items()))
 
-    def field(self, name: str, default: Any = None) -> Any:
+    def field(self, name: str, default: object = None) -> Any:
         """The value of field ``name``."""
         return dict(self.fields).get(name, default)
 
@@ -228,7 +231,7 @@ class JobEvent:
             return self.text
         return f"{time.strftime('%H:%M:%S', time.localtime(self.at))} {self.text}"
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, JsonValue]:
         """``{"kind", "at", "text", "fields"}`` as JSON-able data."""
         return {"kind": self.kind.value, "at": self.at, "text": self.text,
                 "fields": plain_json(dict(self.fields))}
@@ -266,7 +269,7 @@ class RescaleProgress(_Value):
     predicted_bytes: int = 0
     elapsed_s: float = 0.0
     first_step_ns: int | None = None
-    step_log: tuple[Mapping[str, Any], ...] = ()
+    step_log: tuple[Mapping[str, object], ...] = ()
     id: str | None = None
     done: bool | None = None
     from_: int | None = None
@@ -355,7 +358,7 @@ class UpgradeRecord(_Value):
     pause_ms: float | None = None
     canary: int = 0
     canary_result: str | None = None
-    cut: Mapping[str, Any] | None = None
+    cut: Mapping[str, object] | None = None
     error: str | None = None
     _OMIT_NONE = ("canary_result", "cut", "error")
 
@@ -394,7 +397,7 @@ class JobInfo(_Value):
     restarting: bool = False
     sources: tuple[SourceSideStatus, ...] = ()
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "restarting"}
         out["state"] = "RESTARTING" if self.restarting else self.state.value
         out["operators"] = dict(self.operators)

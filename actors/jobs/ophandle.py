@@ -3,16 +3,23 @@
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 
+from chiray.control.op import ControlOp
 from chiray.control.oprun import OpFailedError, OpState, OpTimeoutError
 from chiray.operators.inflight import CallWindow, concat
 
 from ..runtime.controller import controller_host
 
-__all__ = ["OpHandle", "OpSender"]
+if TYPE_CHECKING:
+    from ray.actor import ActorHandle
+
+__all__ = ["OpHandle", "OpSender", "OpAnswer"]
+
+OpAnswer = tuple[str, object, "BaseException | None", float]
+"""A controller's answer on an op: its ``OpState`` value, its result, its error, its elapsed seconds."""
 
 
 class OpSender:
@@ -32,16 +39,16 @@ class OpSender:
     ``_cond`` only.
     """
 
-    def __init__(self, controller: Any, name: str):
+    def __init__(self, controller: ActorHandle, name: str):
         self._controller = controller
         self._name = name
-        self._calls: CallWindow[str, list[tuple[Any, str]]] = CallWindow(concat)  # one key: the controller
+        self._calls: CallWindow[str, list[tuple[ControlOp, str]]] = CallWindow(concat)  # one key: the controller
         self._cond = threading.Condition()
         self._closed = False
         self._thread: threading.Thread | None = None
         self.calls = 0
 
-    def submit(self, op: Any, op_id: str) -> None:
+    def submit(self, op: ControlOp, op_id: str) -> None:
         """Queue ``op`` under ``op_id``; it leaves with the next call."""
         with self._cond:
             if self._closed:
@@ -71,7 +78,7 @@ class OpSender:
             with self._cond:
                 self._calls.returned(self._name)
 
-    def _send(self, batch: list[tuple[Any, str]]) -> None:
+    def _send(self, batch: list[tuple[ControlOp, str]]) -> None:
         try:
             ref = self._controller.run_ops.remote(batch)
         except Exception:  # one of them does not serialise: send one by one, report the ones that fail
@@ -93,7 +100,7 @@ class OpSender:
             pass
 
     @staticmethod
-    def _why_not_sent(op: Any) -> str:
+    def _why_not_sent(op: object) -> str:
         try:
             ray.cloudpickle.dumps(op)
         except Exception as exc:
@@ -109,14 +116,14 @@ class OpHandle:
         elapsed_s: once finished, how long the op took at its controller.
     """
 
-    def __init__(self, op_id: str, controller: Any, timeout_s: float | None):
+    def __init__(self, op_id: str, controller: ActorHandle, timeout_s: float | None):
         self.op_id = op_id
         self._controller = controller
         self._timeout_s = timeout_s
-        self._final: tuple[str, Any, BaseException | None, float] | None = None
+        self._final: OpAnswer | None = None
         self.elapsed_s: float | None = None
 
-    def _poll(self, timeout: float | None) -> tuple[str, Any, BaseException | None, float]:
+    def _poll(self, timeout: float | None) -> OpAnswer:
         if self._final is None:
             try:
                 state = ray.get(self._controller.op_result.remote(self.op_id, timeout))

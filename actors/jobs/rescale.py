@@ -52,10 +52,10 @@ Lifecycle of a run: ``WAITING -> PLANNING -> MIGRATING -> DONE | FAILED``.
 from __future__ import annotations
 
 import threading
-from typing import Any, Mapping
+from typing import Mapping
 
 from .jobvalues import RescaleProgress, RescaleState
-from .rescalejob import JobTarget
+from .rescalejob import JobTarget, RunningJob
 from .rescaler import STRATEGIES, RescaleError, RescaleRequest, Rescaler, Tally, check_request
 
 __all__ = ["RescaleHandle", "RescaleError", "STRATEGIES", "start_rescale"]
@@ -99,7 +99,7 @@ class RescaleHandle:
 class RescaleRun(threading.Thread):
     """Runs one rescale of a job on Ray in a thread of the driver; its errors say what happened to the job."""
 
-    def __init__(self, job: Any, request: RescaleRequest):
+    def __init__(self, job: RunningJob, request: RescaleRequest):
         super().__init__(name=f"chiray-rescale-{job.name}-{request.operator}", daemon=True)
         self.job, self.request = job, request
         self.tally = Tally(request)
@@ -120,8 +120,8 @@ class RescaleRun(threading.Thread):
             self.job.topology.release_rescale(self.request.operator)
 
 
-def start_rescale(job: Any, operator: str, parallelism: int | None, strategy: str, planner: str,
-                  assignment: list[int] | None, knobs: Mapping[str, Any]) -> RescaleHandle:
+def start_rescale(job: RunningJob, operator: str, parallelism: int | None, strategy: str, planner: str,
+                  assignment: list[int] | None, knobs: Mapping[str, object]) -> RescaleHandle:
     """Check the call (errors raise here, in the caller) and start the run."""
     request = check_request(job.name, job.plan, operator, parallelism, strategy, planner, assignment, knobs)
     if job.final_snapshot is not None:

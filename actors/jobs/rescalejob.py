@@ -12,21 +12,28 @@ the rescale's error into one that says so (``explain``).
 from __future__ import annotations
 
 import time
-from typing import Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Protocol, Sequence
 
 import ray
 
-from chiray.control.coordination import JobState
+from chiray.control.coordination import JobState, LifecycleSnapshot
 from chiray.control.message import InstanceId
+from chiray.control.op import ControlOp
 from chiray.control.oprun import JobView, OpTimeoutError
 from chiray.operators.graph import PhysicalPlan
 
 from ..runtime.controller import controller_host
+from .jobstatus import JobStatistics
+from .jobtopology import JobTopology
 from .ophandle import OpHandle
-from .rescaler import HostChange, RescaleError, Tally, place_change
+from .rescaler import HostChange, RescaleError, StartedOp, Tally, place_change
 from ..runtime.topology import ChangePrepared
+from .supervisor import Deployment
 
-__all__ = ["JobTarget", "STEP_POLL_S"]
+if TYPE_CHECKING:
+    from ray.actor import ActorHandle
+
+__all__ = ["JobTarget", "RunningJob", "STEP_POLL_S"]
 
 STEP_POLL_S = 1.0
 """While a step's op runs, whether the job ended is checked this often."""
@@ -35,11 +42,34 @@ RETIRE_TIMEOUT_S = 120.0
 """How long retired hosts may take to drain."""
 
 
+class RunningJob(Protocol):
+    """What a rescale asks of the driver's ``Job`` (``job.Job``, which imports this module, is one)."""
+
+    name: str
+    plan: PhysicalPlan
+    topology: JobTopology
+
+    @property
+    def deployment(self) -> Deployment | None: ...
+
+    @property
+    def final_snapshot(self) -> LifecycleSnapshot | None: ...
+
+    @property
+    def side_controllers(self) -> dict[str, ActorHandle]: ...
+
+    def statistics(self) -> JobStatistics: ...
+
+    def run_control(self, op: ControlOp, controller: str | None = None, op_id: str | None = None) -> OpHandle: ...
+
+    def apply_rescale_step(self, plan: PhysicalPlan, placement: dict[InstanceId, int]) -> None: ...
+
+
 class JobTarget:
     """The job ``job`` as the rescale of ``operator`` sees it (its errors name the operator and the steps
     ``tally`` counted)."""
 
-    def __init__(self, job: Any, operator: str, tally: Tally):
+    def __init__(self, job: RunningJob, operator: str, tally: Tally):
         self.job, self.operator, self.tally = job, operator, tally
         self.name = job.name
 
@@ -68,8 +98,8 @@ class JobTarget:
 
     # -- ops -------------------------------------------------------------------------------------
 
-    def start_op(self, op: Any, op_id: str | None = None,
-                 views: tuple[JobView, JobView] | None = None) -> Any:
+    def start_op(self, op: ControlOp, op_id: str | None = None,
+                 views: tuple[JobView, JobView] | None = None) -> OpHandle:
         """Start ``op``; with ``views`` (a topology change) it sees the first, ops after it the second."""
         if views is None or op_id is None:
             return self.job.run_control(op, op_id=op_id)
@@ -78,7 +108,7 @@ class JobTarget:
         controller.run_op.remote(op, op_id, *views)
         return handle
 
-    def wait_op(self, handle: Any, timeout_s: float | None) -> Any:
+    def wait_op(self, handle: StartedOp, timeout_s: float | None) -> Any:
         """The op's result, waiting up to ``timeout_s``; a job that ended meanwhile (its input did) raises
         at once. The op of a step injected just before the input ended can reach instances that finish
         without acting on it: it would only fail at its timeout."""
@@ -108,12 +138,13 @@ class JobTarget:
     def prepare(self, op_id: str, new: PhysicalPlan, change: HostChange) -> list[ChangePrepared]:
         """Start the new hosts, then have every other host prepare the change (before the op is injected)."""
         job, added = self.job, list(change.added)
-        fresh = job.deployment.take_hosts(added) if added else []
+        dep = self._deployment()
+        fresh = dep.take_hosts(added) if added else []
         before = job.topology.snapshot()
         peers = {**before.peers(), **dict(zip(added, fresh))}
         new_ref, placement = ray.put(new), dict(change.placement)
         self._start_hosts(new_ref, placement, dict(zip(added, fresh)), peers, before.incarnation)
-        timeout = job.deployment.config.deploy_timeout_s
+        timeout = dep.config.deploy_timeout_s
         try:
             prepared = ray.get([h.prepare_change.remote(op_id, new_ref, placement, peers)
                                 for hid, h in peers.items() if hid not in added], timeout=timeout)
@@ -124,10 +155,10 @@ class JobTarget:
                                f"{exc}") from exc
         return list(prepared)
 
-    def _start_hosts(self, new_ref: Any, placement: dict[InstanceId, int], fresh: dict[int, Any],
-                     peers: dict[int, Any], incarnation: int) -> None:
+    def _start_hosts(self, new_ref: ray.ObjectRef, placement: dict[InstanceId, int], fresh: dict[int, ActorHandle],
+                     peers: dict[int, ActorHandle], incarnation: int) -> None:
         """The new hosts set up and started (until they run, nothing of the job has changed), then joined."""
-        job, dep = self.job, self.job.deployment
+        job, dep = self.job, self._deployment()
         timeout, controller = dep.config.deploy_timeout_s, job.topology.controller
         try:
             errors = ray.get([h.setup.remote(new_ref, placement, dep.config, peers, controller, None,
@@ -153,9 +184,16 @@ class JobTarget:
                 job.topology.add_hosts(list(fresh), list(fresh.values()))
                 return
         _kill(fresh.values())  # the hosts it knew of are gone; these were never its
-        why = "the job recovered" if recovered else f"the job ended ({job.final_snapshot.state.value})"
+        final = job.final_snapshot
+        why = "the job recovered" if recovered or final is None else f"the job ended ({final.state.value})"
         raise RescaleError(f"rescale of {self.operator!r} did not complete: {why} while its new hosts "
                            "started")
+
+    def _deployment(self) -> Deployment:
+        """How the job's hosts start (a job that runs was launched: it has one)."""
+        dep = self.job.deployment
+        assert dep is not None, "bug in rescalejob: a rescale of a job that was never launched"
+        return dep
 
     def apply(self, new: PhysicalPlan, placement: Mapping[InstanceId, int]) -> None:
         self.job.apply_rescale_step(new, dict(placement))
@@ -226,7 +264,7 @@ class JobTarget:
             "rescale again once it runs")
 
 
-def _kill(hosts: Iterable[Any]) -> None:
+def _kill(hosts: Iterable[ActorHandle]) -> None:
     for h in hosts:
         try:
             ray.kill(h, no_restart=True)

@@ -22,12 +22,13 @@ from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
 import numpy as np
 
 from chiray.control.message import InstanceId
+from chiray.control.op import ControlOp
 from chiray.control.oprun import JobView, OpFailedError, job_view
 from chiray.control.ops.migrate import MigrateBins, ReplicateBins
 from chiray.control.ops.monitor import Monitor
 from chiray.control.ops.noop import NoOp
 from chiray.control.planning import PLANNERS
-from chiray.control.rescaleplan import (Drain, Migrate, Pause, Replicate, RescaleOptions, RescalePlan,
+from chiray.control.rescaleplan import (Drain, Migrate, Pause, Replicate, RescaleOptions, RescalePlan, Step,
                                         Strategy, bin_metrics, plan_rescale, unreached)
 from chiray.operators.errors import ChirayError
 from chiray.operators.graph import OperatorKind, PhysicalPlan, rescaled_plan
@@ -35,8 +36,8 @@ from chiray.operators.graph import OperatorKind, PhysicalPlan, rescaled_plan
 from .jobvalues import RescaleProgress, RescaleState
 from ..runtime.topology import ChangePrepared
 
-__all__ = ["RescaleError", "STRATEGIES", "RescaleRequest", "check_request", "RescaleTarget", "HostChange",
-           "place_change", "Tally", "Rescaler", "changes_topology", "change_views"]
+__all__ = ["RescaleError", "STRATEGIES", "RescaleRequest", "check_request", "RescaleTarget", "StartedOp", "HostChange",
+           "place_change", "Tally", "Rescaler", "changes_topology", "change_views", "StepLogEntry"]
 
 STRATEGIES = tuple(s.value for s in Strategy)
 KEYED_STRATEGIES = tuple(s.value for s in Strategy if s.moves_bins)
@@ -65,7 +66,7 @@ class RescaleRequest:
 
 
 def check_request(job: str, plan: PhysicalPlan, operator: str, parallelism: int | None, strategy: str,
-                  planner: str, assignment: Sequence[int] | None, knobs: Mapping[str, Any]) -> RescaleRequest:
+                  planner: str, assignment: Sequence[int] | None, knobs: Mapping[str, object]) -> RescaleRequest:
     """A rescale of ``operator`` in job ``job`` (running ``plan``), checked (errors raise in the caller).
 
     Raises:
@@ -145,6 +146,16 @@ def place_change(placement: Mapping[InstanceId, int], host_ids: Iterable[int], n
     return HostChange(full, added, tuple(h for h in host_ids if h not in used))
 
 
+class StartedOp(Protocol):
+    """A control op a :class:`RescaleTarget` started: ``result(timeout)`` waits for what its op returns (raising
+    ``OpFailedError`` or ``TimeoutError``); ``elapsed_s``: how long it took at its controller, once done."""
+
+    @property
+    def elapsed_s(self) -> float | None: ...
+
+    def result(self, timeout: float | None = None) -> Any: ...
+
+
 class RescaleTarget(Protocol):
     """The job a :class:`Rescaler` changes: its plan, its control ops and its hosts.
 
@@ -163,10 +174,10 @@ class RescaleTarget(Protocol):
 
     def finished(self) -> set[InstanceId]: ...
 
-    def start_op(self, op: Any, op_id: str | None = None,
-                 views: tuple[JobView, JobView] | None = None) -> Any: ...
+    def start_op(self, op: ControlOp, op_id: str | None = None,
+                 views: tuple[JobView, JobView] | None = None) -> StartedOp: ...
 
-    def wait_op(self, handle: Any, timeout_s: float | None) -> Any: ...
+    def wait_op(self, handle: StartedOp, timeout_s: float | None) -> Any: ...
 
     def place(self, new: PhysicalPlan) -> HostChange: ...
 
@@ -183,6 +194,10 @@ class RescaleTarget(Protocol):
 
 # -- the run ----------------------------------------------------------------------------------------
 
+
+StepLogEntry = dict[str, object]
+"""One entry of a rescale's step log: ``step`` (its number, ``"replicate"`` or ``"drain"``), ``elapsed_s``, and
+what the step measured (``bins``, ``bytes``, its phases' seconds) or ``error``."""
 
 COUNTERS = ("steps_done", "steps", "bins_moved", "bins", "bytes_moved", "bins_reloaded", "bytes_replicated",
             "predicted_bytes")
@@ -203,7 +218,7 @@ class Tally:
         self.finished: float | None = None
         self.counts = dict.fromkeys(COUNTERS, 0)
         self.first_step_ns: int | None = None  # when the first migration op was injected (after setup)
-        self.step_log: list[dict[str, Any]] = []
+        self.step_log: list[StepLogEntry] = []
 
     def progress(self) -> RescaleProgress:
         with self._lock:
@@ -220,7 +235,7 @@ class Tally:
         with self._lock:
             self.state = state
 
-    def add(self, entry: dict[str, Any] | None = None, **counts: int) -> None:
+    def add(self, entry: StepLogEntry | None = None, **counts: int) -> None:
         """Add ``counts`` to the counters and ``entry`` to the step log."""
         with self._lock:
             for name, n in counts.items():
@@ -266,9 +281,7 @@ class Rescaler:
         self.target, self.request, self.tally = target, request, tally
         self.timeout_s = request.options.step_timeout_s
         self.replicas: dict[int, int] = {}  # bin -> version the new owners hold (the last Replicate's)
-        self.key: Any = None
-        self._run_step: dict[type, Callable[[Any], None]] = {
-            Replicate: self._replicate, Migrate: self._migrate, Drain: self._drain, Pause: self._pause}
+        self.key: str | tuple[str, ...] | None = None  # the operator's key (one per input of a two-input one)
 
     def run(self) -> RescalePlan:
         """Plan the rescale and carry out its steps; returns the plan.
@@ -282,8 +295,19 @@ class Rescaler:
         self.tally.add(steps=plan.counted_steps, bins=plan.bins, predicted_bytes=plan.predicted_bytes)
         self.tally.set(RescaleState.MIGRATING)
         for step in plan.steps:
-            self._run_step[type(step)](step)
+            self._run_step(step)
         return plan
+
+    def _run_step(self, step: Step) -> None:
+        """Carry out ``step``: the one place that tells the kinds of step apart."""
+        if isinstance(step, Replicate):
+            self._replicate(step)
+        elif isinstance(step, Migrate):
+            self._migrate(step)
+        elif isinstance(step, Drain):
+            self._drain(step)
+        else:
+            self._pause(step)
 
     def plan(self) -> RescalePlan:
         """Measure the operator's bins where planning needs it, then plan."""
@@ -368,7 +392,7 @@ class Rescaler:
         behind them, completes once every instance has taken what came before it. Only a pace: if it
         fails (not the job), the next step goes on, and the step log says why."""
         started = time.monotonic()
-        entry: dict[str, Any] = {"step": "drain"}
+        entry: StepLogEntry = {"step": "drain"}
         try:
             handle = self.target.start_op(NoOp(blocking=False, timeout_s=self.timeout_s))
             self.target.wait_op(handle, self.timeout_s)

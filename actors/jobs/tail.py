@@ -8,13 +8,16 @@ reached the sink, whether a checkpoint has committed them yet or not.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import pyarrow as pa
 import ray
 
 from chiray.operators.graph import LogicalGraph, OperatorKind, OperatorNode
 from chiray.operators.recent import check_tail_rows, newest_rows
+
+if TYPE_CHECKING:
+    from ray.actor import ActorHandle
 
 __all__ = ["sink_node", "tail_rows"]
 
@@ -38,7 +41,7 @@ def sink_node(job: str, graph: LogicalGraph, sink: str | None) -> OperatorNode:
     return matches[0]
 
 
-def tail_rows(job: str, graph: LogicalGraph, hosts: Sequence[Any], sink: str | None, n: int) -> pa.Table:
+def tail_rows(job: str, graph: LogicalGraph, hosts: Sequence[ActorHandle], sink: str | None, n: int) -> pa.Table:
     """The newest ``n`` rows that reached sink ``sink`` on ``hosts``, oldest first.
 
     Raises:
