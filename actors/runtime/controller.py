@@ -1,56 +1,65 @@
-"""controller.py: the job controller, a thin shell around ``control.coordination``.
+"""controller.py: the job controller, a Ray-facing shell that takes the hosts' and the driver's calls.
 
-``Controller`` (one per job) tracks the job's lifecycle, watches its
-hosts, and is the job's *injector*: every control op, from it or from any
-side controller, gets the next number of one global injection order here and
-is broadcast to the sources (directly, or through the broadcast tree's
-relays), so every channel sees ops in the same order. ``SideController``s
-(``Job.add_controller``) run their own ops: their handlers run there and the
-sinks return to them.
+``Controller`` (one per job) tracks the job's lifecycle (``control.coordination.JobLifecycle``), watches
+its hosts, and is the job's *injector*: every control op, from it or from any side controller, gets the
+next number of one global injection order here and is broadcast to the sources (directly, or through
+the broadcast tree's relays), so every channel sees ops in the same order. ``SideController``s
+(``Job.add_controller``) run their own ops: their handlers run there and the sinks return to them.
+The decisions live in plain parts, unit-tested without Ray: the lifecycle and the ops' runs
+(``control.coordination``), the injection order and its calls (``injector.Injector``) and when a
+checkpoint of its own starts (``control.checkpointtimer.CheckpointTimer``).
 
-Where the controller runs: by default inside host 0's process
-(``HostedController``, a handle with an actor's call syntax whose calls run
-on a thread of that host's own, see ``OperatorHost.controller_call``), so a
-job costs no process beyond its hosts; with
-``JobConfig(controller_process=True)``, and from a job's first recovery on
-(the hosts are replaced then), in an actor of its own (``JobController``).
+Where the controller runs: by default inside host 0's process (``hosted.HostedController``), so a
+job costs no process beyond its hosts; with ``JobConfig(controller_process=True)``, and from a job's
+first recovery on (the hosts are replaced then), in an actor of its own (``JobController``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
-import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable, TypeAlias, TypedDict
 
 import ray
+from ray.actor import ActorHandle
 
+from chiray.control.checkpointtimer import RESTORE_RETRY_S, CheckpointTimer
 from chiray.control.coordination import JobLifecycle, JobState, LifecycleSnapshot
 from chiray.control.fencing import Fence, FencedStorage, StaleIncarnationError
-from chiray.control.message import ControlMessage
-from chiray.control.oprun import OpState
-from chiray.control.trees import Relay, Tree
-from chiray.operators.inflight import CallWindow
+from chiray.control.message import ControlMessage, InstanceId
+from chiray.control.oprun import JobView, OpState
+from chiray.control.trees import Tree
+from chiray.operators.logic import Sink, Source
 
-from .controlops import ControllerOps
+from .controlops import ControllerOps, OpItem
+from ..config import JobConfig
 from ..errors import JobFailedError
+from .hosted import HostedController, controller_host
+from .injector import Injector, ops_running
 from .messages import Parcel
+from .storage import CheckpointStorage
 from .transport import when_returned
 
-__all__ = ["Controller", "HostedController", "JobController", "controller_host"]
+if TYPE_CHECKING:
+    from chiray.control.op import ControlOp
+    from chiray.control.ops.checkpoint import CheckpointStore
 
-_Injections = CallWindow[int, tuple[Any, Parcel]]
-"""Per host: (its handle, the injections waiting for the next call there); one call in flight."""
+__all__ = ["Controller", "HostedController", "JobController", "LongStep", "controller_host"]
+
+Hosts: TypeAlias = "list[ActorHandle] | dict[int, ActorHandle]"
+"""A job's hosts: their handles in host-id order, or by host id."""
 
 
-def _fold_injections(queued: tuple[Any, Parcel], item: tuple[Any, Parcel]) -> tuple[Any, Parcel]:
-    """Injections queued for one host go together; a host replaced meanwhile gets only what follows."""
-    if queued[0] is not item[0]:
-        return item
-    queued[1].add(item[1])
-    return queued
+class LongStep(TypedDict):
+    """A host's answer to the liveness check: the step of operator code running there now
+    (``HostCore.long_step``)."""
+
+    operator: str
+    index: int
+    function: str
+    seconds: float
+    since: float
 
 
 class Controller(ControllerOps):
@@ -61,7 +70,7 @@ class Controller(ControllerOps):
     (``control.fencing``): each deployment takes a ``fence_token`` from the job's
     storage, and a controller whose token a newer deployment passed commits
     nothing and retires. Lifecycle follows its ``JobLifecycle``; ``stop()`` ends
-    its tasks.
+    its tasks. Only its own event loop touches it.
     """
 
     def __init__(self, *args: Any, **kwargs: Any):
@@ -72,24 +81,18 @@ class Controller(ControllerOps):
         """A warm controller (started bare, see ``pool.py``) takes its job: the constructor's arguments."""
         self._configure(*args, **kwargs)
 
-    async def pid(self) -> int:
-        """The process id this controller runs in (for fault tests that kill it as a crash would)."""
-        return os.getpid()
-
     async def ping(self) -> bool:
         return True
 
-    def _configure(self, job_name: str, sinks: list[tuple[str, int]], config: Any,
-                   view: Any = None, broadcast: Tree | None = None, placement: dict | None = None,
-                   storage: Any = None, sink_objects: dict[str, Any] | None = None,
-                   next_checkpoint_id: int = 1, source_objects: dict[str, Any] | None = None) -> None:
+    def _configure(self, job_name: str, sinks: list[InstanceId], config: JobConfig,
+                   view: JobView | None = None, broadcast: Tree | None = None,
+                   placement: dict[InstanceId, int] | None = None, storage: CheckpointStorage | None = None,
+                   sink_objects: dict[str, Sink] | None = None, next_checkpoint_id: int = 1,
+                   source_objects: dict[str, Source] | None = None) -> None:
         self.job_name = job_name
         self.config = config
         self.lifecycle = JobLifecycle(sinks, config.max_restarts, config.restart_window_s)
-        self.poll_interval_s = config.poll_interval_s
-        self.hosts: dict[int, Any] = {}
-        self.broadcast = broadcast
-        self.placement = placement or {}
+        self.hosts: dict[int, ActorHandle] = {}
         self.storage = storage
         self.sink_objects = sink_objects or {}
         self.source_objects = source_objects or {}
@@ -98,22 +101,20 @@ class Controller(ControllerOps):
         self.incarnation = 0
         self.fence_token = 0  # this deployment's (see control.fencing); 0 until start() or resume()
         self._fence = Fence.of(storage) if hasattr(storage, "fs") else None
-        self.side_controllers: dict[str, Any] = {}
+        self.side_controllers: dict[str, ActorHandle] = {}
         self._changed = asyncio.Event()
         self._monitor: asyncio.Task | None = None
         self._periodic: asyncio.Task | None = None
         self._first: asyncio.Task | None = None  # a restored job's first checkpoint
         self._checkpoint_op: str | None = None
         self.stopping = False  # a stop is under way: only its final checkpoint may start
-        self._long_steps: dict[tuple, float] = {}  # (host, operator, index, since) -> seconds reported
-        self._seq = 0
-        self._injections: _Injections = CallWindow(_fold_injections)
-        self._injected_at = float("-inf")  # event-loop time of the last injection call
-        self._injection_due = False
-        self._injected_waiters: list[asyncio.Future] = []  # callers of _until_injected
+        self._long_steps: dict[tuple[int, str, int, float], float] = {}  # (host, operator, index, since) -> seconds
         self._init_ops("controller", view)
+        self.injector: Injector[ActorHandle] = Injector(
+            broadcast, placement or {}, lambda host: self.hosts[host], self._send, _schedule, _loop_time,
+            functools.partial(ops_running, self.ops), config.control_batch_s)
 
-    async def start(self, hosts: list[Any] | dict[int, Any], incarnation: int = 0, restored: bool = False,
+    async def start(self, hosts: Hosts, incarnation: int = 0, restored: bool = False,
                     fence_token: int | None = None) -> None:
         """Run the job on ``hosts``; ``restored``: it started from another job's checkpoint; ``fence_token``:
         the one the deployment took (None: take the next one here)."""
@@ -128,8 +129,7 @@ class Controller(ControllerOps):
         self._start_timer()
         if self.stopping:
             return
-        if self.config.checkpoint_interval_s and self._periodic is None:
-            self._periodic = loop.create_task(self._checkpoint_periodically())
+        self._start_periodic()
         if restored and self.config.restore_checkpoint_s is not None and self._first is None:
             self._first = loop.create_task(self._checkpoint_after_restore(self.config.restore_checkpoint_s))
 
@@ -152,7 +152,7 @@ class Controller(ControllerOps):
     def _current(self, incarnation: int) -> bool:
         return incarnation == self.incarnation and self.lifecycle.state is JobState.RUNNING
 
-    async def instance_finished(self, operator: str, index: int, result: Any, incarnation: int = 0) -> None:
+    async def instance_finished(self, operator: str, index: int, result: object, incarnation: int = 0) -> None:
         if not self._current(incarnation):
             return
         self.lifecycle.instance_finished((operator, index), result)
@@ -189,7 +189,7 @@ class Controller(ControllerOps):
         """Return once terminal or recovering (the supervisor's cue), or after ``timeout``."""
         return await self._wait_for(lambda: self.lifecycle.state is not JobState.RUNNING, timeout)
 
-    async def _wait_for(self, condition: Any, timeout: float | None) -> LifecycleSnapshot:
+    async def _wait_for(self, condition: Callable[[], bool], timeout: float | None) -> LifecycleSnapshot:
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         while not condition():
@@ -206,7 +206,7 @@ class Controller(ControllerOps):
     async def snapshot(self) -> LifecycleSnapshot:
         return self.lifecycle.snapshot()
 
-    async def results(self) -> dict:
+    async def results(self) -> dict[InstanceId, object]:
         return dict(self.lifecycle.results)
 
     async def stop(self) -> None:
@@ -216,7 +216,7 @@ class Controller(ControllerOps):
 
     async def _watch_hosts(self, incarnation: int) -> None:
         while self.incarnation == incarnation and self.lifecycle.state is JobState.RUNNING:
-            await asyncio.sleep(self.poll_interval_s)
+            await asyncio.sleep(self.config.poll_interval_s)
             for host_id, host in list(self.hosts.items()):
                 if host_id not in self.hosts:  # retired by a rescale meanwhile
                     continue
@@ -231,7 +231,7 @@ class Controller(ControllerOps):
                     return
                 self._watch_step(host_id, step)
 
-    def _watch_step(self, host_id: int, step: dict[str, Any] | None) -> None:
+    def _watch_step(self, host_id: int, step: LongStep | None) -> None:
         """The watchdog: a step of operator code running longer than ``step_warning_s`` becomes an event
         (once per step, and again at each doubling), naming the operator, instance and user function; the
         step is left to run."""
@@ -250,14 +250,12 @@ class Controller(ControllerOps):
 
     # -- recovery ----------------------------------------------------------------
 
-    async def resume(self, hosts: list[Any] | dict[int, Any], incarnation: int, checkpoint_id: int | None,
+    async def resume(self, hosts: Hosts, incarnation: int, checkpoint_id: int | None,
                      seconds: float, where: str | None = None, fence_token: int | None = None) -> None:
         """The supervisor re-created the hosts from ``checkpoint_id`` (``where``: that checkpoint in
         words, when it is not one of the job's own): run again, under ``fence_token`` (None: the next)."""
         self.incarnation = incarnation
-        self._injections = CallWindow(_fold_injections)  # the old hosts' ops failed; their calls are ignored
-        self._wake_if_injected()
-        self._seq = 0  # new hosts: control inboxes start again at 0
+        self.injector.reset()  # the old hosts' ops failed; new hosts' control inboxes start again at 0
         self._checkpoint_op = None
         if checkpoint_id is not None and where is None:
             self.durable = max(self.durable, checkpoint_id)
@@ -299,7 +297,7 @@ class Controller(ControllerOps):
 
     SINK_COMMIT_TRIES = (0.05, 0.25)  # seconds before the second and third try of a sink commit
 
-    def _commit_sinks(self, sink: str, staged: list, checkpoint_id: int) -> None:
+    def _commit_sinks(self, sink: str, staged: list[object], checkpoint_id: int) -> None:
         """Make what checkpoint ``checkpoint_id`` (durable now) lists for ``sink`` visible. Tried three
         times; if it still fails, the job recovers from that checkpoint, whose recovery commits it (a
         failed commit is never skipped: the next checkpoint would not list this output again)."""
@@ -315,8 +313,9 @@ class Controller(ControllerOps):
                 self.lifecycle.lost(JobFailedError(f"job {self.job_name!r}: {reason}"), reason)
                 self._notify()
 
-    def commit_storage(self) -> Any:
+    def commit_storage(self) -> CheckpointStore:
         """The storage a checkpoint commits through: fenced by this deployment's token (see ``_retire``)."""
+        assert self.storage is not None, f"bug: job {self.job_name!r} has no checkpoint storage"
         if self._fence is None:
             return self.storage
         return FencedStorage(self.storage, self._fence, self.fence_token, self._retire)
@@ -331,11 +330,16 @@ class Controller(ControllerOps):
     def _durable(self, checkpoint_id: int) -> None:
         self.durable = max(self.durable, checkpoint_id)
 
-    def _commit_sources(self, source: str, checkpoint_id: int, offsets: dict[str, Any]) -> None:
+    def _commit_sources(self, source: str, checkpoint_id: int, offsets: dict[str, object]) -> None:
         try:
             self.source_objects[source].checkpoint_complete(checkpoint_id, offsets)
         except Exception as exc:  # the checkpoint stands; the source only keeps data longer
             self.lifecycle.events.append(f"source {source!r}: checkpoint_complete({checkpoint_id}) failed: {exc!r}")
+
+    def _checkpoint_running(self) -> str | None:
+        """The op id of the last checkpoint this controller started, while it still runs; else None."""
+        running = self._checkpoint_op
+        return running if running is not None and self.ops.runs[running].state is OpState.RUNNING else None
 
     async def begin_stop(self, timeout: float = 120.0) -> None:
         """A stop (``Job.stop``) is under way: no periodic or restore checkpoint starts from now on, and a
@@ -346,8 +350,8 @@ class Controller(ControllerOps):
             if task is not None:
                 task.cancel()
         self._periodic = self._first = None
-        running = self._checkpoint_op
-        if running is not None and self.ops.runs[running].state is OpState.RUNNING:
+        running = self._checkpoint_running()
+        if running is not None:
             try:
                 await self.op_result(running, timeout)
             except Exception:  # it failed: the stop's checkpoint follows all the same
@@ -364,8 +368,8 @@ class Controller(ControllerOps):
                 await self.op_result(await self.run_op(ResumeSources()), 60.0)
             except Exception as exc:  # a recovery meanwhile starts every source afresh
                 self.lifecycle.events.append(f"stop cancelled: resuming the sources failed: {exc!r}")
-        if self.lifecycle.state is JobState.RUNNING and self.config.checkpoint_interval_s and self._periodic is None:
-            self._periodic = asyncio.get_running_loop().create_task(self._checkpoint_periodically())
+        if self.lifecycle.state is JobState.RUNNING:
+            self._start_periodic()
 
     async def checkpoint(self, final: bool = False, full: bool = False) -> str:
         """Start a checkpoint now; returns the op id (its result is the checkpoint id).
@@ -393,34 +397,43 @@ class Controller(ControllerOps):
         self._checkpoint_op = op_id
         return op_id
 
+    def _start_periodic(self) -> None:
+        """Start the periodic checkpoints (``checkpoint_interval_s``), unless they run or are off."""
+        if self.config.checkpoint_interval_s and self._periodic is None:
+            self._periodic = asyncio.get_running_loop().create_task(
+                self._checkpoint_periodically(self.config.checkpoint_interval_s))
+
+    async def _checkpoint_periodically(self, interval: float) -> None:
+        """Every ``interval`` seconds while the job runs, a checkpoint, unless the last one still runs."""
+        timer = CheckpointTimer(interval, _loop_time)
+        while not self.lifecycle.state.terminal:
+            await asyncio.sleep(timer.wait_s())
+            if timer.due(self.lifecycle.state, busy=self._checkpoint_running() is not None):
+                try:
+                    await self.checkpoint()
+                except Exception:  # the job ended meanwhile; the loop condition stops us
+                    pass
+                timer.tried()
+
     async def _checkpoint_after_restore(self, delay: float) -> None:
         """A restored job's own first checkpoint, ``delay`` seconds in: until one completes, a recovery
         falls back to the checkpoint the job was restored from. Tried again after a failure (or a
-        recovery) until one completes or the job ends."""
+        recovery) until one completes or the job ends, ``RESTORE_RETRY_S`` apart at least."""
+        assert self.storage is not None, "bug: a restored job without checkpoint storage"
+        timer = CheckpointTimer(delay, _loop_time, retry_s=RESTORE_RETRY_S)
         while not self.lifecycle.state.terminal and not self.storage.committed():
-            await asyncio.sleep(delay)
-            if self.lifecycle.state is not JobState.RUNNING or self.storage.committed():
+            await asyncio.sleep(timer.wait_s())
+            if not timer.due(self.lifecycle.state, busy=bool(self.storage.committed())):
                 continue
             try:
                 await self.op_result(await self.checkpoint(), None)
             except Exception:  # the job ended meanwhile; the loop decides
                 pass
-            delay = max(delay, 0.5)  # a failed one is tried again, not at once
-
-    async def _checkpoint_periodically(self) -> None:
-        interval = self.config.checkpoint_interval_s
-        while not self.lifecycle.state.terminal:
-            await asyncio.sleep(interval)
-            running = self._checkpoint_op and self.ops.runs[self._checkpoint_op].state is OpState.RUNNING
-            if self.lifecycle.state is JobState.RUNNING and not running:
-                try:
-                    await self.checkpoint()
-                except Exception:  # the job ended meanwhile; the loop condition stops us
-                    pass
+            timer.tried()
 
     # -- control ops ---------------------------------------------------------------
 
-    async def register_controller(self, name: str, handle: Any) -> None:
+    async def register_controller(self, name: str, handle: ActorHandle) -> None:
         """Make a side controller known to every host (sinks return its ops to it)."""
         if name in self.side_controllers or name == self.ops.name:
             raise ValueError(f"job {self.job_name!r} already has a controller named {name!r}")
@@ -451,10 +464,10 @@ class Controller(ControllerOps):
         waits here, so the ops it is given meanwhile go in its next call: one call per window
         rather than one per op.
         """
-        if self._injections.idle:
+        if self.injector.idle:
             return
         waiter = asyncio.get_running_loop().create_future()
-        self._injected_waiters.append(waiter)
+        self.injector.when_idle(lambda: None if waiter.done() else waiter.set_result(None))
         try:
             await asyncio.wait_for(asyncio.shield(waiter), timeout=self.config.control_batch_s + 1.0)
         except asyncio.TimeoutError:  # a host slow to take its call: the ops are queued all the same
@@ -466,83 +479,18 @@ class Controller(ControllerOps):
             why = self.lifecycle.error or self.lifecycle.recovery_reason
             raise JobFailedError(f"job {self.job_name!r} is {self.lifecycle.state.value}"
                                  f"{f' ({why})' if why else ''}: cannot start control op {message.op_id}")
-        message = dataclasses.replace(message, seq=self._seq)  # no await before this: start + seq are atomic
-        self._seq += 1
-        tree = self.broadcast
-        assert tree is not None, "bug: controller started without a broadcast tree"
-        direct: dict[int, list] = {}
-        for node in tree.top:
-            if isinstance(node, Relay):
-                self._queue_injection(tree.host[node], "relay", (message, node))
-            else:
-                direct.setdefault(self.placement[node], []).append(node)
-        for host, sources in direct.items():  # one item per host, however many sources it holds
-            self._queue_injection(host, "inject", (message, sources))
-        return message.seq
+        return self.injector.inject(message).seq  # no await before this: start + seq are atomic
 
-    def _queue_injection(self, host: int, method: str, item: tuple) -> None:
-        """Send ``item`` to ``host`` in one call with the other injections due there.
+    def _send(self, host: ActorHandle, parcel: Parcel, returned: Callable[[], None]) -> None:
+        """The injector's call to ``host``: ``returned()`` once it returned or failed."""
+        when_returned(host.receive.remote(parcel, self.config.run_id), lambda _: returned())
 
-        Ops started together share calls: those of one turn of the event loop, those queued while
-        the last call to that host was in flight (at most one is), and, while earlier ops are still
-        in flight, those started within ``control_batch_s`` of the last injection. Ops injected
-        together reach every source in one call and travel the dataflow together (one message per
-        channel hop, one return), which is what a high rate of ops costs most; an op that finds no
-        other running (one after another, or after a quiet spell) goes at once.
-        """
-        parcel = Parcel(relays=[item]) if method == "relay" else Parcel(injections=[item])
-        self._injections.put(host, (self.hosts[host], parcel))
-        self._schedule_injections()
-
-    def _schedule_injections(self) -> None:
-        if self._injection_due:
-            return
-        self._injection_due = True
-        loop = asyncio.get_running_loop()
-        wait = self._injected_at + self.config.control_batch_s - loop.time()
-        if wait > 0 and self._ops_in_flight() > 1:
-            loop.call_later(wait, self._send_injections)
-        else:
-            loop.call_soon(self._send_injections)
-
-    def _ops_in_flight(self) -> int:
-        """Ops of this controller still running (an op started on its own waits for no other)."""
-        return sum(1 for run in self.ops.running.values() if run.state is OpState.RUNNING)
-
-    def _send_injections(self) -> None:
-        """Send the queued injections of every host that has no call in flight."""
-        self._injection_due = False
-        sent = False
-        for host in self._injections.ready():
-            taken = self._injections.take(host)
-            assert taken is not None, "bug in JobController: a ready host has no injections"
-            handle, parcel = taken
-            ref = handle.receive.remote(parcel, self.config.run_id)
-            when_returned(ref, functools.partial(self._injected, self._injections, host))
-            sent = True
-        if sent:
-            self._injected_at = asyncio.get_running_loop().time()
-        self._wake_if_injected()
-
-    def _wake_if_injected(self) -> None:
-        """Release the ``_until_injected`` waiters once nothing is queued."""
-        if not self._injections.idle or not self._injected_waiters:
-            return
-        waiters, self._injected_waiters = self._injected_waiters, []
-        for waiter in waiters:
-            if not waiter.done():
-                waiter.set_result(None)
-
-    def _injected(self, injections: _Injections, host: int, future: Any) -> None:
-        """An injection call returned: what waited for it goes (calls from before a recovery are ignored)."""
-        if injections is self._injections and injections.returned(host) and injections.queued(host):
-            self._schedule_injections()
-
-    async def set_hosts(self, hosts: dict[int, Any]) -> None:
+    async def set_hosts(self, hosts: dict[int, ActorHandle]) -> None:
         """A rescale added or retired hosts: watch (and inject into) these."""
         self.hosts = dict(hosts)
 
-    async def run_op(self, op: Any, op_id: str | None = None, view: Any = None, next_view: Any = None) -> str:
+    async def run_op(self, op: ControlOp, op_id: str | None = None, view: JobView | None = None,
+                     next_view: JobView | None = None) -> str:
         """Start ``op``; returns its id (wait with ``op_result``).
 
         A topology-changing op (a rescale step) runs with ``view`` (the old and
@@ -559,7 +507,7 @@ class Controller(ControllerOps):
         self._ops_changed()
         return message.op_id
 
-    async def run_ops(self, items: list[tuple[Any, str]]) -> None:
+    async def run_ops(self, items: list[OpItem]) -> None:
         """Start each ``(op, op_id)`` in order (a driver's batch); returns once their injections left.
 
         An op that cannot start is reported by ``op_result``, as with ``run_op``.
@@ -572,52 +520,19 @@ class Controller(ControllerOps):
         await self._until_injected()
 
 
+def _loop_time() -> float:
+    """The running event loop's clock (monotonic seconds)."""
+    return asyncio.get_running_loop().time()
+
+
+def _schedule(delay: float, callback: Callable[[], None]) -> None:
+    """Run ``callback`` on the running event loop ``delay`` seconds from now (0: at its next turn)."""
+    loop = asyncio.get_running_loop()
+    if delay > 0:
+        loop.call_later(delay, callback)
+    else:
+        loop.call_soon(callback)
+
+
 JobController = ray.remote(num_cpus=0)(Controller)
 """The controller in an actor of its own."""
-
-
-def controller_host(controller: Any) -> int | None:
-    """The id of the host whose process runs ``controller``; None where it has an actor of its own."""
-    return controller.host_id if isinstance(controller, HostedController) else None
-
-
-class HostedController:
-    """A handle on the controller that runs inside a host's process: ``handle.method.remote(...)``
-    as on an actor, each call one ``controller_call`` on that host. Picklable (it travels to hosts
-    and side controllers like an actor handle).
-
-    Args:
-        host: the ``OperatorHost`` actor that runs the controller.
-        host_id: that host's id in the job.
-        run: the job life (``JobConfig.run_id``): a host that serves another one by the time a call
-            arrives (a warm pool gave it to the next job) refuses the call.
-    """
-
-    def __init__(self, host: Any, host_id: int, run: str | None = None):
-        self.host = host
-        self.host_id = host_id
-        self.run = run
-
-    @property
-    def _actor_id(self) -> Any:
-        return self.host._actor_id
-
-    def __getattr__(self, name: str) -> "_HostedMethod":
-        if name.startswith("_") or "host" not in self.__dict__:
-            raise AttributeError(name)
-        return _HostedMethod(self.host, name, self.run)
-
-    def __repr__(self) -> str:
-        return f"HostedController(host {self.host_id}: {self.host!r})"
-
-
-class _HostedMethod:
-    __slots__ = ("host", "name", "run")
-
-    def __init__(self, host: Any, name: str, run: str | None):
-        self.host = host
-        self.name = name
-        self.run = run
-
-    def remote(self, *args: Any, **kwargs: Any) -> Any:
-        return self.host.controller_call.remote(self.name, args, kwargs, self.run)

@@ -11,27 +11,39 @@ from __future__ import annotations
 
 import asyncio
 import os
-from typing import Any
+from typing import TYPE_CHECKING, TypeAlias
 
 import ray
+from ray.actor import ActorHandle
 
 from chiray.control.coordination import OpCoordinator
-from chiray.control.message import ControlReturn
-from chiray.control.oprun import OpFailedError, OpState
+from chiray.control.message import ControlMessage, ControlReturn, InstanceId
+from chiray.control.oprun import JobView, OpFailedError, OpState
 
-__all__ = ["ControllerOps", "SideController"]
+from .hosted import HostedController
+
+if TYPE_CHECKING:
+    from chiray.control.op import ControlOp
+
+__all__ = ["ControllerOps", "OpItem", "OpResult", "SideController"]
+
+OpItem: TypeAlias = "tuple[ControlOp, str]"
+"""An op of a driver's batch and the id the driver gave it."""
+
+OpResult: TypeAlias = "tuple[str, object, BaseException | None, float]"
+"""What ``op_result`` answers: the op's state, its result, its error and the seconds it ran."""
 
 
 class ControllerOps:
     """The op-running half shared by both controller actors."""
 
-    def _init_ops(self, name: str, view: Any) -> None:
+    def _init_ops(self, name: str, view: JobView | None) -> None:
         self.ops = OpCoordinator(name, view)
         self._op_events: dict[str, asyncio.Event] = {}
         self._start_errors: dict[str, BaseException] = {}
         self._timer: asyncio.Task | None = None
 
-    def _start(self, op: Any, op_id: str | None, view: Any = None) -> Any:
+    def _start(self, op: ControlOp, op_id: str | None, view: JobView | None = None) -> ControlMessage:
         """``ops.start``; an op that cannot start is remembered as failed, for ``op_result``."""
         try:
             return self.ops.start(op, op_id, view)
@@ -66,15 +78,15 @@ class ControllerOps:
             self.ops.on_return(ret)
         self._ops_changed()
 
-    async def op_ack(self, op_id: str, instance: tuple, payload: Any) -> None:
-        self.ops.on_ack(op_id, tuple(instance), payload)
+    async def op_ack(self, op_id: str, instance: InstanceId, payload: object) -> None:
+        self.ops.on_ack(op_id, (instance[0], instance[1]), payload)  # a list after a round trip: a tuple again
         self._ops_changed()
 
     async def pid(self) -> int:
         """This controller's process id (tools measure its memory)."""
         return os.getpid()
 
-    async def sinks_finished(self, sinks: list) -> None:
+    async def sinks_finished(self, sinks: list[InstanceId]) -> None:
         self.ops.sinks_finished(sinks)
         self._ops_changed()
 
@@ -82,7 +94,7 @@ class ControllerOps:
         self.ops.fail_all(error)
         self._ops_changed()
 
-    async def op_result(self, op_id: str, timeout: float | None) -> tuple[str, Any, BaseException | None, float]:
+    async def op_result(self, op_id: str, timeout: float | None) -> OpResult:
         """Wait up to ``timeout`` s; return (state, result, error, elapsed seconds)."""
         deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
         while True:  # run_op may still be on its way (run_control does not wait for it)
@@ -103,11 +115,11 @@ class ControllerOps:
                 pass
         return run.state.value, run.result, run.error, run.elapsed_s
 
-    async def set_view(self, view: Any) -> None:
+    async def set_view(self, view: JobView) -> None:
         """The job's topology changed (a rescale): later ops see ``view``."""
         self.ops.view = view
 
-    async def op_progress(self, op_id: str) -> dict:
+    async def op_progress(self, op_id: str) -> dict[str, object]:
         run = self.ops.runs[op_id]
         return {"state": run.state.value, "waiting": len(run.waiting), "elapsed_s": run.elapsed_s}
 
@@ -116,15 +128,15 @@ class ControllerOps:
 class SideController(ControllerOps):
     """A further controller of a job: runs its own ops, injected through the job controller."""
 
-    def __init__(self, name: str, view: Any, job_controller: Any):
+    def __init__(self, name: str, view: JobView, job_controller: ActorHandle | HostedController):
         self.job_controller = job_controller
         self._init_ops(name, view)
 
-    async def set_job_controller(self, job_controller: Any) -> None:
+    async def set_job_controller(self, job_controller: ActorHandle | HostedController) -> None:
         """A new job controller took over (a recovery moved it, or the old one died): inject through it."""
         self.job_controller = job_controller
 
-    async def run_op(self, op: Any, op_id: str | None = None) -> str:
+    async def run_op(self, op: ControlOp, op_id: str | None = None) -> str:
         self._start_timer()
         message = self._start(op, op_id)
         self._op_events[message.op_id] = asyncio.Event()
@@ -135,7 +147,7 @@ class SideController(ControllerOps):
         self._ops_changed()
         return message.op_id
 
-    async def run_ops(self, items: list[tuple[Any, str]]) -> None:
+    async def run_ops(self, items: list[OpItem]) -> None:
         """Start each ``(op, op_id)`` in order, injected in one call to the job controller."""
         self._start_timer()
         messages = []
