@@ -25,7 +25,7 @@ from typing import Any, Literal, Sequence, TypeAlias, get_args
 import numpy as np
 import pyarrow as pa
 
-from .state import Accumulator, object_array
+from .accumulators import Accumulator, object_array
 
 __all__ = [
     "AGG_FUNCS",

@@ -34,7 +34,7 @@ from .eventtime import Duration, show_duration, ticks, time_values
 from .hashing import bins_of, check_num_bins
 from .keygroups import group_by_key
 from .logic import OperatorLogic, SideOutput
-from .state import DictState
+from .dictstate import DictState
 from .timers import KeyContext, TimerState
 from .windows import WindowSpec, split_by_window, with_window
 from .windowstate import WindowState

@@ -33,7 +33,9 @@ from .hashing import check_num_bins
 from .keygroups import KeyGroups, group_by_key
 from .keyindex import encode_keys
 from .logic import InstanceInfo, OperatorLogic, SideOutput
-from .state import Accumulator, ColumnarAggState, DictState
+from .accumulators import Accumulator
+from .columnarstate import ColumnarAggState
+from .dictstate import DictState
 from .ttl import EXPIRED, Expiry, StateTTL
 
 __all__ = [

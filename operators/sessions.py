@@ -40,7 +40,8 @@ from .eventtime import Duration, show_duration, ticks, time_values
 from .hashing import bins_of
 from .keyed import _KeyedLogic
 from .keyindex import encode_keys
-from .state import BinnedState, DictState
+from .dictstate import DictState
+from .state import BinnedState
 from .logic import SideOutput
 from .windows import LATE, WINDOW_COLUMNS, WindowSpec, session, window_bounds, window_output_schema, with_key_and_window
 

@@ -38,7 +38,8 @@ from . import codec
 from .callbacks import OnTimerFunction
 from .batch import merge_runs, to_batches
 from .keyed import ProcessLogic, _check_fn
-from .state import BinnedState, DictState
+from .dictstate import DictState
+from .state import BinnedState
 
 __all__ = ["TimerProcessLogic", "TimerState", "KeyContext"]
 

@@ -29,7 +29,7 @@ from .eventtime import time_values
 from .hashing import bins_of
 from .joins import key_groups
 from .keyed import _KeyedLogic
-from .state import DictState
+from .dictstate import DictState
 from .windows import WINDOW_COLUMNS
 from .windowstate import WindowState
 

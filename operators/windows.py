@@ -40,7 +40,7 @@ from .keyed import AggregateLogic, _KeyedLogic
 from .logic import SideOutput
 from .keyindex import encode_keys
 from .hashing import bins_of
-from .state import DictState
+from .dictstate import DictState
 from .windowstate import WindowState
 
 __all__ = ["WindowSpec", "tumbling", "sliding", "session", "FixedWindowLogic", "RowsPane",

@@ -31,7 +31,7 @@ from chiray.operators.hashing import bins_of
 from chiray.operators.joins import JoinLogic
 from chiray.operators.keyed import AggregateLogic, AggSpec, ProcessLogic, ReduceLogic
 from chiray.operators.processbatch import KeyedBatch, ProcessBatchLogic
-from chiray.operators.state import ColumnarAggState
+from chiray.operators.columnarstate import ColumnarAggState
 from chiray.operators.ttl import StateTTL
 
 BINS = 16

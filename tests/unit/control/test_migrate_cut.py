@@ -23,7 +23,7 @@ from chiray.control.ops.chains import BinChains
 from chiray.control.ops.checkpoint import Checkpoint, bins_held_twice, instance_key
 from chiray.control.ops.migrate import MigrateBins
 from chiray.control.processor import Completion, ControlProcessor, extra_input
-from chiray.operators.state import DictState
+from chiray.operators.dictstate import DictState
 
 BINS = 16
 OLD, NEW = ("check", 1), ("check", 2)

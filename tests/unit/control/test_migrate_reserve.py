@@ -13,7 +13,8 @@ import numpy as np
 import pyarrow as pa
 
 from chiray.control.ops.migrate import MigrateBins
-from chiray.operators.state import Accumulator, ColumnarAggState
+from chiray.operators.accumulators import Accumulator
+from chiray.operators.columnarstate import ColumnarAggState
 
 BINS = 16
 

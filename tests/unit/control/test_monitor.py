@@ -24,7 +24,8 @@ from chiray.control.oprun import OpState
 from chiray.control.ops import Monitor, MonitorResult
 from chiray.operators import Dataflow, collect
 from chiray.operators.hashing import bins_of
-from chiray.operators.state import Accumulator, ColumnarAggState
+from chiray.operators.accumulators import Accumulator
+from chiray.operators.columnarstate import ColumnarAggState
 
 from .support import SEQ_SCHEMA, SeqSource, all_instances, ops_done, run_until
 

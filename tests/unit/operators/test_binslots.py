@@ -16,7 +16,8 @@ import pytest
 from chiray.operators import binslots
 from chiray.operators.binslots import BinSlots
 from chiray.operators.hashing import bins_of
-from chiray.operators.state import Accumulator, ColumnarAggState
+from chiray.operators.accumulators import Accumulator
+from chiray.operators.columnarstate import ColumnarAggState
 
 from .support import move_bins
 

@@ -20,7 +20,8 @@ import pyarrow as pa
 import pytest
 
 from chiray.operators import codec
-from chiray.operators.state import ColumnarAggState, Accumulator
+from chiray.operators.accumulators import Accumulator
+from chiray.operators.columnarstate import ColumnarAggState
 
 PARIS = zoneinfo.ZoneInfo("Europe/Paris")
 

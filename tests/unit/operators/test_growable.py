@@ -10,7 +10,8 @@ import pytest
 from chiray.operators import growable, keyindex
 from chiray.operators.growable import grown
 from chiray.operators.keyindex import KeyIndex
-from chiray.operators.state import Accumulator, ColumnarAggState
+from chiray.operators.accumulators import Accumulator
+from chiray.operators.columnarstate import ColumnarAggState
 
 
 @pytest.fixture

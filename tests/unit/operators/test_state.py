@@ -15,7 +15,10 @@ import pytest
 from chiray.operators import codec
 from chiray.operators.hashing import bins_of
 from chiray.operators.keyindex import encode_keys
-from chiray.operators.state import Accumulator, BinnedState, ColumnarAggState, DictState
+from chiray.operators.accumulators import Accumulator
+from chiray.operators.columnarstate import ColumnarAggState
+from chiray.operators.dictstate import DictState
+from chiray.operators.state import BinnedState
 
 from .support import move_bins
 
@@ -367,7 +370,8 @@ def test_states_implement_binned_state() -> None:
 _CHILD = """
 import sys, cloudpickle
 sys.path.insert(0, {repo!r})
-from chiray.operators.state import ColumnarAggState, DictState
+from chiray.operators.columnarstate import ColumnarAggState
+from chiray.operators.dictstate import DictState
 payloads = cloudpickle.loads(sys.stdin.buffer.read())
 c, d = ColumnarAggState(8), DictState(8)
 c.install_bins(payloads["columnar"])

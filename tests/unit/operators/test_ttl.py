@@ -15,7 +15,8 @@ from chiray.operators import Dataflow, from_items
 from chiray.operators.deletedkeys import MIN_BOUND
 from chiray.operators.keyed import AggregateLogic, AggSpec
 from chiray.operators.logic import SideOutput
-from chiray.operators.state import Accumulator, ColumnarAggState
+from chiray.operators.accumulators import Accumulator
+from chiray.operators.columnarstate import ColumnarAggState
 from chiray.operators.ttl import EXPIRED, StateTTL, state_ttl
 
 BINS = 16

@@ -1,0 +1,334 @@
+"""statecodec.py: the bytes a bin of keyed state travels as (checkpoints, moves), written and checked when read.
+
+Two formats, one per kind of state:
+
+* A :class:`~operators.dictstate.DictState` bin is a document (format tag,
+  number of bins, bin, version, ``items``; changes add the ``deleted`` keys)
+  written by :mod:`operators.codec` as Arrow IPC, or, for the state of user
+  functions only, as cloudpickle whose record batches carry only their own
+  rows (:func:`dumps_compact`).
+* A :class:`~operators.columnarstate.ColumnarAggState` bin is one Arrow IPC
+  stream of its rows: the key, one column per accumulator and, where the
+  state keeps them, the keys' last touches; a JSON header and the owner's
+  metadata sit in the schema metadata. Changes list the keys they delete
+  first, as rows of identity values.
+
+Reading checks what it reads: a payload of another kind, bin or number of
+bins is a ``ValueError`` naming it, and a pickled payload is unpickled only
+where the state asked for pickles. Separate from the states, which decide
+which rows travel and when, so that what a checkpoint keeps and another
+process reads sits in one place; separate from :mod:`operators.codec`, which
+encodes a closed set of values and never pickles.
+
+Example:
+    >>> payload = encode_dict_bin(4, 1, 3, {"a": 10})
+    >>> decode_dict_bin(payload, 1, 4)
+    DictBin(version=3, items={'a': 10}, deleted=None)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+from typing import Any, Iterator, Sequence, TypeAlias
+
+import cloudpickle
+import numpy as np
+import pyarrow as pa
+
+from . import codec
+from .accumulators import Accumulator
+from .hashing import bins_from_hashes, hash_keys
+
+__all__ = [
+    "ColumnarBin",
+    "CopiedRows",
+    "DictBin",
+    "Layout",
+    "NEVER_TOUCHED",
+    "TOUCHED",
+    "checked_keys",
+    "columns_of",
+    "decode_columnar_bin",
+    "decode_dict_bin",
+    "dumps_compact",
+    "encode_columnar_bin",
+    "encode_dict_bin",
+]
+
+DICT_FORMAT = "chiray.DictState/1"
+COLUMNAR_FORMAT = "chiray.ColumnarAggState/1"
+NEVER_TOUCHED = int(np.iinfo(np.int64).min)
+"""The last touch of a key whose time is not known (a bin written by a state that kept none)."""
+TOUCHED = "\0touched"
+"""The last-touch column among a columnar state's columns (not an accumulator)."""
+
+Layout: TypeAlias = tuple[pa.DataType | None, tuple[Accumulator, ...], bytes]
+"""A columnar state's ``(key type, accumulators, owner's metadata)``; the key type is ``None`` until known."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DictBin:
+    """A bin (or changes to it) of a :class:`~operators.dictstate.DictState` as read.
+
+    Attributes:
+        version: the bin's version when written.
+        items: key -> value (changes: the keys written since).
+        deleted: changes: the keys deleted since; ``None`` for a whole bin.
+    """
+
+    version: int
+    items: dict[Any, Any]
+    deleted: list[Any] | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ColumnarBin:
+    """A bin (or changes to it) of a :class:`~operators.columnarstate.ColumnarAggState` as read.
+
+    Attributes:
+        bin: the bin it is.
+        version: the bin's version when written.
+        layout: the writer's key type, accumulators and metadata.
+        rows: the key, then one column per accumulator.
+        touched: the rows' last touches if the payload has them.
+        deleted: changes: the keys deleted since; ``None`` for a whole bin.
+    """
+
+    bin: int
+    version: int
+    layout: Layout
+    rows: pa.Table
+    touched: np.ndarray | None = None
+    deleted: pa.Array | None = None
+
+
+def encode_dict_bin(num_bins: int, b: int, version: int, items: dict[Any, Any],
+                    deleted: list[Any] | None = None, *, pickled: bool = False) -> bytes:
+    """Bin ``b`` of a dict state of ``num_bins`` bins (``deleted`` None), or changes to it (``items``
+    written, ``deleted`` keys).
+
+    Args:
+        pickled: the state of user functions: cloudpickle where there is anything to pickle (an empty
+            bin is Arrow IPC all the same).
+
+    Raises:
+        TypeError: a key or value :mod:`operators.codec` cannot write, and not ``pickled``.
+    """
+    doc: dict[str, object] = {"format": DICT_FORMAT, "num_bins": num_bins, "bin": b, "version": version,
+                              "items": items}
+    if deleted is not None:
+        doc["deleted"] = deleted
+    if pickled and (items or deleted):  # (nothing to pickle: Arrow IPC, as below)
+        return dumps_compact(doc)
+    try:
+        return codec.encode(doc)
+    except TypeError as exc:
+        raise TypeError(f"bin {b} of a DictState: {exc} (state of arbitrary Python objects, that of user "
+                        "functions, needs DictState(..., pickled=True))") from None
+
+
+def decode_dict_bin(payload: bytes, b: int, num_bins: int, *, pickled: bool = False) -> DictBin:
+    """The inverse of :func:`encode_dict_bin`, for bin ``b`` of a state of ``num_bins`` bins.
+
+    Args:
+        pickled: a pickled payload may be unpickled (else it is refused unread).
+
+    Raises:
+        ValueError: a payload of another kind, bin or number of bins.
+    """
+    if pickled and codec.is_pickle(payload):
+        doc = _unpickle_bin(b, payload)
+    else:  # Arrow IPC; a pickle is refused here unread
+        doc = codec.decode_document(payload, "DictState", DICT_FORMAT, b)
+    _check_place(b, doc["bin"], doc["num_bins"], num_bins)
+    return DictBin(int(doc["version"]), doc["items"], doc.get("deleted"))
+
+
+def _check_place(b: int, written_bin: int, written_num_bins: int, num_bins: int) -> None:
+    """Raise ``ValueError`` unless a payload read as bin ``b`` was written as that bin of as many bins."""
+    if written_num_bins != num_bins or written_bin != b:
+        raise ValueError(
+            f"bin {b}: payload is bin {written_bin} of a state with {written_num_bins} bins; "
+            f"this state has {num_bins} bins"
+        )
+
+
+def _unpickle_bin(b: int, payload: bytes) -> dict[str, Any]:
+    """The document of a pickled bin (``DictState(pickled=True)``: the state of user functions only)."""
+    try:
+        doc = cloudpickle.loads(payload)
+    except Exception as exc:
+        raise ValueError(f"bin {b}: payload is not a DictState bin ({exc})") from exc
+    if not isinstance(doc, dict) or doc.get("format") != DICT_FORMAT:
+        raise ValueError(f"bin {b}: payload is not a DictState bin (format {DICT_FORMAT!r} expected)")
+    return doc
+
+
+def _batch_from_ipc(payload: bytes) -> pa.RecordBatch:
+    return pa.ipc.open_stream(payload).read_next_batch()
+
+
+class _CompactPickler(cloudpickle.CloudPickler):
+    """Pickles Arrow record batches as IPC streams: a slice then carries only its own rows.
+
+    (Pickling a slice of a batch would copy the whole buffers it views.)
+    """
+
+    def reducer_override(self, obj: object) -> object:
+        if isinstance(obj, pa.RecordBatch):
+            sink = pa.BufferOutputStream()
+            with pa.ipc.new_stream(sink, obj.schema) as writer:
+                writer.write_batch(obj)
+            return _batch_from_ipc, (sink.getvalue().to_pybytes(),)
+        return super().reducer_override(obj)
+
+
+def dumps_compact(value: object) -> bytes:
+    """``cloudpickle.dumps`` whose record batches carry only their own rows (state of rows kept per key)."""
+    out = io.BytesIO()
+    _CompactPickler(out).dump(value)
+    return out.getvalue()
+
+
+def encode_columnar_bin(num_bins: int, b: int, version: int, layout: Layout, keys: pa.Array | None,
+                        cols: dict[str, np.ndarray], deleted: pa.Array | None = None) -> bytes:
+    """A columnar bin's rows (or its changes), as one Arrow IPC stream: the key, one column per accumulator,
+    and ``touched`` where ``cols`` has :data:`TOUCHED`. Changes that delete keys list them first, as
+    ``deleted`` rows of identity values (the header counts them)."""
+    key_type, accs, meta = layout
+    header: dict[str, object] = {"num_bins": num_bins, "bin": b, "version": version,
+                                 "accumulators": [a.spec() for a in accs]}
+    if deleted is not None and len(deleted):
+        header["deleted"] = len(deleted)
+        keys = deleted if keys is None or not len(keys) else pa.concat_arrays([deleted, keys])
+        cols = {n: np.concatenate([np.full(len(deleted), NEVER_TOUCHED if n == TOUCHED else _identity(
+            accs, n), dtype=c.dtype), c]) for n, c in cols.items()}
+    metadata = {b"format": COLUMNAR_FORMAT.encode(), b"header": json.dumps(header).encode(), b"meta": meta}
+    fields = [pa.field("key", key_type or pa.null())]
+    fields += [pa.field(f"acc{i}", a.column_type()) for i, a in enumerate(accs)]
+    arrays = [keys if keys is not None else pa.nulls(0)]
+    arrays += [a.to_arrow(cols[a.name]) for a in accs]
+    if TOUCHED in cols:
+        fields.append(pa.field("touched", pa.int64()))
+        arrays.append(pa.array(cols[TOUCHED], pa.int64()))
+    table = pa.Table.from_arrays(arrays, schema=pa.schema(fields, metadata=metadata))
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def decode_columnar_bin(payload: bytes, b: int, num_bins: int) -> ColumnarBin:
+    """The inverse of :func:`encode_columnar_bin`, for bin ``b`` of a state of ``num_bins`` bins.
+
+    Raises:
+        ValueError: a payload of another kind, bin or number of bins.
+    """
+    try:
+        table = pa.ipc.open_stream(payload).read_all()
+        metadata = table.schema.metadata or {}
+        if metadata.get(b"format") != COLUMNAR_FORMAT.encode():
+            raise ValueError(f"format {COLUMNAR_FORMAT!r} expected")
+        header = json.loads(metadata[b"header"])
+    except (pa.ArrowInvalid, ValueError, KeyError) as exc:
+        raise ValueError(f"bin {b}: payload is not a ColumnarAggState bin ({exc})") from exc
+    _check_place(b, header["bin"], header["num_bins"], num_bins)
+    accs = tuple(_accumulator(spec, table.schema.field(i).type)
+                 for i, spec in enumerate(header["accumulators"], start=1))
+    layout = (table.schema.field(0).type, accs, metadata.get(b"meta", b""))
+    touched = None
+    if table.num_columns > len(accs) + 1 and table.schema.field(len(accs) + 1).name == "touched":
+        touched = table.column(len(accs) + 1).to_numpy()
+        table = table.drop_columns(["touched"])
+    deleted = header.get("deleted")
+    if deleted is not None:  # changes: the first rows name deleted keys
+        touched = None if touched is None else touched[deleted:]
+        return ColumnarBin(b, int(header["version"]), layout, table.slice(deleted),
+                           touched, table.column(0).slice(0, deleted).combine_chunks())
+    return ColumnarBin(b, int(header["version"]), layout, table, touched)
+
+
+@dataclasses.dataclass(frozen=True)
+class CopiedRows:
+    """Rows of some bins of a columnar state, copied out of it to be encoded per bin later (e.g. in another
+    thread: the state may change meanwhile).
+
+    Attributes:
+        num_bins: the state's number of bins.
+        layout: the state's key type, accumulators and metadata.
+        versions: per bin to encode (ascending), its version.
+        row_bins: each row's bin, ascending.
+        keys: each row's key; ``None`` for a state not configured (it has no rows).
+        cols: per column (accumulators, :data:`TOUCHED`), each row's value.
+        deleted: changes: the keys deleted from these bins (any order); ``None`` for none.
+        deleted_bins: the bin of each key of ``deleted``.
+    """
+
+    num_bins: int
+    layout: Layout
+    versions: dict[int, int]
+    row_bins: np.ndarray
+    keys: pa.Array | None
+    cols: dict[str, np.ndarray]
+    deleted: pa.Array | None = None
+    deleted_bins: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
+
+    def encode(self) -> dict[int, bytes]:
+        """Each bin as :func:`encode_columnar_bin` writes it (with its deleted keys: changes)."""
+        wanted = list(self.versions)
+        bounds = np.searchsorted(self.row_bins, wanted + [self.num_bins])
+        gone, gone_bins = self.deleted, self.deleted_bins
+        if gone is not None:
+            order = np.argsort(gone_bins, kind="stable")
+            gone, gone_bins = gone.take(order), gone_bins[order]
+        gone_bounds = np.searchsorted(gone_bins, wanted + [self.num_bins])
+        out = {}
+        for i, b in enumerate(wanted):
+            lo, hi = int(bounds[i]), int(bounds[i + 1])
+            part = self.keys.slice(lo, hi - lo) if self.keys is not None else None
+            dlo, dhi = int(gone_bounds[i]), int(gone_bounds[i + 1])
+            dead = gone.slice(dlo, dhi - dlo) if gone is not None and dhi > dlo else None
+            out[b] = encode_columnar_bin(self.num_bins, b, self.versions[b], self.layout, part,
+                                         {n: c[lo:hi] for n, c in self.cols.items()}, dead)
+        return out
+
+
+def checked_keys(filled: Sequence[ColumnarBin], num_bins: int, doing: str) -> tuple[pa.Array, np.ndarray]:
+    """The keys of decoded bins of a state of ``num_bins`` bins, all checked to belong to the bin they came
+    in, and their hashes (hashed once: a key index stores the same hashes).
+
+    Raises:
+        ValueError: a payload holds keys of another bin (``doing`` says what was being done).
+    """
+    keys = pa.concat_arrays([d.rows.column(0).combine_chunks() for d in filled])
+    expected = np.repeat([d.bin for d in filled], [d.rows.num_rows for d in filled])
+    hashes = hash_keys(keys)
+    stray = np.flatnonzero(bins_from_hashes(hashes, num_bins) != expected)
+    if stray.size:
+        raise ValueError(f"cannot {doing} {int(expected[stray[0]])}: the payload holds keys of other bins")
+    return keys, hashes
+
+
+def columns_of(filled: Sequence[ColumnarBin], accumulators: Sequence[Accumulator],
+               touched: bool) -> Iterator[tuple[str, np.ndarray]]:
+    """The rows of decoded bins as state columns, one ``(name, values)`` at a time: per accumulator, then
+    :data:`TOUCHED` where ``touched`` (a bin written without touches gives ``NEVER_TOUCHED``)."""
+    for i, acc in enumerate(accumulators, start=1):
+        yield acc.name, np.concatenate([acc.from_arrow(d.rows.column(i)) for d in filled])
+    if touched:
+        yield TOUCHED, np.concatenate(
+            [d.touched if d.touched is not None else np.full(d.rows.num_rows, NEVER_TOUCHED) for d in filled])
+
+
+def _identity(accs: Sequence[Accumulator], name: str) -> object:
+    """The identity of accumulator ``name`` (what a deleted key's row holds in a payload)."""
+    return next(a for a in accs if a.name == name).identity()
+
+
+def _accumulator(spec: list[Any], column_type: pa.DataType) -> Accumulator:
+    """An accumulator from its header entry (:meth:`Accumulator.spec`, read as JSON) and its column's type."""
+    name, op, dtype, *links = spec
+    count, rank = (links + [None, None])[:2]
+    return Accumulator(name, op, dtype, column_type if dtype == "object" else None, count, rank)
