@@ -24,11 +24,11 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from typing import Any, Collection
+from typing import Collection
 
 from chiray.operators.errors import ChirayError
 
-from .messages import Data, Envelope, Grant
+from .messages import Data, Envelope, Grant, Message
 
 __all__ = ["WouldBlock", "ChannelError", "OutputChannel", "InputChannel", "ChannelStatistics", "CreditLedger",
            "CREDIT_DELAY_S"]
@@ -84,11 +84,11 @@ class OutputChannel:
         self.capacity_bytes = capacity_bytes
         self.credit_batches = capacity_batches
         self.credit_bytes = capacity_bytes
-        self.pending: collections.deque[Any] = collections.deque()
+        self.pending: collections.deque[Message] = collections.deque()
         self.next_seq = 0
         self.sent_batches = 0
 
-    def _can_send(self, message: Any) -> bool:
+    def _can_send(self, message: Message) -> bool:
         if not isinstance(message, Data):
             return True
         if self.credit_batches < 1:
@@ -96,7 +96,7 @@ class OutputChannel:
         nbytes = message.batch.nbytes
         return nbytes <= self.credit_bytes or self.credit_bytes == self.capacity_bytes
 
-    def _wrap(self, message: Any) -> Envelope:
+    def _wrap(self, message: Message) -> Envelope:
         charge = 0
         if isinstance(message, Data):
             charge = min(message.batch.nbytes, self.credit_bytes)
@@ -120,7 +120,7 @@ class OutputChannel:
         self.next_seq += 1
         return seq
 
-    def enqueue(self, message: Any) -> None:
+    def enqueue(self, message: Message) -> None:
         """Queue ``message``; :meth:`drain` releases it when credit allows."""
         self.pending.append(message)
 

@@ -10,12 +10,13 @@ gone may stay, their ids are never seen again. Only the owning host touches it.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Iterable
 
 from chiray.control.message import InstanceId
 from chiray.operators.graph import PhysicalPlan
 
 from .channel import InputChannel, OutputChannel
+from .instance import OperatorInstance
 
 __all__ = ["ChannelTable"]
 
@@ -25,9 +26,9 @@ class ChannelTable:
 
     def __init__(self, host_id: int) -> None:
         self.host_id = host_id
-        self.inputs: dict[int, tuple[Any, InputChannel]] = {}  # channel -> (receiving instance here, channel)
+        self.inputs: dict[int, tuple[OperatorInstance, InputChannel]] = {}  # channel -> (receiving instance here, channel)
         self.outputs: dict[int, OutputChannel] = {}
-        self.owner: dict[int, Any] = {}  # output channel -> the sending instance here
+        self.owner: dict[int, OperatorInstance] = {}  # output channel -> the sending instance here
         self.dst_host: dict[int, int] = {}
         self.dst: dict[int, InstanceId] = {}
         self.src_host: dict[int, int] = {}
@@ -39,7 +40,7 @@ class ChannelTable:
             self.dst[c.channel_id] = c.dst
             self.src_host[c.channel_id] = placement[c.src]
 
-    def add(self, inst: Any, inputs: Iterable[InputChannel] = (), outputs: Iterable[OutputChannel] = ()) -> None:
+    def add(self, inst: OperatorInstance, inputs: Iterable[InputChannel] = (), outputs: Iterable[OutputChannel] = ()) -> None:
         """Channels ``inst`` (an instance here) receives on or sends on."""
         for ch in inputs:
             self.inputs[ch.channel] = (inst, ch)
@@ -47,11 +48,11 @@ class ChannelTable:
             self.outputs[och.channel] = och
             self.owner[och.channel] = inst
 
-    def add_instance(self, inst: Any) -> None:
+    def add_instance(self, inst: OperatorInstance) -> None:
         """All of ``inst``'s channels."""
         self.add(inst, inst.inputs, inst.output_channels())
 
-    def receiver(self, channel: int, host_id: int) -> tuple[Any, InputChannel]:
+    def receiver(self, channel: int, host_id: int) -> tuple[OperatorInstance, InputChannel]:
         """The instance here that receives on ``channel``, and its end of it."""
         entry = self.inputs.get(channel)
         if entry is None:

@@ -7,15 +7,19 @@ Attachments are collected by the control processor around ``on_complete``.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Callable, Sequence
+
+import pyarrow as pa
 
 from chiray.control.message import ControlMessage, InstanceId
 from chiray.control.ops.chains import BinChains
 from chiray.operators.endpoints import SinkLogic, SourceLogic
 from chiray.operators.logic import InstanceInfo
-from chiray.operators.upgrade import CanaryTrial
+from chiray.operators.upgrade import CanaryTrial, CodeChange, TrialVerdict
 
-from .instanceview import InstanceView
+from .instanceview import InstanceView, Migration
+from .router import HashRouter, Router
+from .statistics import InstanceStatistics
 from .stepresult import Ack
 
 __all__ = ["InstanceControlContext"]
@@ -44,7 +48,7 @@ class InstanceControlContext:
         return self._kind
 
     @property
-    def state(self) -> Any | None:
+    def state(self) -> object | None:
         logic = self._instance.logic
         return None if isinstance(logic, SourceLogic) else logic.state
 
@@ -54,7 +58,7 @@ class InstanceControlContext:
         return self._chains
 
     @property
-    def routers(self) -> list[Any]:
+    def routers(self) -> list[Router]:
         return list(self._instance.outputs.routers)
 
     @property
@@ -65,8 +69,6 @@ class InstanceControlContext:
         self._downstream = list(downstream)
 
     def set_bin_table(self, operator: str, table: list[int]) -> None:
-        from .router import HashRouter
-
         for router in self._instance.outputs.routers:
             if isinstance(router, HashRouter) and router.operator == operator:
                 router.set_table(table, max(router.num_targets, max(table) + 1))
@@ -91,10 +93,10 @@ class InstanceControlContext:
         """Remove and return the replicas of ``bins``, which must be at ``versions``."""
         return self._instance.replicas.take(operator, bins, versions)
 
-    def parameters(self) -> dict[str, Any]:
+    def parameters(self) -> dict[str, object]:
         return dict(getattr(self._instance.logic, "params", None) or {})
 
-    def set_parameters(self, **changes: Any) -> None:
+    def set_parameters(self, **changes: object) -> None:
         logic = self._instance.logic
         params = getattr(logic, "params", None)
         if params is None:
@@ -106,29 +108,29 @@ class InstanceControlContext:
         """Records taken so far per input channel id."""
         return dict(self._instance.inputs.records_by_channel)
 
-    def recent_input(self) -> list[Any]:
+    def recent_input(self) -> list[tuple[pa.RecordBatch, int]]:
         """A sample of the recent input: (record batch, input index) per input."""
         return self._instance.recent_input()
 
-    def code(self) -> Any:
-        """The code an upgrade put in place here (an ``operators.upgrade.CodeChange``), or None."""
+    def code(self) -> CodeChange | None:
+        """The code an upgrade put in place here, or None."""
         return self._instance.code
 
-    def upgrade_code(self, change: Any, migrate: Any = None) -> None:
+    def upgrade_code(self, change: CodeChange, migrate: Migration | None = None) -> None:
         """Run ``change`` from now on, ``migrate`` applied to each key's state first."""
         self._instance.upgrade_code(change, migrate)
 
-    def start_trial(self, change: Any, migrate: Any, batches: int, schema: Any, reference: float | None,
-                    bound: float, report: Any) -> None:
+    def start_trial(self, change: CodeChange, migrate: Migration | None, batches: int, schema: pa.Schema | None,
+                    reference: float | None, bound: float, report: Callable[[TrialVerdict], None]) -> None:
         """Run ``change`` on trial here for ``batches`` batches (a canary); ``report(verdict)`` when it ends."""
         logic = self._instance.logic
         self._instance.start_trial(lambda: CanaryTrial(logic, change, migrate, batches, schema, reference, bound,
                                                        report))
 
-    def attach(self, target: Any, payload: Any) -> None:
+    def attach(self, target: object, payload: object) -> None:
         raise RuntimeError("attach() is only available inside on_complete")
 
-    def attach_all(self, payload: Any) -> None:
+    def attach_all(self, payload: object) -> None:
         raise RuntimeError("attach_all() is only available inside on_complete")
 
     def queue_ack(self, message: ControlMessage, payload: object, background: bool) -> None:
@@ -143,16 +145,16 @@ class InstanceControlContext:
         self._acks.clear()
         return acks
 
-    def sink_prepare(self, epoch: int, durable: int = 0) -> list[Any]:
+    def sink_prepare(self, epoch: int, durable: int = 0) -> list[object]:
         logic = self._instance.logic
         if not isinstance(logic, SinkLogic) or logic.writer is None:
             raise TypeError(f"{self._instance.info}: sink_prepare() is only for sink instances")
         return logic.stage(epoch, durable)
 
-    def statistics(self) -> Any:
+    def statistics(self) -> InstanceStatistics:
         return self._instance.statistics()
 
-    def source_offsets(self) -> dict[str, Any] | None:
+    def source_offsets(self) -> dict[str, object] | None:
         logic = self._instance.logic
         return logic.offsets() if isinstance(logic, SourceLogic) else None
 

@@ -22,20 +22,25 @@ import logging
 import os
 import time
 import traceback
-from typing import Any
+from typing import Callable, cast
 
 import pyarrow as pa
 import ray
+from ray.actor import ActorHandle
 
+from chiray.control.message import InstanceId
 from chiray.operators.endpoints import SinkLogic, SourceLogic
+from chiray.operators.graph import PhysicalPlan
 
 from ..config import JobConfig
 from .controller import Controller
 from ..errors import OperatorError, portable
 from .instance import OperatorFailure
 from .lifecycle import HostLifecycle
-from .mailbox import HostCore
+from .mailbox import HostCore, LongStep
 from .messages import Parcel
+from .restore import RestoreInfo
+from .topology import ChangePrepared
 from .transport import Transport
 
 __all__ = ["OperatorHost"]
@@ -99,14 +104,15 @@ class OperatorHost:
         self._task: asyncio.Task | None = None
         self._lifecycle = HostLifecycle.RUNNING  # its run loop: STOPPED once aborted or failed
         self._background: set[asyncio.Task] = set()
-        self._feed: collections.deque[tuple[str, int, str, Any]] = collections.deque()  # see feed_reader
+        self._feed: collections.deque[tuple[str, int, str, object]] = collections.deque()  # see feed_reader
         self._loop: asyncio.AbstractEventLoop | None = None
         self._controller: Controller | None = None  # the job's controller, where it runs here
         self._statistics: list = []  # the last snapshot the loop took (see statistics())
         self._statistics_at = 0.0  # when (time.monotonic())
 
-    async def setup(self, plan: Any, placement: dict, config: JobConfig, peers: dict,
-                    controller: Any, restore: Any = None, incarnation: int = 0,
+    async def setup(self, plan: PhysicalPlan, placement: dict[InstanceId, int], config: JobConfig,
+                    peers: dict[int, ActorHandle], controller: ActorHandle, restore: RestoreInfo | None = None,
+                    incarnation: int = 0,
                     host_id: int | None = None) -> OperatorError | None:
         """Build this host's instances (from a checkpoint if ``restore``); returns a user constructor's error.
 
@@ -129,7 +135,7 @@ class OperatorHost:
         return None
 
     @ray.method(concurrency_group="control")
-    async def controller_call(self, method: str, args: tuple, kwargs: dict, run: str | None = None) -> Any:
+    async def controller_call(self, method: str, args: tuple, kwargs: dict, run: str | None = None) -> object:
         """Run the job controller's ``method`` here (``"configure"`` creates it); see ``HostedController``.
 
         On an event loop and thread of their own, so the controller answers while this host's loop
@@ -160,7 +166,7 @@ class OperatorHost:
         self.core.receive(parcel)
         self._wake.set()
 
-    async def to_reader(self, operator: str, index: int, split_id: str, message: Any) -> Any:
+    async def to_reader(self, operator: str, index: int, split_id: str, message: object) -> object:
         """Hand ``message`` to the reader of split ``split_id`` of source instance ``(operator, index)`` here.
 
         For sources fed from outside the dataflow (``SplitReader.receive``, which
@@ -175,7 +181,7 @@ class OperatorHost:
         return answer
 
     @ray.method(concurrency_group="feed")
-    async def feed_reader(self, operator: str, index: int, split_id: str, message: Any) -> bool:
+    async def feed_reader(self, operator: str, index: int, split_id: str, message: object) -> bool:
         """Queue ``message`` for the reader of split ``split_id`` of source instance ``(operator, index)``.
 
         Answers ``True`` at once, from a thread of its own: the sender (bulk
@@ -189,7 +195,7 @@ class OperatorHost:
             self._loop.call_soon_threadsafe(self._wake.set)
         return True
 
-    def _to_reader(self, operator: str, index: int, split_id: str, message: Any) -> Any:
+    def _to_reader(self, operator: str, index: int, split_id: str, message: object) -> object:
         inst = self.core.by_name.get((operator, index)) if self.core is not None else None
         logic = getattr(inst, "logic", None)
         if not isinstance(logic, SourceLogic):
@@ -209,7 +215,8 @@ class OperatorHost:
                 log.exception("host %s: the reader of %s[%s] %s refused a message", self.host_id, operator,
                               index, split_id)
 
-    async def prepare_change(self, op_id: str, plan: Any, placement: dict, peers: dict) -> Any:
+    async def prepare_change(self, op_id: str, plan: PhysicalPlan, placement: dict[InstanceId, int],
+                             peers: dict[int, ActorHandle]) -> ChangePrepared:
         """A rescale: op ``op_id`` will change the topology to ``plan`` (see ``topology.py``); returns
         what this host did (a ``ChangePrepared``)."""
         self.transport.peers.update(peers)
@@ -228,7 +235,7 @@ class OperatorHost:
         """Every instance here finished and its output left (a retired host may go)."""
         return self.core is not None and self.core.done and self.transport.idle
 
-    async def add_controller(self, name: str, handle: Any) -> None:
+    async def add_controller(self, name: str, handle: ActorHandle) -> None:
         """A side controller: sinks return its ops to it."""
         self.controllers[name] = handle
 
@@ -237,7 +244,7 @@ class OperatorHost:
         return self.host_id
 
     @ray.method(concurrency_group="liveness")
-    async def liveness(self) -> dict[str, Any] | None:
+    async def liveness(self) -> LongStep | None:
         """The controller's liveness check, answered from a thread of its own, so a long step of user code
         neither looks like a dead host nor delays the answer: the step running now (``HostCore.long_step``)."""
         return self.core.long_step() if self.core is not None else None
@@ -376,9 +383,10 @@ class OperatorHost:
             self.controller.instance_finished.remote(inst.info.operator, inst.info.index, inst.sink_result(),
                                                      self.incarnation)
 
-    def _send_ack(self, origin: str, op_id: str, instance: tuple, payload: Any, background: bool) -> None:
+    def _send_ack(self, origin: str, op_id: str, instance: InstanceId, payload: object, background: bool) -> None:
         if background:
-            task = asyncio.ensure_future(self._background_ack(origin, op_id, instance, payload))
+            work = cast(Callable[[], object], payload)  # a background ack's payload is the work that makes it
+            task = asyncio.ensure_future(self._background_ack(origin, op_id, instance, work))
             self._background.add(task)
             task.add_done_callback(self._background.discard)
             return
@@ -386,7 +394,8 @@ class OperatorHost:
         if handle is not None:
             handle.op_ack.remote(op_id, instance, payload)
 
-    async def _background_ack(self, origin: str, op_id: str, instance: tuple, work: Any) -> None:
+    async def _background_ack(self, origin: str, op_id: str, instance: InstanceId,
+                              work: Callable[[], object]) -> None:
         try:
             payload = await asyncio.to_thread(work)
         except Exception as exc:  # reported to the op, which fails with it

@@ -45,6 +45,7 @@ from .controlport import ControlPort
 from .failure import OperatorFailure, guarded
 from .held import HeldRecords
 from .inputs import InstanceInputs
+from .instanceview import Migration
 from .lifecycle import InstanceLifecycle
 from .messages import ControlRun, Data, End, Envelope, Grant, Watermark
 from .outputs import InstanceOutputs
@@ -265,7 +266,7 @@ class OperatorInstance:
         """A sample of the recent input: the last batch of each input, up to ``rows`` rows each."""
         return self.inputs.recent(rows)
 
-    def upgrade_code(self, change: CodeChange, migrate: Callable[[object], object] | None = None) -> None:
+    def upgrade_code(self, change: CodeChange, migrate: Migration | None = None) -> None:
         """Run ``change`` from the next batch on (at an upgrade's cut), ``migrate`` applied to the state first."""
         self._call(self.logic.replace_code, change.fn, change.on_timer, change.schema)  # type: ignore[union-attr]
         if migrate is not None:

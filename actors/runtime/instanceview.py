@@ -6,7 +6,7 @@ instead of importing ``instance.py``, which imports them, so the import graph ha
 
 from __future__ import annotations
 
-from typing import Callable, Protocol, Sequence
+from typing import Callable, Protocol, Sequence, TypeAlias
 
 import pyarrow as pa
 
@@ -21,7 +21,10 @@ from .outputs import InstanceOutputs
 from .replicas import BinReplicas
 from .statistics import InstanceStatistics
 
-__all__ = ["InstanceView"]
+__all__ = ["InstanceView", "Migration"]
+
+Migration: TypeAlias = Callable[[object, object], object]
+"""An upgrade's state migration: ``migrate(key, old value) -> new value``."""
 
 
 class InstanceView(Protocol):
@@ -57,6 +60,6 @@ class InstanceView(Protocol):
 
     def recent_input(self) -> list[tuple[pa.RecordBatch, int]]: ...
 
-    def upgrade_code(self, change: CodeChange, migrate: Callable[[object], object] | None = None) -> None: ...
+    def upgrade_code(self, change: CodeChange, migrate: Migration | None = None) -> None: ...
 
     def start_trial(self, trial: Callable[[], CanaryTrial]) -> None: ...

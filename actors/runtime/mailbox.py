@@ -18,7 +18,7 @@ Lifecycle: ``RUNNING -> DONE`` (every instance drained) or ``FAILED``.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Iterable
+from typing import Callable, Iterable, TypedDict
 
 from chiray.control.message import ControlMessage, ControlReturn, InstanceId, instance_id
 from chiray.control.trees import Relay
@@ -40,7 +40,17 @@ from .statistics import InstanceStatistics
 from .stepresult import ControlSend, StepResult
 from .topology import ChangePrepared, plan_instance_change
 
-__all__ = ["HostCore"]
+__all__ = ["HostCore", "LongStep"]
+
+
+class LongStep(TypedDict):
+    """The step running now, as a host's liveness check tells it (``HostCore.long_step``)."""
+
+    operator: str
+    index: int
+    function: str  # the user function's qualified name, else the operator logic's class
+    seconds: float  # how long it has run
+    since: float  # when it began (time.monotonic())
 
 
 class HostCore:
@@ -290,7 +300,7 @@ class HostCore:
         self._flush(now)
         return True
 
-    def long_step(self) -> dict[str, Any] | None:
+    def long_step(self) -> LongStep | None:
         """The step running now (from another thread): its operator, instance, user function and seconds."""
         stepping = self.stepping
         if stepping is None:
@@ -298,8 +308,8 @@ class HostCore:
         inst, since = stepping
         fn = getattr(inst.logic, "fn", None)  # the user function, where the operator has one
         function = getattr(fn, "__qualname__", None) or type(inst.logic).__name__
-        return {"operator": inst.info.operator, "index": inst.info.index, "function": function,
-                "seconds": time.monotonic() - since, "since": since}
+        return LongStep(operator=inst.info.operator, index=inst.info.index, function=function,
+                        seconds=time.monotonic() - since, since=since)
 
     def _take_injected(self, now: float) -> bool:
         """Let every source with a control message injected take it (and what follows it in its
@@ -434,7 +444,7 @@ class HostCore:
     def statistics(self) -> list[InstanceStatistics]:
         return [i.statistics() for i in self.instances]
 
-    def sink_results(self) -> dict[tuple[str, int], Any]:
+    def sink_results(self) -> dict[InstanceId, object]:
         return {(i.info.operator, i.info.index): i.sink_result()
                 for i in self.instances if isinstance(i.logic, SinkLogic)}
 

@@ -8,9 +8,11 @@ credit and are never dropped.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TypeAlias
 
 import pyarrow as pa
+
+from chiray.control.message import ControlMessage, InstanceId
 
 __all__ = ["ControlRun", "Data", "End", "Envelope", "Grant", "Parcel", "Watermark"]
 
@@ -47,6 +49,10 @@ class End:
     """End of input on a channel: nothing follows it."""
 
 
+Message: TypeAlias = "Data | Watermark | End | ControlMessage"
+"""What travels on a channel, in an ``Envelope``."""
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Envelope:
     """A message on its way through one channel.
@@ -60,7 +66,7 @@ class Envelope:
 
     channel: int
     seq: int
-    message: Any
+    message: Message
     charge: int = 0
 
     def __reduce__(self) -> tuple:  # faster than a slots dataclass's default, field by field
@@ -83,11 +89,11 @@ class ControlRun:
         channels / seqs / senders: one entry per channel, in the same order.
     """
 
-    target: tuple[str, int]
-    message: Any
+    target: InstanceId
+    message: ControlMessage
     channels: list[int]
     seqs: list[int]
-    senders: list[Any]
+    senders: list[InstanceId]
 
     def __reduce__(self) -> tuple:
         return (ControlRun, (self.target, self.message, self.channels, self.seqs, self.senders))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from typing import Any
+from typing import Mapping, Sequence, cast
 
 from chiray.control.message import ControlMessage, InstanceId
 
@@ -37,7 +37,7 @@ class Outbox:
         return (bool(self.envelopes) or bool(self.runs) or bool(self.grants) or bool(self.extra)
                 or bool(self.control) or bool(self.acks) or bool(self.ended))
 
-    def _tables(self) -> tuple[tuple[str, dict[int, Any]], ...]:
+    def _tables(self) -> tuple[tuple[str, Mapping[int, Sequence[object]]], ...]:
         """(parcel field, host -> items) for everything that travels in parcels, but control runs."""
         control = self.control
         return (("envelopes", self.envelopes), ("grants", self.grants), ("extra", self.extra),
@@ -79,7 +79,7 @@ class RunGatherer:
     def __bool__(self) -> bool:
         return bool(self._runs)
 
-    def add(self, target: InstanceId, message: ControlMessage, payload: Any, channel: int, seq: int,
+    def add(self, target: InstanceId, message: ControlMessage, payload: object, channel: int, seq: int,
             sender: InstanceId) -> None:
         """``sender`` sends ``message`` (as it reached ``sender``) with ``payload`` on ``channel`` at ``seq``."""
         key = (target, message.op_id, id(payload))  # the payload lives as long as the run
@@ -94,8 +94,8 @@ class RunGatherer:
 
     def add_envelope(self, target: InstanceId, env: Envelope) -> None:
         """A control message that waited for credit behind data (its hop names its sender)."""
-        message = env.message
-        self.add(target, message, message.payload, env.channel, env.seq, message.sender)
+        message = cast(ControlMessage, env.message)  # the flush hands over control envelopes only
+        self.add(target, message, message.payload, env.channel, env.seq, message.sender)  # type: ignore[arg-type]
 
     def take(self) -> list[ControlRun]:
         runs = list(self._runs.values())

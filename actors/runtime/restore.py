@@ -16,15 +16,16 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-from typing import Any, Mapping
+from typing import Mapping
 
 import cloudpickle
 
 from chiray.control.ops.chains import manifest_chains
 from chiray.control.ops.checkpoint import decode_offsets
-from chiray.operators.graph import OperatorKind, PhysicalPlan
+from chiray.operators.graph import OperatorKind, OperatorNode, PhysicalPlan
+from chiray.operators.upgrade import CodeChange
 
-from .storage import CheckpointError, CheckpointStorage
+from .storage import CheckpointError, CheckpointStorage, Manifest
 
 __all__ = ["RestoreInfo", "StoredBins", "match_operators", "reset_code"]
 
@@ -48,7 +49,7 @@ class RestoreInfo:
     """
 
     storage: CheckpointStorage
-    manifest: dict[str, Any]
+    manifest: Manifest
     renames: Mapping[str, str | None] | None = None
 
     def _saved(self, operator: str) -> str | None:
@@ -64,9 +65,9 @@ class RestoreInfo:
         """The checkpoint's directory."""
         return self.storage.chk_dir(self.checkpoint_id)
 
-    def source_offsets(self, operator: str) -> dict[str, Any]:
+    def source_offsets(self, operator: str) -> dict[str, object]:
         """Split id -> offset, over every instance of the source (splits may be re-assigned)."""
-        offsets: dict[str, Any] = {}
+        offsets: dict[str, object] = {}
         operator = self._saved(operator)  # type: ignore[assignment]
         for key, text in self.manifest.get("sources", {}).items():
             if key.rsplit("/", 1)[0] == operator:
@@ -113,7 +114,7 @@ class RestoreInfo:
             raise CheckpointError(f"checkpoint {self.checkpoint_id}: its state file {rel!r} lacks bin {b}")
         return parts[b]
 
-    def code_change(self, operator: str, index: int | None = None) -> Any:
+    def code_change(self, operator: str, index: int | None = None) -> CodeChange | None:
         """The code an upgrade put in place of ``operator``'s (at instance ``index``, else the code most of its
         instances ran) when the checkpoint was cut: an ``operators.upgrade.CodeChange``, or None (its submitted
         code)."""
@@ -134,7 +135,7 @@ class RestoreInfo:
                 entry = None
         return None if entry is None else cloudpickle.loads(base64.b64decode(entry["change"]))
 
-    def sink_staged(self, operator: str) -> list[Any]:
+    def sink_staged(self, operator: str) -> list[object]:
         """What the checkpoint commits for a sink (to finish an interrupted commit): one value per staged
         epoch of each instance, which includes the epochs of failed checkpoints before it."""
         operator = self._saved(operator)  # type: ignore[assignment]
@@ -163,7 +164,7 @@ def reset_code(plan: PhysicalPlan, restore: RestoreInfo | None) -> bool:
     return changed
 
 
-def _holding_state(manifest: Mapping[str, Any]) -> dict[str, str]:
+def _holding_state(manifest: Manifest) -> dict[str, str]:
     """Operators of a checkpoint that hold state, by their checkpoint name -> what they hold."""
     held: dict[str, str] = {}
     for key in manifest_chains(manifest):  # every keyed instance, even one that held no bins
@@ -174,8 +175,8 @@ def _holding_state(manifest: Mapping[str, Any]) -> dict[str, str]:
     return held
 
 
-def match_operators(manifest: Mapping[str, Any], nodes: Mapping[str, Any]) -> tuple[dict[str, str | None],
-                                                                                    dict[str, str], list[str]]:
+def match_operators(manifest: Manifest, nodes: Mapping[str, OperatorNode]
+                    ) -> tuple[dict[str, str | None], dict[str, str], list[str]]:
     """Match a checkpoint's operators to a dataflow's by identity (uid, else name) and kind.
 
     Args:

@@ -15,6 +15,8 @@ last batch is read and no prepared change is pending.
 
 from __future__ import annotations
 
+from typing import cast
+
 from chiray.control.message import CONTROLLER, ControlMessage
 
 from .channel import InputChannel
@@ -82,7 +84,7 @@ class SourceInstance(OperatorInstance):
 
     def _step_input(self) -> Taken:
         if self.inbox.ready():
-            return self._on_control(self.inbox.take().message, CONTROLLER), (), True
+            return self._on_control(cast(ControlMessage, self.inbox.take().message), CONTROLLER), (), True
         if self.halted:  # a stop's cut passed here: nothing after it is read
             return NO_SENDS, (), False
         batch = self._call(self.logic.poll)  # type: ignore[union-attr]

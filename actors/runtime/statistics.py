@@ -8,7 +8,7 @@ import dataclasses
 from chiray.operators.endpoints import SourceLogic
 from chiray.operators.logic import InstanceInfo, OperatorLogic
 
-from .channel import OutputChannel
+from .channel import ChannelStatistics, OutputChannel
 from .inputs import InstanceInputs
 from .watermarks import MIN_WATERMARK
 
@@ -85,7 +85,7 @@ class InstanceStatistics:
     backpressured_s: float
     busy_s: float
     finished: bool
-    outputs: tuple = ()
+    outputs: tuple[ChannelStatistics, ...] = ()
     control_completed: int = 0
     watermark: int | None = None
     late_records: int = 0

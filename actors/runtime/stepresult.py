@@ -34,7 +34,7 @@ class Ack:
     origin: str
     op_id: str
     instance: InstanceId
-    payload: Any
+    payload: Any  # anything picklable; with ``background``, the callable that makes it
     background: bool = False
 
 
@@ -45,7 +45,7 @@ class ControlSend:
     channel: int
     seq: int
     message: ControlMessage
-    payload: Any
+    payload: object
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -36,7 +36,7 @@ import posixpath
 import re
 import urllib.parse
 import uuid
-from typing import Any
+from typing import Any, TypeAlias
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -46,11 +46,15 @@ from chiray.control.ops.chains import ManifestFormatError, manifest_files
 from chiray.operators.errors import ChirayError
 from chiray.operators.staging import fsync_dir
 
-__all__ = ["CheckpointStorage", "CheckpointError", "MANIFEST", "RETIRED", "child_uri", "split_uri", "shown"]
+__all__ = ["CheckpointStorage", "CheckpointError", "MANIFEST", "Manifest", "RETIRED", "child_uri", "split_uri",
+           "shown"]
 
 log = logging.getLogger(__name__)
 
 MANIFEST = "_MANIFEST.json"
+
+Manifest: TypeAlias = "dict[str, Any]"
+"""A checkpoint's manifest as its JSON (``MANIFEST``) holds it: nested dicts, lists and scalars."""
 RETIRED = "_RETIRED"
 _CHK = re.compile(r"^chk-(\d+)$")
 _BINS_SCHEMA = pa.schema([("bin", pa.int32()), ("data", pa.large_binary()), ("delta", pa.bool_())])
@@ -215,14 +219,14 @@ class CheckpointStorage:
 
     # -- manifests ---------------------------------------------------------------
 
-    def commit(self, checkpoint_id: int, manifest: dict[str, Any]) -> None:
+    def commit(self, checkpoint_id: int, manifest: Manifest) -> None:
         """Write the manifest last and atomically: from now on the checkpoint exists."""
         directory = self.chk_dir(checkpoint_id)
         self.make_dir(directory)
         body = json.dumps({**manifest, "checkpoint_id": checkpoint_id}, sort_keys=True, default=str)
         self._write_atomic(posixpath.join(directory, MANIFEST), body.encode())
 
-    def load(self, checkpoint_id: int) -> dict[str, Any]:
+    def load(self, checkpoint_id: int) -> Manifest:
         """The manifest of a complete checkpoint.
 
         Raises:
@@ -246,7 +250,7 @@ class CheckpointStorage:
                                       f"its state file {rel!r} is missing")
         return manifest
 
-    def files_of(self, manifest: dict[str, Any], checkpoint_id: int | None = None) -> set[str]:
+    def files_of(self, manifest: Manifest, checkpoint_id: int | None = None) -> set[str]:
         """Every state file ``manifest`` needs, relative to the root.
 
         Raises:
@@ -263,7 +267,7 @@ class CheckpointStorage:
         path = posixpath.join(self.chk_dir(checkpoint_id), MANIFEST)
         return self.fs.get_file_info(path).type is not pafs.FileType.NotFound
 
-    def verify(self, manifest: dict[str, Any]) -> None:
+    def verify(self, manifest: Manifest) -> None:
         """Read the footer of every state file of a loaded checkpoint.
 
         Raises:
@@ -297,7 +301,7 @@ class CheckpointStorage:
             out.append(checkpoint_id)
         return out
 
-    def latest(self) -> dict[str, Any] | None:
+    def latest(self) -> Manifest | None:
         """The newest complete checkpoint's manifest, or None."""
         ids = self.committed()
         return self.load(ids[-1]) if ids else None

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable, TypeVar
 
 from chiray.control.message import ControlReturn
 from chiray.operators.inflight import CallWindow, concat
@@ -29,10 +29,16 @@ from chiray.operators.inflight import CallWindow, concat
 from .outbox import Outbox
 from .messages import Parcel
 
+if TYPE_CHECKING:
+    from ray import ObjectRef
+    from ray.actor import ActorHandle
+
 __all__ = ["Transport", "when_returned"]
 
+K = TypeVar("K")
 
-def when_returned(ref: Any, callback: Callable[[asyncio.Future], None]) -> None:
+
+def when_returned(ref: ObjectRef, callback: Callable[[asyncio.Future], None]) -> None:
     """Call ``callback(future)`` on this event loop once the Ray call ``ref`` has returned or failed."""
     asyncio.wrap_future(ref.future()).add_done_callback(callback)
 
@@ -54,8 +60,8 @@ class Transport:
     Lifecycle: ``OPEN -> CLOSED`` (``close()``, idempotent: nothing more is sent).
     """
 
-    def __init__(self, peers: dict[int, Any], on_error: Callable[[int, BaseException], None],
-                 controllers: dict[str, Any] | None = None, run: str | None = None):
+    def __init__(self, peers: dict[int, ActorHandle], on_error: Callable[[int, BaseException], None],
+                 controllers: dict[str, ActorHandle] | None = None, run: str | None = None):
         self.peers = peers
         self.run = run  # the job life: a peer that serves another one drops the parcel
         self.on_error = on_error
@@ -106,11 +112,11 @@ class Transport:
         if returns is not None:
             self._track(self._controller_returned, origin, handle.op_returned.remote(returns))
 
-    def _track(self, returned: Callable[[Any, Any], None], key: Any, ref: Any) -> None:
+    def _track(self, returned: Callable[[K, asyncio.Future], None], key: K, ref: ObjectRef) -> None:
         self.calls += 1
         when_returned(ref, functools.partial(returned, key))
 
-    def _peer_returned(self, host: int, future: Any) -> None:
+    def _peer_returned(self, host: int, future: asyncio.Future) -> None:
         """A call to a peer came back: report its failure, or send what waited for it."""
         if not self._parcels.returned(host) or self.closed:
             return  # forgotten meanwhile, or closed
@@ -120,7 +126,7 @@ class Transport:
             return
         self._post(host)
 
-    def _controller_returned(self, origin: str, future: Any) -> None:
+    def _controller_returned(self, origin: str, future: asyncio.Future) -> None:
         """A call to a controller came back: send the returns that waited for it."""
         if self._returns.returned(origin) and not self.closed:
             self._post_returns(origin)
