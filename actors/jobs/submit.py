@@ -189,6 +189,7 @@ def submit(flow: Dataflow, *, config: JobConfig | None = None, restore_from: str
         config = JobConfig(**options)
     elif options:
         config = dataclasses.replace(config, **options)
+    flow.validate()  # here: its warnings name the caller's line
     flow, config = _prepared(flow, config)
     if config.detached:
         if _DETACHED is None:
@@ -198,13 +199,12 @@ def submit(flow: Dataflow, *, config: JobConfig | None = None, restore_from: str
 
 
 def _prepared(flow: Dataflow, config: JobConfig) -> tuple[Dataflow, JobConfig]:
-    """``flow``, validated and named as ``config`` names the job; ``config`` with a run id (a new one if it has
-    none).
+    """``flow`` (validated), checked to pickle and named as ``config`` names the job; ``config`` with a run id
+    (a new one if it has none).
 
     Raises:
-        ValueError, TypeError: the dataflow is invalid (naming the operator).
+        TypeError: a user function of the dataflow does not pickle (naming the operator).
     """
-    flow.validate()
     check_picklable(flow.graph)
     if config.name is not None and config.name != flow.name:
         flow = copy.copy(flow)

@@ -13,6 +13,7 @@ from chiray.actors.jobs.jobvalues import EventKind
 from chiray.control.coordination import JobState
 from chiray.actors.jobs.detached import refuse_driver_bound
 from chiray.actors.jobs.manager import VERBS, JobManagerCore
+from chiray.operators.emission import FinalOnlyWarning
 from chiray.spark_bridge.source import SparkSource
 from chiray.spark_bridge.streaming import SparkStreamSource
 
@@ -62,6 +63,12 @@ def test_detached_refuses_push_mode_spark_sources_before_touching_ray(source):
     assert "source 'spark' of job 'pushed' cannot run detached" in text
     assert "staged=True" in text and "without detached=True" in text
     assert ray.is_initialized() == started  # refused before Ray was touched
+
+
+def test_submit_warnings_name_the_line_that_called_submit():
+    with pytest.warns(FinalOnlyWarning) as caught, pytest.raises(ValueError, match="cannot run detached"):
+        chiray.submit(_flow_with(_Streamed()), name="pushed", detached=True)
+    assert {w.filename for w in caught if issubclass(w.category, FinalOnlyWarning)} == {__file__}
 
 
 def test_replayable_sources_are_not_driver_bound():
