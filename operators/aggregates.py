@@ -1,9 +1,9 @@
 """aggregates.py: the built-in aggregate functions: their specs, output types, accumulators and results.
 
 An aggregation is a list of :class:`AggSpec`. Each aggregate is computed from
-a few shared :class:`~operators.state.Accumulator` columns per key (row and
+a few shared :class:`~operators.accumulators.Accumulator` columns per key (row and
 non-null counts, sums, extremes), which :class:`~operators.keyed.AggregateLogic`
-keeps in a :class:`~operators.state.ColumnarAggState`; the output column is
+keeps in a :class:`~operators.columnarstate.ColumnarAggState`; the output column is
 derived from them when results are emitted.
 
 Null semantics are SQL's: sum, min, max and mean skip null values and give

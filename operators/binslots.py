@@ -1,6 +1,6 @@
 """binslots.py: which slots of a columnar keyed state hold each bin, without a pass over every slot.
 
-A columnar state (``state.ColumnarAggState``) keeps its keys in dense slots
+A columnar state (``columnarstate.ColumnarAggState``) keeps its keys in dense slots
 and the bin of every slot in one array. Moving a few bins (a migration step)
 used to find their slots with a pass over that array: a few milliseconds per
 million keys on each side of every step, whatever the number of bins moved.

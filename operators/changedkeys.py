@@ -1,6 +1,6 @@
 """changedkeys.py: the keys of each bin written or deleted since the bin's last checkpoint.
 
-A :class:`~operators.state.DictState` keeps no version per key; what lets a
+A :class:`~operators.dictstate.DictState` keeps no version per key; what lets a
 checkpoint write only a bin's changes is this record, started for a bin when a
 checkpoint captures it (:meth:`ChangedKeys.restart`, with the bin's version
 then) and fed by every write to the bin after. It is exact for changes since

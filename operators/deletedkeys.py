@@ -1,6 +1,6 @@
 """deletedkeys.py: the keys a columnar state deleted one by one, so that its incremental changes carry them.
 
-A columnar keyed state (``state.ColumnarAggState``) used to lose a key only with
+A columnar keyed state (``columnarstate.ColumnarAggState``) used to lose a key only with
 its whole bin, so the changes of a bin since a version were just the rows
 stamped later. State TTL deletes single keys: :class:`DeletedKeys` remembers
 each such key with its bin and the version its bin took at the deletion (its

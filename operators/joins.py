@@ -6,7 +6,7 @@ sides meet in one instance and a bin moves both sides together. State is
 per key, in bins:
 
 * :class:`JoinLogic` (incremental, unbounded): per key the rows of each side
-  seen so far (a :class:`~operators.state.DictState`); each new batch is
+  seen so far (a :class:`~operators.dictstate.DictState`); each new batch is
   joined, with one Arrow hash join, against the stored rows of the other
   side for its keys, then stored.
 * :class:`WindowJoinLogic`: per window a :class:`JoinPane` (per key, the rows

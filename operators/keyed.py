@@ -6,7 +6,7 @@ instance only ever sees keys of the bins routed to it and its state can move
 bin by bin (``logic.state``).
 
 * :class:`AggregateLogic`: count / sum / min / max / mean per key, vectorised
-  over whole batches into a :class:`~operators.state.ColumnarAggState` (the
+  over whole batches into a :class:`~operators.columnarstate.ColumnarAggState` (the
   fast path: a few million rows/s per instance, see ``benchmarks.keyed_count``); what each
   aggregate function computes lives in :mod:`operators.aggregates`.
 * :class:`ReduceLogic`: ``fn(acc, row) -> acc`` per record (slow path).
@@ -95,7 +95,7 @@ class AggregateLogic(_KeyedLogic):
 
     Per batch: group the key column (:func:`~operators.keyindex.encode_keys`),
     compute per-key partials with NumPy (``bincount``, ``ufunc.at``), and
-    combine them into the :class:`~operators.state.ColumnarAggState` by slot.
+    combine them into the :class:`~operators.columnarstate.ColumnarAggState` by slot.
 
     ``emit="final"``: ``process`` returns nothing and ``finish`` returns every
     key's result. ``emit="updates"``: each ``process`` returns the new result
@@ -223,7 +223,7 @@ class ReduceLogic(_KeyedLogic):
     """General keyed reduce over records (the slow path: one Python call per record).
 
     The first row of a key is its accumulator; each further row ``r`` makes
-    it ``fn(acc, r)``. Accumulators live in a :class:`~operators.state.DictState`
+    it ``fn(acc, r)``. Accumulators live in a :class:`~operators.dictstate.DictState`
     with ``pickled=True``: they are whatever ``fn`` returns, so their bins
     travel (rescale, checkpoint) as cloudpickle.
     With ``emit="final"`` ``finish`` emits one row per key (the accumulators);
@@ -358,7 +358,7 @@ class ProcessLogic(_KeyedLogic):
     in order. They must share one schema: the declared one (``schema=`` of
     ``process()``; results are cast to it), else the first output's exactly (a
     later output with other fields or types is an error, never cast).
-    The values live in a :class:`~operators.state.DictState` with
+    The values live in a :class:`~operators.dictstate.DictState` with
     ``pickled=True`` (they are any objects ``fn`` stores): their bins travel
     as cloudpickle. A checkpoint writes the values of the keys ``fn`` was
     called for since the previous one (a value changed in place is written

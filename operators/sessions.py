@@ -2,7 +2,7 @@
 
 A key's records closer than ``gap`` share a session ``[first, last + gap)``;
 a record that bridges two sessions merges them. Sessions are kept per key in
-a :class:`~operators.state.DictState` (key -> sorted list of
+a :class:`~operators.dictstate.DictState` (key -> sorted list of
 ``[start, end, row batches]``), so they live in bins and move with them; the
 operator's watermark travels in every bin it snapshots, as for fixed windows
 (:mod:`operators.windowstate`). Bins travel as Arrow IPC (:mod:`operators.codec`),

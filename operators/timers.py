@@ -7,7 +7,7 @@ for that key; when the watermark reaches a timer's time, ``on_timer(key,
 time, ctx)`` runs, once per (key, time), in time order. Pending timers are
 part of the key's bin (Megaphone's pending records): a :class:`TimerState`
 keeps ``key -> value`` and ``key -> sorted timer times`` in two
-:class:`~operators.state.DictState`s and the watermark beside them, so
+:class:`~operators.dictstate.DictState`s and the watermark beside them, so
 extracting a bin moves both, and a bin installed elsewhere keeps its event
 time.
 
