@@ -80,6 +80,30 @@ def _inflation(load: float, model: MigrationModel) -> float:
     return min(model.max_inflation, 1.0 / max(1e-9, 1.0 - min(max(load, 0.0), 0.999)))
 
 
+def _priority(bin_loads: Sequence[float] | None, model: MigrationModel) -> str:
+    """``hot_first`` when the per-bin load is skewed (the hottest bin ``skew_ratio`` times the mean), else
+    ``arrival``."""
+    if bin_loads is not None and len(bin_loads) and sum(bin_loads) > 0:
+        mean = sum(bin_loads) / len(bin_loads)
+        if max(bin_loads) >= model.skew_ratio * mean:
+            return "hot_first"
+    return "arrival"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Move:
+    """What a rescale moves (``nbytes`` in ``bins``) and what a step of it costs under the load's ``inflation``."""
+
+    nbytes: float
+    bins: int
+    inflation: float
+    model: MigrationModel
+
+    def pause_ms(self, nbytes: float) -> float:
+        """The predicted pause of a step that moves ``nbytes``."""
+        return (self.model.step_overhead_ms + 1000.0 * nbytes / self.model.transfer_bytes_per_s) * self.inflation
+
+
 def choose_strategy(state_bytes: float, num_bins: int, old_parallelism: int, new_parallelism: int,
                     load: float, latency_budget_ms: float, model: MigrationModel = MigrationModel(),
                     bin_loads: Sequence[float] | None = None) -> StrategyChoice:
@@ -99,40 +123,38 @@ def choose_strategy(state_bytes: float, num_bins: int, old_parallelism: int, new
     """
     if latency_budget_ms <= 0:
         raise ValueError(f"latency_budget_ms must be > 0, got {latency_budget_ms}")
-    moving = state_bytes * moving_fraction(old_parallelism, new_parallelism)
-    moving_bins = max(1, round(num_bins * moving_fraction(old_parallelism, new_parallelism)))
-    inflation = _inflation(load, model)
-    priority = "arrival"
-    if bin_loads is not None and len(bin_loads) and sum(bin_loads) > 0:
-        mean = sum(bin_loads) / len(bin_loads)
-        if max(bin_loads) >= model.skew_ratio * mean:
-            priority = "hot_first"
-
-    def pause_ms(nbytes: float) -> float:
-        return (model.step_overhead_ms + 1000.0 * nbytes / model.transfer_bytes_per_s) * inflation
-
+    fraction = moving_fraction(old_parallelism, new_parallelism)
+    move = _Move(state_bytes * fraction, max(1, round(num_bins * fraction)), _inflation(load, model), model)
+    priority = _priority(bin_loads, model)
     room = latency_budget_ms - model.baseline_latency_ms
-    whole = pause_ms(moving)
+    whole = move.pause_ms(move.nbytes)
     if whole <= room:
         return StrategyChoice("all_at_once", {}, model.baseline_latency_ms + whole, whole / 1000.0,
-                              f"{moving / 2**20:.1f} MiB move in about {whole:.0f} ms, within the "
+                              f"{move.nbytes / 2**20:.1f} MiB move in about {whole:.0f} ms, within the "
                               f"{latency_budget_ms:g} ms budget")
-    bytes_per_bin = moving / moving_bins
-    per_step_bytes = (room / inflation - model.step_overhead_ms) / 1000.0 * model.transfer_bytes_per_s
-    chunk = int(per_step_bytes // bytes_per_bin) if bytes_per_bin > 0 else moving_bins
+    return _in_steps(move, room, whole, load, latency_budget_ms, priority)
+
+
+def _in_steps(move: _Move, room: float, whole: float, load: float, latency_budget_ms: float,
+              priority: str) -> StrategyChoice:
+    """``non_disruptive``: chunks of bins sized to the budget's ``room``, or one bin a step, replicated ahead."""
+    model = move.model
+    bytes_per_bin = move.nbytes / move.bins
+    per_step_bytes = (room / move.inflation - model.step_overhead_ms) / 1000.0 * model.transfer_bytes_per_s
+    chunk = int(per_step_bytes // bytes_per_bin) if bytes_per_bin > 0 else move.bins
     if chunk >= 1:
-        chunk = min(chunk, moving_bins)
-        steps = math.ceil(moving_bins / chunk)
-        step = pause_ms(chunk * bytes_per_bin)
+        chunk = min(chunk, move.bins)
+        steps = math.ceil(move.bins / chunk)
+        step = move.pause_ms(chunk * bytes_per_bin)
         gap_s = step / 1000.0 * min(load, 0.999) / max(1e-3, 1.0 - load)  # the step's backlog drains
         knobs = {"chunk_bins": chunk, "priority": priority, "gap_s": round(gap_s, 3)}
         return StrategyChoice("non_disruptive", knobs, model.baseline_latency_ms + step,
                               steps * (step / 1000.0 + gap_s),
                               f"all at once would pause about {whole:.0f} ms; {steps} steps of {chunk} bins "
                               f"stay within the {latency_budget_ms:g} ms budget")
-    step = pause_ms(0.0)  # replicated ahead: a step sends little more than a marker
+    step = move.pause_ms(0.0)  # replicated ahead: a step sends little more than a marker
     knobs = {"chunk_bins": 1, "priority": priority, "replicate": True}
     return StrategyChoice("non_disruptive", knobs, model.baseline_latency_ms + step,
-                          moving_bins * step / 1000.0 + moving / model.transfer_bytes_per_s,
+                          move.bins * step / 1000.0 + move.nbytes / model.transfer_bytes_per_s,
                           f"one bin ({bytes_per_bin / 2**20:.2f} MiB) does not fit the {latency_budget_ms:g} ms "
                           "budget: bins move one at a time, copied ahead")

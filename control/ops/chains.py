@@ -155,20 +155,7 @@ class BinChains:
         with self._lock:
             if root != self._root:
                 self._root, self._chains, self._sizes = root, {}, {}
-            since: dict[int, int] = {}
-            kept: dict[int, Chain] = {}
-            if not full and can_delta is not None and bound.max_deltas > 0:
-                for b, version in versions.items():
-                    chain = self._chains.get(b)
-                    if chain is None:
-                        continue
-                    if chain.version == version:
-                        kept[b] = chain  # unchanged since its previous checkpoint: nothing to write
-                    elif self._within(chain, b, bound):
-                        since[b] = chain.version
-                if since:
-                    allowed = set(can_delta(since))
-                    since = {b: v for b, v in since.items() if b in allowed}
+            kept, since = ({}, {}) if full or can_delta is None else self._builds_on(versions, bound, can_delta)
             own = Link(checkpoint_id, file)
             chains = dict(kept)
             for b, v in since.items():
@@ -182,6 +169,28 @@ class BinChains:
             if whole or since:
                 self._writing[checkpoint_id] = threading.Event()
             return CutPlan(checkpoint_id, file, whole, since, chains)
+
+    def _builds_on(self, versions: Mapping[int, int], bound: ChainBound,
+                   can_delta: Callable[[Mapping[int, int]], Collection[int]],
+                   ) -> tuple[dict[int, Chain], dict[int, int]]:
+        """What a cut that is not ``full`` builds on (under the lock): the bins whose chains stay as they are
+        (unchanged since their previous checkpoint) and bin -> the version whose changes it writes."""
+        since: dict[int, int] = {}
+        kept: dict[int, Chain] = {}
+        if bound.max_deltas <= 0:
+            return kept, since
+        for b, version in versions.items():
+            chain = self._chains.get(b)
+            if chain is None:
+                continue
+            if chain.version == version:
+                kept[b] = chain  # unchanged since its previous checkpoint: nothing to write
+            elif self._within(chain, b, bound):
+                since[b] = chain.version
+        if since:
+            allowed = set(can_delta(since))
+            since = {b: v for b, v in since.items() if b in allowed}
+        return kept, since
 
     def _within(self, chain: Chain, b: int, bound: ChainBound) -> bool:
         """Whether ``chain`` (of bin ``b``) may take one more change."""
