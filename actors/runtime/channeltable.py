@@ -26,7 +26,8 @@ class ChannelTable:
 
     def __init__(self, host_id: int) -> None:
         self.host_id = host_id
-        self.inputs: dict[int, tuple[OperatorInstance, InputChannel]] = {}  # channel -> (receiving instance here, channel)
+        # channel -> (the receiving instance here, its end of the channel)
+        self.inputs: dict[int, tuple[OperatorInstance, InputChannel]] = {}
         self.outputs: dict[int, OutputChannel] = {}
         self.owner: dict[int, OperatorInstance] = {}  # output channel -> the sending instance here
         self.dst_host: dict[int, int] = {}
@@ -40,7 +41,8 @@ class ChannelTable:
             self.dst[c.channel_id] = c.dst
             self.src_host[c.channel_id] = placement[c.src]
 
-    def add(self, inst: OperatorInstance, inputs: Iterable[InputChannel] = (), outputs: Iterable[OutputChannel] = ()) -> None:
+    def add(self, inst: OperatorInstance, inputs: Iterable[InputChannel] = (),
+            outputs: Iterable[OutputChannel] = ()) -> None:
         """Channels ``inst`` (an instance here) receives on or sends on."""
         for ch in inputs:
             self.inputs[ch.channel] = (inst, ch)

@@ -93,7 +93,8 @@ class SourceInstance(OperatorInstance):
             return self._maybe_finish(), (), False
         self.counters.took(batch.num_rows)
         self.outputs.emit([batch])
-        self._advance(self.inputs.watermarks.output.offer(*self._call(self.logic.watermark)))  # type: ignore[union-attr]
+        mark = self._call(self.logic.watermark)  # type: ignore[union-attr]
+        self._advance(self.inputs.watermarks.output.offer(*mark))
         return NO_SENDS, (), False
 
     def _advance(self, mark: Watermark | None) -> None:
