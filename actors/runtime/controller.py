@@ -6,8 +6,10 @@ next number of one global injection order here and is broadcast to the sources (
 the broadcast tree's relays), so every channel sees ops in the same order. ``SideController``s
 (``Job.add_controller``) run their own ops: their handlers run there and the sinks return to them.
 The decisions live in plain parts, unit-tested without Ray: the lifecycle and the ops' runs
-(``control.coordination``), the injection order and its calls (``injector.Injector``) and when a
-checkpoint of its own starts (``control.checkpointtimer.CheckpointTimer``).
+(``control.coordination``), the injection order and its calls (``injector.Injector``), when a
+checkpoint of its own starts (``control.checkpointtimer.CheckpointTimer``), what its checkpoints
+commit through and commit (``checkpoints.CheckpointBook``) and the watchdog over long steps
+(``stepwatch.StepWatch``).
 
 Where the controller runs: by default inside host 0's process (``hosted.HostedController``), so a
 job costs no process beyond its hosts; with ``JobConfig(controller_process=True)``, and from a job's
@@ -18,26 +20,27 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import time
-from typing import TYPE_CHECKING, Any, Callable, TypeAlias, TypedDict
+from typing import TYPE_CHECKING, Any, Callable, TypeAlias
 
 import ray
 from ray.actor import ActorHandle
 
 from chiray.control.checkpointtimer import RESTORE_RETRY_S, CheckpointTimer
 from chiray.control.coordination import JobLifecycle, JobState, LifecycleSnapshot
-from chiray.control.fencing import Fence, FencedStorage, StaleIncarnationError
 from chiray.control.message import ControlMessage, InstanceId
 from chiray.control.oprun import JobView, OpState
+from chiray.control.ops.checkpoint import ResumeSources
 from chiray.control.trees import Tree
 from chiray.operators.logic import Sink, Source
 
+from .checkpoints import CheckpointBook
 from .controlops import ControllerOps, OpItem
 from ..config import JobConfig
 from ..errors import JobFailedError
 from .hosted import HostedController, controller_host
 from .injector import Injector, ops_running
 from .messages import Parcel
+from .stepwatch import LongStep, StepWatch
 from .storage import CheckpointStorage
 from .transport import when_returned
 
@@ -45,21 +48,10 @@ if TYPE_CHECKING:
     from chiray.control.op import ControlOp
     from chiray.control.ops.checkpoint import CheckpointStore
 
-__all__ = ["Controller", "HostedController", "JobController", "LongStep", "controller_host"]
+__all__ = ["Controller", "HostedController", "JobController", "controller_host"]
 
 Hosts: TypeAlias = "list[ActorHandle] | dict[int, ActorHandle]"
 """A job's hosts: their handles in host-id order, or by host id."""
-
-
-class LongStep(TypedDict):
-    """A host's answer to the liveness check: the step of operator code running there now
-    (``HostCore.long_step``)."""
-
-    operator: str
-    index: int
-    function: str
-    seconds: float
-    since: float
 
 
 class Controller(ControllerOps):
@@ -93,14 +85,9 @@ class Controller(ControllerOps):
         self.config = config
         self.lifecycle = JobLifecycle(sinks, config.max_restarts, config.restart_window_s)
         self.hosts: dict[int, ActorHandle] = {}
-        self.storage = storage
-        self.sink_objects = sink_objects or {}
-        self.source_objects = source_objects or {}
-        self.next_checkpoint_id = next_checkpoint_id
-        self.durable = 0  # the newest checkpoint known durable (0: none yet, or not known since a restart)
+        self.checkpoints = CheckpointBook(job_name, config, storage, sink_objects or {}, source_objects or {},
+                                          next_checkpoint_id, self.lifecycle, self._notify)
         self.incarnation = 0
-        self.fence_token = 0  # this deployment's (see control.fencing); 0 until start() or resume()
-        self._fence = Fence.of(storage) if hasattr(storage, "fs") else None
         self.side_controllers: dict[str, ActorHandle] = {}
         self._changed = asyncio.Event()
         self._monitor: asyncio.Task | None = None
@@ -108,7 +95,7 @@ class Controller(ControllerOps):
         self._first: asyncio.Task | None = None  # a restored job's first checkpoint
         self._checkpoint_op: str | None = None
         self.stopping = False  # a stop is under way: only its final checkpoint may start
-        self._long_steps: dict[tuple[int, str, int, float], float] = {}  # (host, operator, index, since) -> seconds
+        self._steps = StepWatch(config.step_warning_s)
         self._init_ops("controller", view)
         self.injector: Injector[ActorHandle] = Injector(
             broadcast, placement or {}, lambda host: self.hosts[host], self._send, _schedule, _loop_time,
@@ -120,10 +107,7 @@ class Controller(ControllerOps):
         the one the deployment took (None: take the next one here)."""
         self.hosts = dict(hosts) if isinstance(hosts, dict) else dict(enumerate(hosts))
         self.incarnation = incarnation
-        if fence_token is not None:
-            self.fence_token = fence_token
-        elif self._fence is not None:
-            self.fence_token = self._fence.advance(self.fence_token)
+        self.checkpoints.deployed(fence_token)
         loop = asyncio.get_running_loop()
         self._monitor = loop.create_task(self._watch_hosts(incarnation))
         self._start_timer()
@@ -232,21 +216,10 @@ class Controller(ControllerOps):
                 self._watch_step(host_id, step)
 
     def _watch_step(self, host_id: int, step: LongStep | None) -> None:
-        """The watchdog: a step of operator code running longer than ``step_warning_s`` becomes an event
-        (once per step, and again at each doubling), naming the operator, instance and user function; the
-        step is left to run."""
-        bound = self.config.step_warning_s
-        if step is None or bound is None or step["seconds"] < bound:
-            return
-        key = (host_id, step["operator"], step["index"], step["since"])
-        reported = self._long_steps.get(key, 0.0)
-        if step["seconds"] < max(bound, 2 * reported):
-            return
-        self._long_steps = {k: v for k, v in self._long_steps.items() if k[:3] != key[:3]}  # older steps ended
-        self._long_steps[key] = step["seconds"]
-        self.lifecycle.events.append(
-            f"slow step: operator {step['operator']!r} instance {step['index']} (host {host_id}) has run one step "
-            f"for {step['seconds']:.0f} s in {step['function']}, over step_warning_s={bound:g}; still running")
+        """The watchdog (``StepWatch``): a step of operator code that runs long becomes an event."""
+        event = self._steps.event(host_id, step)
+        if event is not None:
+            self.lifecycle.events.append(event)
 
     # -- recovery ----------------------------------------------------------------
 
@@ -258,7 +231,7 @@ class Controller(ControllerOps):
         self.injector.reset()  # the old hosts' ops failed; new hosts' control inboxes start again at 0
         self._checkpoint_op = None
         if checkpoint_id is not None and where is None:
-            self.durable = max(self.durable, checkpoint_id)
+            self.checkpoints.restarted_from(checkpoint_id)
         self.lifecycle.restarted(checkpoint_id, seconds, where)
         self.ops.finished_sinks.clear()
         if self._monitor is not None:
@@ -295,46 +268,14 @@ class Controller(ControllerOps):
 
     # -- checkpoints ---------------------------------------------------------------
 
-    SINK_COMMIT_TRIES = (0.05, 0.25)  # seconds before the second and third try of a sink commit
-
-    def _commit_sinks(self, sink: str, staged: list[object], checkpoint_id: int) -> None:
-        """Make what checkpoint ``checkpoint_id`` (durable now) lists for ``sink`` visible. Tried three
-        times; if it still fails, the job recovers from that checkpoint, whose recovery commits it (a
-        failed commit is never skipped: the next checkpoint would not list this output again)."""
-        for delay in (*self.SINK_COMMIT_TRIES, None):
-            try:
-                self.sink_objects[sink].commit(staged)
-                return
-            except Exception as exc:
-                if delay is not None:
-                    time.sleep(delay)
-                    continue
-                reason = f"sink {sink!r} could not commit checkpoint {checkpoint_id}: {exc!r}"
-                self.lifecycle.lost(JobFailedError(f"job {self.job_name!r}: {reason}"), reason)
-                self._notify()
+    @property
+    def fence_token(self) -> int:
+        """This deployment's fence token (see ``control.fencing``); 0 until ``start`` or ``resume``."""
+        return self.checkpoints.fence_token
 
     def commit_storage(self) -> CheckpointStore:
-        """The storage a checkpoint commits through: fenced by this deployment's token (see ``_retire``)."""
-        assert self.storage is not None, f"bug: job {self.job_name!r} has no checkpoint storage"
-        if self._fence is None:
-            return self.storage
-        return FencedStorage(self.storage, self._fence, self.fence_token, self._retire)
-
-    def _retire(self, error: StaleIncarnationError) -> None:
-        """A newer deployment replaced this one (this side was cut off): fail here and abort the hosts;
-        nothing of this deployment is committed from now on (the job itself runs on elsewhere)."""
-        if not self.lifecycle.state.terminal:
-            self.lifecycle.fail(error, str(error))
-            self._notify()
-
-    def _durable(self, checkpoint_id: int) -> None:
-        self.durable = max(self.durable, checkpoint_id)
-
-    def _commit_sources(self, source: str, checkpoint_id: int, offsets: dict[str, object]) -> None:
-        try:
-            self.source_objects[source].checkpoint_complete(checkpoint_id, offsets)
-        except Exception as exc:  # the checkpoint stands; the source only keeps data longer
-            self.lifecycle.events.append(f"source {source!r}: checkpoint_complete({checkpoint_id}) failed: {exc!r}")
+        """The storage a checkpoint commits through: fenced by this deployment's token."""
+        return self.checkpoints.commit_storage()
 
     def _checkpoint_running(self) -> str | None:
         """The op id of the last checkpoint this controller started, while it still runs; else None."""
@@ -360,8 +301,6 @@ class Controller(ControllerOps):
     async def cancel_stop(self) -> None:
         """The stop's final checkpoint failed and the job runs on: the sources it halted read on, and
         periodic checkpoints start again."""
-        from chiray.control.ops.checkpoint import ResumeSources
-
         self.stopping = False
         if self.lifecycle.state is JobState.RUNNING:
             try:
@@ -378,22 +317,11 @@ class Controller(ControllerOps):
             final: the last checkpoint of a stop (see :meth:`begin_stop`); any other is refused meanwhile.
             full: write every bin whole, not only what changed (a savepoint's: self-contained).
         """
-        from chiray.control.ops.chains import ChainBound
-        from chiray.control.ops.checkpoint import Checkpoint
-
-        if self.storage is None:
+        if self.checkpoints.storage is None:
             raise RuntimeError(f"job {self.job_name!r} has no checkpoint storage")
         if self.stopping and not final:
             raise RuntimeError(f"job {self.job_name!r} is stopping: its final checkpoint is the last")
-        checkpoint_id = self.next_checkpoint_id
-        self.next_checkpoint_id += 1
-        job = {"name": self.job_name, "operators": self.ops.view.operators}
-        op = Checkpoint(checkpoint_id, self.commit_storage(), self.config.checkpoints_to_keep,
-                        functools.partial(self._commit_sinks, checkpoint_id=checkpoint_id), job,
-                        commit_sources=self._commit_sources, durable=self.durable, on_durable=self._durable,
-                        final=final, full=full,
-                        bound=ChainBound(self.config.checkpoint_max_deltas, self.config.checkpoint_max_delta_ratio))
-        op_id = await self.run_op(op)
+        op_id = await self.run_op(self.checkpoints.next_op(self.ops.view.operators, final, full))
         self._checkpoint_op = op_id
         return op_id
 
@@ -419,11 +347,12 @@ class Controller(ControllerOps):
         """A restored job's own first checkpoint, ``delay`` seconds in: until one completes, a recovery
         falls back to the checkpoint the job was restored from. Tried again after a failure (or a
         recovery) until one completes or the job ends, ``RESTORE_RETRY_S`` apart at least."""
-        assert self.storage is not None, "bug: a restored job without checkpoint storage"
+        storage = self.checkpoints.storage
+        assert storage is not None, "bug: a restored job without checkpoint storage"
         timer = CheckpointTimer(delay, _loop_time, retry_s=RESTORE_RETRY_S)
-        while not self.lifecycle.state.terminal and not self.storage.committed():
+        while not self.lifecycle.state.terminal and not storage.committed():
             await asyncio.sleep(timer.wait_s())
-            if not timer.due(self.lifecycle.state, busy=bool(self.storage.committed())):
+            if not timer.due(self.lifecycle.state, busy=bool(storage.committed())):
                 continue
             try:
                 await self.op_result(await self.checkpoint(), None)
