@@ -40,13 +40,15 @@ from ..errors import JobFailedError
 from .hosted import HostedController, controller_host
 from .injector import Injector, ops_running
 from .messages import Parcel
-from .stepwatch import LongStep, StepWatch
+from .stepwatch import StepWatch
 from .storage import CheckpointStorage
 from .transport import when_returned
 
 if TYPE_CHECKING:
     from chiray.control.op import ControlOp
     from chiray.control.ops.checkpoint import CheckpointStore
+
+    from .mailbox import LongStep
 
 __all__ = ["Controller", "HostedController", "JobController", "controller_host"]
 

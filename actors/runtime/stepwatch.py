@@ -1,6 +1,6 @@
 """stepwatch.py: the job controller's watchdog over long steps of operator code.
 
-At each liveness check a host reports the step of operator code running there now (``LongStep``); a
+At each liveness check a host reports the step of operator code running there now (``mailbox.LongStep``); a
 step running longer than ``step_warning_s`` becomes an event of the job (once per step, and again at
 each doubling), naming the operator, instance and user function. The step is left to run. A plain
 class without Ray.
@@ -8,20 +8,12 @@ class without Ray.
 
 from __future__ import annotations
 
-from typing import TypedDict
+from typing import TYPE_CHECKING
 
-__all__ = ["LongStep", "StepWatch"]
+if TYPE_CHECKING:
+    from .mailbox import LongStep
 
-
-class LongStep(TypedDict):
-    """A host's answer to the liveness check: the step of operator code running there now
-    (``HostCore.long_step``)."""
-
-    operator: str
-    index: int
-    function: str
-    seconds: float
-    since: float
+__all__ = ["StepWatch"]
 
 
 class StepWatch:

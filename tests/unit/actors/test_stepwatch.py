@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from chiray.actors.runtime.stepwatch import LongStep, StepWatch
+from chiray.actors.runtime.mailbox import LongStep
+from chiray.actors.runtime.stepwatch import StepWatch
 
 
 def _step(seconds: float, since: float = 100.0, index: int = 0) -> LongStep:
