@@ -128,6 +128,11 @@ class OperatorInstance:
         """A source halted at a stop's cut reads nothing (``SourceInstance``); never any other instance."""
         return False
 
+    @property
+    def exhausted(self) -> bool:
+        """A source that read its last batch (``SourceInstance``); never any other instance."""
+        return False
+
     def halt(self, halted: bool) -> None:
         raise RuntimeError(f"bug: {self.info} is no source, it cannot be halted")
 

@@ -38,6 +38,10 @@ class Schedulable(Hashable, Protocol):
     def halted(self) -> bool:
         """A source that reads nothing until resumed."""
 
+    @property
+    def exhausted(self) -> bool:
+        """A source that read its last batch (held open, it waits for a control op)."""
+
     def runnable(self, now: float) -> bool:
         """Work to do and credit on every output."""
 
@@ -99,9 +103,11 @@ class Scheduler(Generic[T]):
             if wake is not None and wake > now:
                 # Re-check a paced source at least every RECHECK_S: what it waits for may change.
                 self.set_timer(inst, min(wake, now + RECHECK_S))
-            elif inst.is_source and not inst.finished and not inst.halted and not inst.outputs_blocked():
+            elif (inst.is_source and not inst.finished and not inst.halted and not inst.exhausted
+                  and not inst.outputs_blocked()):
                 # It became due between the two questions (a reader waiting on another process):
-                # look again at the next step rather than never.
+                # look again at the next step rather than never. A halted or an exhausted one waits for a
+                # control op instead (a resume, or the op it is held open for), which wakes it: no timer.
                 self.set_timer(inst, now)
         return None
 

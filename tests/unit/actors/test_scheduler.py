@@ -22,6 +22,7 @@ class Scripted:
         self.is_source = is_source
         self.finished = False
         self.halted = False
+        self.exhausted = False
         self.asked = 0
 
     def runnable(self, now: float) -> bool:
@@ -90,6 +91,11 @@ def test_one_live_timer_per_instance_and_a_finished_or_forgotten_one_is_not_aske
     halted.halted = True  # a stop's cut passed it: it reads nothing until resumed (a control op wakes it)
     sched.wake(halted)
     assert sched.next_runnable(1.0) is None and sched.pending_timers == 0, "a halted source gets no timer"
+    held = Scripted("held", [], is_source=True)
+    held.exhausted = True  # it read its last batch but is held open for a rescale's op, which wakes it
+    sched.wake(held)
+    assert sched.next_runnable(1.0) is None and sched.pending_timers == 0, "an exhausted source gets no timer"
+    assert sched.next_runnable(1.0) is None and held.asked == 1, "nor is it asked again at the next step"
 
 
 def test_injected_sources_are_handed_over_once():
