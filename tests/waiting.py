@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Callable, TypeVar
 
-__all__ = ["wait_for"]
+__all__ = ["job_picture", "wait_for"]
 
 T = TypeVar("T")
 
@@ -42,3 +42,19 @@ def wait_for(condition: Callable[[], T], timeout: float, what: str, interval: fl
             seen = f"; saw {detail()!r}" if detail is not None else ""
             raise AssertionError(f"timed out after {timeout} s waiting for {what}{seen}")
         time.sleep(interval)
+
+
+def job_picture(job) -> str:  # type: ignore[no-untyped-def]
+    """What a running job looks like, for a ``wait_for`` ``detail``: each instance's records in and out,
+    whether it finished, what it has queued and waits to send, and the job's last events."""
+    try:
+        stats = job.statistics().instances
+        lines = [f"{s.operator}/{s.index}@{s.host} in={s.records_in} out={s.records_out} "
+                 f"fin={s.finished} queued={s.queued_batches} pending={s.pending_out}" for s in stats]
+    except Exception as exc:  # the picture must not hide the timeout it explains
+        lines = [f"statistics: {exc!r}"]
+    try:
+        lines += list(job.status().events[-8:])
+    except Exception as exc:
+        lines.append(f"status: {exc!r}")
+    return "\n".join(lines)

@@ -17,7 +17,7 @@ from chiray.actors.jobs.jobvalues import UpgradeOutcome
 from chiray.actors.jobs.upgrader import CanaryRolledBackError
 from chiray.operators import generate
 from chiray.operators.hashing import bins_of
-from tests.waiting import wait_for
+from tests.waiting import job_picture, wait_for
 
 pytestmark = pytest.mark.ray
 
@@ -44,7 +44,8 @@ def _flow(name):
 def test_map_upgrade_on_ray_is_exact(ray_session, tmp_path):
     job = chiray.submit(_flow("upgrade-map"), checkpoint_dir=str(tmp_path / "chk"))
     try:
-        wait_for(lambda: job.statistics().records_in("m") >= 4_000, 30, "records through the map")
+        wait_for(lambda: job.statistics().records_in("m") >= 4_000, 30, "records through the map",
+                 detail=lambda: job_picture(job))
         record = job.upgrade("m", times(3))
         job.wait(60)
         out = job.result("out")
@@ -65,7 +66,8 @@ def test_recovery_after_an_upgrade_runs_the_new_code(ray_session, tmp_path):
         .sink(chiray.collect(), name="out")
     job = chiray.submit(flow, checkpoint_dir=str(tmp_path / "chk"), max_restarts=2)
     try:
-        wait_for(lambda: job.statistics().records_in("m") >= 2_000, 30, "records through the map")
+        wait_for(lambda: job.statistics().records_in("m") >= 2_000, 30, "records through the map",
+                 detail=lambda: job_picture(job))
         job.upgrade("m", times(5))
         job.checkpoint(60)
         ray.kill(job.topology.hosts()[0], no_restart=True)
@@ -100,7 +102,8 @@ def test_scale_out_after_a_restore_or_a_recovery_builds_the_checkpointed_code(ra
 
     first = chiray.submit(flow(), checkpoint_dir=str(tmp_path / "a"))
     try:
-        wait_for(lambda: first.statistics().records_in("m") >= 2_000, 30, "records through the map")
+        wait_for(lambda: first.statistics().records_in("m") >= 2_000, 30, "records through the map",
+                 detail=lambda: job_picture(first))
         first.upgrade("m", times(5))
         path = first.checkpoint_info(60).path
     finally:
