@@ -142,6 +142,24 @@ class JobLifecycle:
             where = f"checkpoint {checkpoint_id}" if checkpoint_id is not None else "the start"
         self.events.append(f"recovered from {where} in {seconds:.2f} s")
 
+    def add_sinks(self, sinks: Iterable[tuple[str, int]]) -> None:
+        """A branch added while the job runs (``job.add_branch``): the job finishes only once these sink
+        instances have finished too (a recovery expects them as well)."""
+        added = [s for s in sinks if s not in self._sinks]
+        self._sinks = (*self._sinks, *added)
+        if self.state is JobState.RUNNING:
+            self._pending.update(added)
+
+    def drop_sinks(self, sinks: Iterable[tuple[str, int]]) -> None:
+        """A branch that was not added after all (its op failed), or that was removed: the job no longer
+        waits for these sink instances."""
+        gone = set(sinks)
+        self._sinks = tuple(s for s in self._sinks if s not in gone)
+        self._pending -= gone
+        if not self._pending and self.state is JobState.RUNNING:
+            self.state = JobState.FINISHED
+            self.events.append("finished")
+
     def instance_finished(self, instance: tuple[str, int], result: Any = None) -> None:
         if instance in self._finished:
             return

@@ -35,6 +35,8 @@ from chiray.operators.hashing import DEFAULT_NUM_BINS
 from .autoscaler import Autoscaler, start_autoscale
 from ..errors import ChirayError, JobFailedError
 from .handle import check_timeout
+from .brancher import BranchCut
+from .jobbranches import add_branch_on_ray
 from .jobcore import JobCore
 from .jobfiles import copy_savepoint
 from .jobstatus import JobStatistics, JobStatus, collect_statistics, newest_checkpoint, source_rate
@@ -281,25 +283,32 @@ class Job(JobCore):
         self._known()
         return self._changes.upgrades()
 
-    def add_branch(self, from_operator: str, build: Callable[[Stream], object]) -> NoReturn:
+    def add_branch(self, from_operator: str, build: Callable[[Stream], object],
+                   timeout: float | None = 60.0) -> BranchCut:
         """Add operators and sinks downstream of the running operator ``from_operator``, built by ``build(stream)``
         with the usual verbs; the branch starts at a cut and sees every record ``from_operator`` emits after it.
 
-        Not carried out on Ray yet: the branch is checked (so a bad one is refused with its reason), then
-        ``BranchNotSupportedError`` says how to make the change instead. The in-process harness
-        (``actors.harness.LocalRun.add_branch``) adds branches.
+        Each of the branch's instances starts on a host of its own; the running operator's instances open their
+        channels to it at the cut of a control op, so no record reaches the branch twice or is missed after
+        the cut. The branch is in the job's plan from then on: its sinks' results, the next checkpoint, a
+        recovery and a scale-out see it (a recovery to a checkpoint taken before the branch starts it at that
+        checkpoint's cut).
+
+        Returns:
+            A ``BranchCut``: per instance of ``from_operator``, the records it emitted before the branch began.
 
         Raises:
             BranchError: an unknown operator, a sink to branch from, a branch without a sink, with a source,
-                reading another running operator or leaving an operator unconsumed.
-            BranchNotSupportedError: the branch is valid.
+                reading another running operator or leaving an operator unconsumed; or the op failed, or
+                the job's input ended before the branch could start.
+            OutputInUseError: a sink's output is written by another running job.
         """
         self._not_stopping("add_branch")
-        branch_nodes(self.plan.graph, from_operator, build, DEFAULT_NUM_BINS)
-        raise BranchNotSupportedError(
-            f"job {self.name!r}: add_branch from {from_operator!r} is not carried out on Ray yet (a running job "
-            "cannot take new sinks); stop it with a savepoint and submit the dataflow with the branch, "
-            "restore_from= that savepoint (the branch then starts at the savepoint's cut)")
+        nodes = branch_nodes(self.plan.graph, from_operator, build, DEFAULT_NUM_BINS)
+        self._running("add a branch to")
+        cut = add_branch_on_ray(self, from_operator, nodes, timeout)
+        self.note_event(f"add_branch from {from_operator}: {', '.join(cut.added)}")
+        return cut
 
     def remove_branch(self, sink: str) -> NoReturn:
         """Drain and remove the branch that ends in ``sink`` (the sink and the operators that feed only it).

@@ -69,9 +69,10 @@ class JobTarget:
     """The job ``job`` as the rescale of ``operator`` sees it (its errors name the operator and the steps
     ``tally`` counted)."""
 
-    def __init__(self, job: RunningJob, operator: str, tally: Tally):
+    def __init__(self, job: RunningJob, operator: str, tally: Tally | None, what: str | None = None):
         self.job, self.operator, self.tally = job, operator, tally
         self.name = job.name
+        self.what = what or f"rescale of {operator!r}"  # the change, as its errors name it
 
     @property
     def plan(self) -> PhysicalPlan:
@@ -151,7 +152,7 @@ class JobTarget:
             ray.get(job.topology.controller.set_hosts.remote(peers), timeout=timeout)
         except Exception as exc:
             self.abandon(f"preparing the new topology failed: {exc!r}")
-            raise RescaleError(f"rescale of {self.operator!r}: could not start its new instances: "
+            raise RescaleError(f"{self.what}: could not start its new instances: "
                                f"{exc}") from exc
         return list(prepared)
 
@@ -176,7 +177,7 @@ class JobTarget:
                    f"deploy_timeout_s={timeout} s (Ray has {free} CPUs free)"
                    if isinstance(exc, ray.exceptions.GetTimeoutError)
                    else f"its new hosts failed to start: {exc}")
-            raise RescaleError(f"rescale of {self.operator!r} failed before any bin moved: {why}; the job "
+            raise RescaleError(f"{self.what} failed before any bin moved: {why}; the job "
                                f"runs on unchanged") from exc
         with job.topology.lock:  # a recovery swaps the hosts under this lock
             recovered = job.topology.being_replaced or job.topology.snapshot().incarnation != incarnation
@@ -186,7 +187,7 @@ class JobTarget:
         _kill(fresh.values())  # the hosts it knew of are gone; these were never its
         final = job.final_snapshot
         why = "the job recovered" if recovered or final is None else f"the job ended ({final.state.value})"
-        raise RescaleError(f"rescale of {self.operator!r} did not complete: {why} while its new hosts "
+        raise RescaleError(f"{self.what} did not complete: {why} while its new hosts "
                            "started")
 
     def _deployment(self) -> Deployment:
@@ -206,7 +207,7 @@ class JobTarget:
         deadline = time.monotonic() + RETIRE_TIMEOUT_S
         while retired and not all(ray.get([h.is_done.remote() for h in retired], timeout=60)):
             if time.monotonic() > deadline:
-                raise RescaleError(f"rescale of {self.operator!r}: retired hosts {list(host_ids)} did not "
+                raise RescaleError(f"{self.what}: retired hosts {list(host_ids)} did not "
                                    "drain")
             time.sleep(0.02)
         live = job.topology.retire_hosts(host_ids)
@@ -219,6 +220,9 @@ class JobTarget:
 
     # -- failures ----------------------------------------------------------------------------------
 
+    def _where(self) -> str:
+        return self.tally.where() if self.tally is not None else "its op"
+
     def abandon(self, reason: str) -> None:
         """A step failed half-way: if the job still runs, roll it back to its last checkpoint."""
         try:
@@ -226,7 +230,7 @@ class JobTarget:
             snap = ray.get(controller.snapshot.remote(), timeout=30)
             if snap.state is JobState.RUNNING:
                 ray.get(controller.begin_recovery.remote(
-                    f"rescale of {self.operator!r} failed: {reason}"), timeout=30)
+                    f"{self.what} failed: {reason}"), timeout=30)
         except Exception:
             pass
 
@@ -235,7 +239,7 @@ class JobTarget:
         if isinstance(exc, RescaleError):
             return self.ended_first(exc) or exc
         error = (self.ended_first(exc) or self._recovering(exc)
-                 or RescaleError(f"rescale of {self.operator!r} failed: {exc!r}"))
+                 or RescaleError(f"{self.what} failed: {exc!r}"))
         error.__cause__ = exc
         return error
 
@@ -249,8 +253,8 @@ class JobTarget:
                 return None
         if not snap.state.terminal:
             return None
-        error = RescaleError(f"rescale of {self.operator!r} did not complete: the job ended "
-                             f"({snap.state.value}) after {self.tally.where()}")
+        error = RescaleError(f"{self.what} did not complete: the job ended "
+                             f"({snap.state.value}) after {self._where()}")
         error.__cause__ = exc
         return error
 
@@ -259,8 +263,8 @@ class JobTarget:
         if not isinstance(exc, ray.exceptions.RayActorError):
             return None
         return RescaleError(
-            f"rescale of {self.operator!r} did not complete: an actor of the job died after "
-            f"{self.tally.where()}, and the job rolls back to its last checkpoint (recovering); "
+            f"{self.what} did not complete: an actor of the job died after "
+            f"{self._where()}, and the job rolls back to its last checkpoint (recovering); "
             "rescale again once it runs")
 
 

@@ -40,7 +40,7 @@ from .shareddir import check_shared_dir
 from .pool import warm_pool
 from ..runtime.restore import RestoreInfo, match_operators, reset_code
 from ..runtime.storage import CheckpointError, CheckpointStorage, child_uri, split_uri
-from .supervisor import CONTROLLER_POOL_KEY, Deployment, release_outputs
+from .supervisor import CONTROLLER_POOL_KEY, Deployment, bind_sinks, claim_outputs, release_outputs
 
 if TYPE_CHECKING:
     from .client import AttachedJob
@@ -225,7 +225,7 @@ def _deploy(flow: Dataflow, config: JobConfig, restore_from: str | None, allow_n
     root = tempfile.mkdtemp(prefix=f"chiray-{flow.name}-") if config.checkpoint_dir is None else config.checkpoint_dir
     own_dir = root if config.checkpoint_dir is None else None
     storage = CheckpointStorage(root)
-    sinks = _bind_sinks(plan, storage, config.run_id)
+    sinks = bind_sinks(plan.graph.nodes.values(), storage, config.run_id)
     with _undone_on_failure(own_dir, None):
         claim_outputs(flow.name, sinks)
     deployment = Deployment(flow.name, ray.put(plan), placement, num_hosts, config, storage, sinks,
@@ -233,28 +233,14 @@ def _deploy(flow: Dataflow, config: JobConfig, restore_from: str | None, allow_n
     view = job_view(flow.name, plan)
     broadcast, _ = control_trees(plan, placement, config.control_fanout)
     sources = {n.name: n.source for n in plan.graph.nodes.values() if n.kind is OperatorKind.SOURCE}
-    sink_instances = [i for i in plan.instances if plan.graph.nodes[i[0]].kind is OperatorKind.SINK]
     deployment.plan = plan
-    make_controller = _ControllerStarter(flow.name, config, deployment, storage, sinks, broadcast, sink_instances,
-                                         sources)
+    make_controller = _ControllerStarter(flow.name, config, deployment, storage, broadcast, sources)
     with _undone_on_failure(own_dir, sinks):  # without controller_process, the job's launch starts it in its first host
         controller = make_controller() if config.controller_process else None
     job = Job(flow.name, plan, controller, [], view, own_dir=own_dir)
     with _undone_on_failure(own_dir, sinks):  # a job that never ran leaves no temporary checkpoint directory behind
         job.launch(deployment, restore, make_controller)
     return job
-
-
-def _bind_sinks(plan: PhysicalPlan, storage: CheckpointStorage, run: str | None) -> dict[str, Sink]:
-    """Each sink of ``plan`` bound to its output under ``storage`` for ``run``, by name (``plan`` keeps them)."""
-    assert run is not None  # _prepared gave the job its run id
-    sinks = {}
-    for node in plan.graph.nodes.values():
-        if node.kind is OperatorKind.SINK:
-            assert node.sink is not None
-            node.sink = node.sink.bind_output(storage.output_dir(node.name), node.name, run)
-            sinks[node.name] = node.sink
-    return sinks
 
 
 @contextlib.contextmanager
@@ -280,17 +266,18 @@ class _ControllerStarter:
     config: JobConfig
     deployment: Deployment
     storage: CheckpointStorage
-    sinks: dict[str, Sink]
     broadcast: Tree
-    sink_instances: list[tuple[str, int]]
     sources: dict[str, Source | None]
 
     def __call__(self, host: HostActor | None = None, host_id: int = 0) -> ActorHandle:
         """The job's controller: in the process of ``host`` (id ``host_id``), else in an actor of its own."""
         config = self.config
         first = max(self.storage.checkpoint_ids(), default=0) + 1
-        args = (self.name, self.sink_instances, config, job_view(self.name, self.deployment.plan), self.broadcast,
-                self.deployment.placement, self.storage, self.sinks, first, self.sources)
+        plan = self.deployment.plan
+        assert plan is not None  # the deployment knows its plan before any controller starts
+        sinks = [i for i in plan.instances if plan.graph.nodes[i[0]].kind is OperatorKind.SINK]  # branches too
+        args = (self.name, sinks, config, job_view(self.name, plan), self.broadcast, self.deployment.placement,
+                self.storage, self.deployment.sinks, first, self.sources)
         if host is not None:
             ray.get(host.controller_call.remote("configure", args, {}, config.run_id))
             return cast(ActorHandle, HostedController(host, host_id, config.run_id))  # answers as an actor does
@@ -299,16 +286,3 @@ class _ControllerStarter:
             ray.get(warm[0].configure.remote(*args))  # configured before anyone calls it (from any thread)
             return warm[0]
         return JobController.remote(*args)  # type: ignore[attr-defined,return-value]
-
-
-def claim_outputs(job: str, sinks: dict[str, Sink]) -> None:
-    """Each sink claims its output for this run; a sink whose output another running job writes
-    (``OutputInUseError``) refuses the submit, and the claims already taken are dropped."""
-    claimed = []
-    try:
-        for sink in sinks.values():
-            sink.claim(job)
-            claimed.append(sink)
-    except BaseException:
-        release_outputs(claimed)
-        raise

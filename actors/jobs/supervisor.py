@@ -23,12 +23,13 @@ import logging
 import random
 import threading
 import time
-from typing import TYPE_CHECKING, Callable, Mapping, Protocol
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Protocol
 
 import ray
 
 from chiray.control.coordination import JobState
 from chiray.control.fencing import Fence
+from chiray.operators.graph import OperatorKind
 
 from ..config import JobConfig
 from ..runtime.controller import controller_host
@@ -43,12 +44,12 @@ if TYPE_CHECKING:
     from ray import ObjectRef
     from ray.actor import ActorHandle
 
-    from chiray.operators.graph import PhysicalPlan
+    from chiray.operators.graph import OperatorNode, PhysicalPlan
     from chiray.operators.logic import Sink
 
     from .jobtopology import JobTopology
 
-__all__ = ["Deployment", "Supervisor", "release_outputs"]
+__all__ = ["Deployment", "Supervisor", "bind_sinks", "claim_outputs", "release_outputs"]
 
 log = logging.getLogger(__name__)
 
@@ -197,6 +198,32 @@ class Deployment:
             kill(hosts)
             raise
         return hosts
+
+
+def bind_sinks(nodes: Iterable[OperatorNode], storage: CheckpointStorage, run: str | None) -> dict[str, Sink]:
+    """Each sink among ``nodes`` bound to its output under ``storage`` for job life ``run``, by name (the nodes
+    keep the bound sinks)."""
+    assert run is not None  # the job was given its run id before it deploys
+    sinks = {}
+    for node in nodes:
+        if node.kind is OperatorKind.SINK:
+            assert node.sink is not None
+            node.sink = node.sink.bind_output(storage.output_dir(node.name), node.name, run)
+            sinks[node.name] = node.sink
+    return sinks
+
+
+def claim_outputs(job: str, sinks: dict[str, Sink]) -> None:
+    """Each sink claims its output for this run; a sink whose output another running job writes
+    (``OutputInUseError``) refuses the job (or the branch), and the claims already taken are dropped."""
+    claimed = []
+    try:
+        for sink in sinks.values():
+            sink.claim(job)
+            claimed.append(sink)
+    except BaseException:
+        release_outputs(claimed)
+        raise
 
 
 def release_outputs(sinks: dict[str, Sink] | list[Sink]) -> None:

@@ -364,6 +364,19 @@ class Controller(ControllerOps):
 
     # -- control ops ---------------------------------------------------------------
 
+    async def add_sinks(self, instances: list[InstanceId], sinks: dict[str, Sink]) -> None:
+        """A branch is being added (``job.add_branch``): the job finishes only once these sink instances have
+        finished too, and its checkpoints commit these sinks' staged output."""
+        self.lifecycle.add_sinks(instances)
+        self.checkpoints.sinks.update(sinks)
+
+    async def drop_sinks(self, instances: list[InstanceId], names: list[str]) -> None:
+        """The branch of these sinks was not added after all (its op failed), or it was removed."""
+        self.lifecycle.drop_sinks(instances)
+        for name in names:
+            self.checkpoints.sinks.pop(name, None)
+        self._notify()
+
     async def register_controller(self, name: str, handle: ActorHandle) -> None:
         """Make a side controller known to every host (sinks return its ops to it)."""
         if name in self.side_controllers or name == self.ops.name:

@@ -90,16 +90,13 @@ def test_branch_of_is_the_sink_and_what_feeds_only_it():
     assert branch_of(f.graph, "out") == ["out"]
 
 
-def test_a_job_on_ray_checks_a_branch_then_says_it_cannot_add_it_yet():
+def test_a_job_on_ray_refuses_a_bad_branch_before_anything_changes():
     from chiray.actors.jobs.job import Job
-    from chiray.operators.branch import BranchNotSupportedError
 
     job = Job.__new__(Job)  # no Ray: only the checks before the runtime runs
     job.name, job.plan = "t", physical_plan(flow().graph)
     job._not_stopping = lambda verb: None  # the job runs
     with pytest.raises(BranchError, match="adds no sink"):
         job.add_branch("m", lambda s: s.map(doubled))
-    with pytest.raises(BranchNotSupportedError, match="stop it with a savepoint"):
-        job.add_branch("m", lambda s: s.sink(collect(), name="b"))
     with pytest.raises(BranchError, match="only sink"):
         job.remove_branch("out")

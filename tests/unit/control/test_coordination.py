@@ -274,3 +274,19 @@ def test_an_op_whose_sinks_close_before_acknowledging_says_the_job_finished():
     assert run.state is OpState.FAILED
     assert "the job finished before the op completed" in str(run.error)
     assert str(SINKS[0]) in str(run.error)
+
+
+def test_a_branch_s_sinks_keep_the_job_running_until_they_finish_and_a_dropped_branch_lets_it_end():
+    from chiray.control.coordination import JobLifecycle, JobState
+
+    life = JobLifecycle([("out", 0)], max_restarts=1)
+    life.add_sinks([("big", 0), ("big", 1), ("out", 0)])  # one already known: not counted twice
+    life.instance_finished(("out", 0), "o")
+    life.instance_finished(("big", 0), "b0")
+    assert life.state is JobState.RUNNING and life.snapshot().pending_sinks == (("big", 1),)
+    life.lost(RuntimeError("host died"), "host died")  # a recovery expects the branch's sinks again
+    life.restarted(1, 0.1)
+    assert life.snapshot().pending_sinks == (("big", 0), ("big", 1), ("out", 0))
+    life.instance_finished(("out", 0), "o")
+    life.drop_sinks([("big", 0), ("big", 1)])  # the branch's op failed: the job no longer waits for it
+    assert life.state is JobState.FINISHED and life.results == {("out", 0): "o"}

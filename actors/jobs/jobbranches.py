@@ -1,0 +1,62 @@
+"""jobbranches.py: a branch added to a job that runs on Ray (``Job.add_branch``).
+
+The branch's sinks are bound to the job's output storage and claimed, and the controller learns of them
+before the op runs: a branch whose input ends right after its cut still finishes before the job does, and the
+job's checkpoints commit its output from the first one on. The op itself is a topology change on the job
+(``brancher.add_branch`` on a ``rescalejob.JobTarget``: new hosts for the branch's instances, new output
+channels of the running operator opened at the cut), taking its turn with rescales. If it fails, the
+controller forgets the sinks and their claims are dropped; the job runs on as before, or rolls back to its last
+checkpoint where the op failed half-way (as a rescale step does).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import ray
+
+from chiray.operators.graph import OperatorKind, OperatorNode
+
+from .brancher import BranchCut, add_branch
+from .rescalejob import JobTarget, RunningJob
+from .supervisor import bind_sinks, claim_outputs, release_outputs
+
+if TYPE_CHECKING:
+    from chiray.control.message import InstanceId
+
+__all__ = ["add_branch_on_ray"]
+
+CALL_TIMEOUT_S = 60.0
+"""How long the controller may take to answer a call about the branch's sinks."""
+
+
+def add_branch_on_ray(job: RunningJob, from_operator: str, nodes: list[OperatorNode],
+                      timeout_s: float | None) -> BranchCut:
+    """Add ``nodes`` (checked by ``operators.branch.branch_nodes``) downstream of ``from_operator``.
+
+    Raises:
+        BranchError: the op failed or the input ended first (see ``brancher.add_branch``).
+        OutputInUseError: a sink's output is written by another running job.
+        RescaleError: the branch's hosts could not start (the job runs on unchanged).
+    """
+    dep = job.deployment
+    assert dep is not None and dep.storage is not None, "bug: a branch added to a job that was never launched"
+    sinks = bind_sinks(nodes, dep.storage, dep.config.run_id)
+    claim_outputs(job.name, sinks)
+    instances: list[InstanceId] = [(n.name, i) for n in nodes if n.kind is OperatorKind.SINK
+                                   for i in range(n.parallelism)]
+    controller = job.topology.controller
+    try:
+        ray.get(controller.add_sinks.remote(instances, sinks), timeout=CALL_TIMEOUT_S)
+        with job.topology.rescale_turn():  # one topology change at a time
+            target = JobTarget(job, from_operator, None, f"add_branch from {from_operator!r}")
+            cut = add_branch(target, from_operator, nodes, timeout_s)
+    except BaseException:
+        try:
+            ray.get(job.topology.controller.drop_sinks.remote(instances, list(sinks)), timeout=CALL_TIMEOUT_S)
+        except Exception:  # the controller is gone: a new one is started from the plan without the branch
+            pass
+        release_outputs(sinks)
+        raise
+    dep.sinks.update(sinks)  # a recovery recovers their staged output; the job's end releases their claims
+    return cut

@@ -1,0 +1,114 @@
+"""Branches added to a job running on Ray: the new sink receives exactly the records the running operator
+emitted after the cut its op reports (a plain Python slice of the main sink's output is the oracle), also
+when a host dies after the branch was added and checkpointed (the recovery runs the changed graph) and when
+it dies before the next checkpoint (the recovery starts the branch at the checkpoint's cut)."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+import ray
+
+import chiray
+from chiray.operators import generate
+from chiray.operators.branch import BranchError
+from tests.gate import Gate, Gated
+from tests.waiting import job_picture, wait_for
+
+pytestmark = pytest.mark.ray
+
+N = 24_000
+
+
+def _tripled(batch):
+    return pa.record_batch({"seq": batch["seq"], "value": batch["value"], "y": pc.multiply(batch["value"], 3)})
+
+
+def _flow(name: str, gate: Gate) -> chiray.Dataflow:
+    """4,000 records at once, then 2,000 a second up to 16,000 while the gate is shut (the hold stays at the
+    same place in the data across a recovery), then the rest once it opens."""
+    source = Gated(generate(N, batch_size=200, num_keys=50, seed=5), gate.path, hold_after=4_000, trickle=2_000,
+                   hold_at=16_000, position=lambda offset: 200 * int(offset))
+    flow = chiray.Dataflow(name)
+    flow.source(source, name="src").map(_tripled, name="m").sink(chiray.collect(), name="out")
+    return flow
+
+
+def _large(batch):
+    return pc.greater_equal(batch["value"], 500)
+
+
+def _branch(stream):
+    return stream.filter(_large, name="large").sink(chiray.collect(), name="big")
+
+
+def _expected_after(out: pa.Table, cut: int) -> list[tuple[int, int, int]]:
+    """The main sink's records after the cut (one source split, one map instance: the map's k-th record is the
+    k-th of the split, ``seq`` k), filtered as the branch filters."""
+    return [r for r in sorted(_rows(out)) if r[0] >= cut and r[1] >= 500]
+
+
+def _rows(table: pa.Table) -> list[tuple[int, int, int]]:
+    return list(zip(*(table.column(c).to_pylist() for c in ("seq", "value", "y"))))
+
+
+def test_a_branch_added_mid_run_receives_exactly_the_records_after_its_cut(ray_session, tmp_path):
+    gate = Gate(tmp_path)
+    job = chiray.submit(_flow("branch-add", gate), checkpoint_dir=str(tmp_path / "chk"))
+    try:
+        wait_for(lambda: job.statistics().records_in("m") >= 4_000, 30, "records through the map",
+                 detail=lambda: job_picture(job))
+        with pytest.raises(BranchError, match="adds no sink"):
+            job.add_branch("m", lambda s: s.map(_tripled, name="x"))
+        cut = job.add_branch("m", _branch)
+        assert cut.added == ("large", "big") and set(cut.cut) == {"m/0"}
+        assert "big" in job.plan.graph.nodes and any("add_branch from m" in e for e in job.status().events)
+        gate.open()
+        job.wait(90)
+        out, big = job.result("out"), job.result("big")
+    finally:
+        job.cancel()
+    k = cut.cut["m/0"]
+    assert 4_000 <= k < N and out.num_rows == N
+    assert big.num_rows > 0 and sorted(_rows(big)) == _expected_after(out, k)
+
+
+@pytest.mark.parametrize("checkpointed", [True, False], ids=["after-a-checkpoint", "before-a-checkpoint"])
+def test_a_host_killed_after_a_branch_was_added_recovers_with_the_branch_exactly(ray_session, tmp_path,
+                                                                                 checkpointed):
+    gate = Gate(tmp_path)
+    job = chiray.submit(_flow("branch-recover", gate), checkpoint_dir=str(tmp_path / "chk"), max_restarts=2)
+    try:
+        wait_for(lambda: job.statistics().records_in("m") >= 4_000, 30, "records through the map",
+                 detail=lambda: job_picture(job))
+        first = job.checkpoint(60)
+        cut = job.add_branch("m", _branch)
+        taken = job.checkpoint(60) if checkpointed else first
+        ray.kill(job.topology.hosts()[0], no_restart=True)  # the source's and the map's host
+        wait_for(lambda: any("recovered" in e for e in job.status().events), 60, "the recovery",
+                 detail=lambda: job.status().events)
+        gate.open()
+        job.wait(120)
+        out, big = job.result("out"), job.result("big")
+    finally:
+        job.cancel()
+    assert _recovered_from(job) == [taken], job.status().events
+    assert sorted(r[0] for r in _rows(out)) == list(range(N))  # exact: every record once
+    # the branch starts at its own cut if the checkpoint recovered from holds it, else at that checkpoint's cut
+    start = cut.cut["m/0"] if checkpointed else _records_read(tmp_path / "chk", first)
+    assert start <= cut.cut["m/0"] and sorted(_rows(big)) == _expected_after(out, start)
+
+
+def _recovered_from(job) -> list[int]:
+    return [int(e.split()[3]) for e in job.status().events if e.startswith("recovered from checkpoint")]
+
+
+def _records_read(root, checkpoint_id: int) -> int:
+    """The records the source had read at the checkpoint (its offsets: batches of 200 per split)."""
+    from chiray.actors.runtime.restore import RestoreInfo
+    from chiray.actors.runtime.storage import CheckpointStorage
+
+    storage = CheckpointStorage(str(root))
+    offsets = RestoreInfo(storage, storage.load(checkpoint_id)).source_offsets("src")
+    return 200 * sum(int(v) for v in offsets.values())
