@@ -133,7 +133,7 @@ class Controller(ControllerOps):
                 side.job_failed.remote(error)
             if state is not JobState.RECOVERING:
                 for host in self.hosts.values():
-                    host.abort.remote()
+                    host.abort.remote(self.config.run_id)  # the host may serve another job by the time it arrives
 
     def _current(self, incarnation: int) -> bool:
         return incarnation == self.incarnation and self.lifecycle.state is JobState.RUNNING
@@ -381,7 +381,8 @@ class Controller(ControllerOps):
         """Make a side controller known to every host (sinks return its ops to it)."""
         if name in self.side_controllers or name == self.ops.name:
             raise ValueError(f"job {self.job_name!r} already has a controller named {name!r}")
-        await asyncio.gather(*[h.add_controller.remote(name, handle) for h in self.hosts.values()])
+        run = self.config.run_id
+        await asyncio.gather(*[h.add_controller.remote(name, handle, run) for h in self.hosts.values()])
         self.side_controllers[name] = handle
         handle.sinks_finished.remote(sorted(self.ops.finished_sinks))
 

@@ -235,8 +235,11 @@ class OperatorHost:
         """Every instance here finished and its output left (a retired host may go)."""
         return self.core is not None and self.core.done and self.transport.idle
 
-    async def add_controller(self, name: str, handle: ActorHandle) -> None:
-        """A side controller: sinks return its ops to it."""
+    async def add_controller(self, name: str, handle: ActorHandle, run: str | None = None) -> None:
+        """A side controller: sinks return its ops to it. A call for another job life ``run`` is ignored (see
+        :meth:`abort`)."""
+        if run is not None and run != self.run:
+            return
         self.controllers[name] = handle
 
     @ray.method(concurrency_group="liveness")
@@ -284,8 +287,16 @@ class OperatorHost:
         return [part for inst in instances if inst.info.operator == operator and isinstance(inst.logic, SinkLogic)
                 for part in inst.logic.recent.last(n)]
 
-    async def abort(self) -> None:
-        """Stop the loop and abort unfinished sinks. Idempotent."""
+    async def abort(self, run: str | None = None) -> None:
+        """Stop the loop and abort unfinished sinks. Idempotent.
+
+        A call for another job life ``run`` is ignored. A job's controller sends its aborts on its own when the
+        job fails or is cancelled, and nothing orders them with the driver's calls: one may arrive after the
+        driver recycled this host (:meth:`recycle`) and gave it to the next job, whose loop it would stop.
+        """
+        if run is not None and run != self.run:
+            log.debug("host %s: ignored an abort of job life %s (this host serves %s)", self.host_id, run, self.run)
+            return
         self._lifecycle = self._lifecycle.stop()
         self._wake.set()
         if self.core is not None:

@@ -253,3 +253,35 @@ def test_warm_hosts_serve_the_next_submit_and_are_released(controller_process):
         assert release_warm_actors() == len(idle)
     assert wait_for(lambda: actors_dead(idle), 30, "the warm actors to go away")
     assert warm_pool().size() == 0
+
+
+def test_a_late_abort_of_the_previous_job_leaves_the_next_job_on_its_reused_hosts_running(tmp_path):
+    """A cancelled job's controller sends its hosts aborts on its own, unordered with the driver's recycling of
+    them: one that arrives once a host serves the next job must not stop that job (it names the job life it
+    was meant for, and the host ignores it)."""
+    from tests.gate import Gate, Gated
+
+    def flow(name: str, source) -> Dataflow:
+        f = Dataflow(name)
+        f.source(source).map(lambda b: b.select(["seq"]), name="m").collect()
+        return f
+
+    first = flow("abort-a", generate(None, rate=5_000, batch_size=100)).submit(reuse_hosts=4)
+    try:
+        wait_for(lambda: first.statistics().records_in("m") > 0, 30, "records through the first job")
+    finally:
+        first.cancel()
+    old_run, old_hosts = first.deployment.config.run_id, {h._actor_id for h in first.topology.hosts()}
+    gate = Gate(tmp_path)
+    second = flow("abort-b", Gated(generate(6_000, batch_size=100), gate.path, hold_after=2_000)).submit(reuse_hosts=4)
+    try:
+        wait_for(lambda: second.statistics().records_in("m") >= 2_000, 30, "records through the second job")
+        hosts = second.topology.hosts()
+        assert old_hosts & {h._actor_id for h in hosts}, "the second job did not reuse the first one's hosts"
+        ray.get([h.abort.remote(old_run) for h in hosts], timeout=30)  # the first job's, arriving late
+        gate.open()
+        second.wait(60)
+        seqs = sorted(second.result().column("seq").to_pylist())
+    finally:
+        second.cancel()
+    assert seqs == list(range(6_000))
