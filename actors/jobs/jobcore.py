@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -46,6 +47,9 @@ if TYPE_CHECKING:
 __all__ = ["JobCore"]
 
 log = logging.getLogger(__name__)
+
+SUPERVISOR_JOIN_S = 60.0
+"""How long a job that ends waits for its supervisor to finish what it is doing (a recovery under way)."""
 
 
 class JobCore:
@@ -301,8 +305,16 @@ class JobCore:
             raise ended_error(self.name, self._final.state, verb)
 
     def _shutdown(self) -> None:
-        if self._supervisor is not None:
-            self._supervisor.stop()
+        supervisor = self._supervisor
+        if supervisor is not None:
+            supervisor.stop()
+            # A recovery it was carrying out ends first: it may still swap in new hosts, which must go with
+            # the job (and it must not kill hosts that were already recycled for the next job).
+            if supervisor.is_alive() and supervisor is not threading.current_thread():
+                supervisor.join(SUPERVISOR_JOIN_S)
+                if supervisor.is_alive():
+                    log.warning("job %s: its supervisor is still busy after %.0f s; ending the job without it",
+                                self.name, SUPERVISOR_JOIN_S)
         if self.autoscaler is not None:  # no decision after the end (its thread sees the job ended)
             self.autoscaler.stop()
         self._ops.close()

@@ -276,19 +276,19 @@ class Supervisor(threading.Thread):
         self.incarnation = 0
         self._failed_attempts = 0
         self._failing_since: float | None = None  # monotonic time of the first failed attempt in a row
-        self._stop = threading.Event()
+        self._halting = threading.Event()
         self._history: tuple[tuple[str, ...], int] = ((), 0)  # the controller's events and restarts, last seen
 
     def stop(self) -> None:
-        self._stop.set()
+        self._halting.set()
 
     def run(self) -> None:
-        while not self._stop.is_set():
+        while not self._halting.is_set():
             try:
                 snap = ray.get(self.job.topology.controller.wait_event.remote(0.5), timeout=CALL_TIMEOUT_S)
                 self._history = (snap.events, snap.restarts)
             except ray.exceptions.RayActorError:
-                if not self._stop.is_set():
+                if not self._halting.is_set():
                     try:
                         self._replace_controller()
                         self._failed_attempts, self._failing_since = 0, None
@@ -302,14 +302,14 @@ class Supervisor(threading.Thread):
                             return
                         log.warning("job %s: replacing the controller failed (%r); trying again in %.1f s",
                                     self.deployment.name, exc, pause)
-                        self._stop.wait(pause)
+                        self._halting.wait(pause)
                 continue
             except Exception:  # Ray shutting down under us
-                if self._stop.is_set():
+                if self._halting.is_set():
                     return
                 time.sleep(0.2)
                 continue
-            if snap.state.terminal or self._stop.is_set():
+            if snap.state.terminal or self._halting.is_set():
                 return
             if snap.state is JobState.RECOVERING:
                 self._attempt_recovery()
@@ -328,7 +328,7 @@ class Supervisor(threading.Thread):
                 self._give_up(exc, f"recovery failed {self._failed_attempts} times in {budget:g} s "
                                    f"(recovery_timeout_s)")
             else:
-                self._stop.wait(pause)
+                self._halting.wait(pause)
 
     def _failed(self, exc: BaseException, what: str) -> float:
         """Count a failed attempt in a row; returns the pause before the next."""
