@@ -79,6 +79,11 @@ class InstanceControlContext:
     def release_bins(self, bins: list[int]) -> None:
         self._instance.release_bins(bins)
 
+    def send_installed_output(self) -> None:
+        """Send on, ahead of the op, what installing bins here produced at once (see
+        ``OperatorInstance.send_installed_output``)."""
+        self._instance.send_installed_output()
+
     def pause_event_time(self) -> None:
         """Hold the instance's watermark (kept and applied on resume) while bins leave it."""
         self._instance.pause_event_time()

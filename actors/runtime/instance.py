@@ -313,6 +313,17 @@ class OperatorInstance:
             self._process(batch, input_index)
         self._advance(self._held.take_deferred())
 
+    def send_installed_output(self) -> None:
+        """Bins were just installed here (a migration step's op completes): emit what their state produced at
+        once, ahead of the op. A window of them that the old owner had not fired, but that this instance's event
+        time has passed, fires on install into the state's pending output (``WindowState.install_bins``); were
+        it left there until the next batch or watermark, a checkpoint cut meanwhile would hold it neither in
+        the state (the window is gone) nor downstream, and a recovery from it would lose its rows."""
+        take = getattr(getattr(self.logic, "state", None), "take_pending", None)
+        out = take() if take is not None else None
+        if out:
+            self.outputs.emit(out)
+
     def pause_event_time(self) -> None:
         """Keep incoming watermarks from the operator (the newest is applied on resume)."""
         self._held.pause_event_time()

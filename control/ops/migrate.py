@@ -182,6 +182,8 @@ class MigrateBins(ControlOp):
                     ctx.state.apply_changes(payload["changes"])
                 if not op.blocking:
                     ctx.release_bins(list(bins))
+            if self.received:  # a window the install fired goes downstream before the op (and any later cut)
+                ctx.send_installed_output()
 
         def on_complete(self, ctx: Any) -> None:
             op: MigrateBins = self.op  # type: ignore[assignment]

@@ -77,6 +77,9 @@ class Owner:
         assert set(bins) <= self.held, f"released {bins}, held {sorted(self.held)}"
         self.held.difference_update(bins)
 
+    def send_installed_output(self) -> None:
+        pass  # a dict state fires nothing on install
+
     def pause_event_time(self) -> None:
         pass
 
