@@ -15,16 +15,11 @@ from .dataflow import Dataflow, Stream
 from .errors import ChirayError
 from .graph import LogicalGraph, OperatorKind, OperatorNode
 
-__all__ = ["BranchError", "BranchNotSupportedError", "branch_nodes", "branch_of"]
+__all__ = ["BranchError", "branch_nodes", "branch_of", "branch_root"]
 
 
 class BranchError(ChirayError, ValueError):
     """A branch cannot be added or removed as asked (the message says why and what to change)."""
-
-
-class BranchNotSupportedError(ChirayError, NotImplementedError):
-    """Adding or removing a branch of a job on Ray is not carried out yet (the in-process harness does add
-    branches); the message says how to make the change instead."""
 
 
 def branch_nodes(graph: LogicalGraph, from_operator: str, build: Callable[[Stream], Any],
@@ -97,3 +92,25 @@ def branch_of(graph: LogicalGraph, sink: str) -> list[str]:
             removed.append(name)
             pending.extend(e.upstream for e in up.inputs)
     return removed
+
+
+def branch_root(graph: LogicalGraph, removed: list[str]) -> str:
+    """The running operator that the branch of operators ``removed`` (``branch_of``) reads: its channels to
+    the branch close at the cut of the removal's op.
+
+    Raises:
+        BranchError: the branch reads more than one running operator (it joins two parts of the job), or a
+            source (the source would be left without a consumer).
+    """
+    gone = set(removed)
+    roots = sorted({e.upstream for name in removed for e in graph.nodes[name].inputs if e.upstream not in gone})
+    where = f"remove_branch({removed[0]!r})"
+    if len(roots) != 1:
+        raise BranchError(f"{where}: the branch reads several running operators {roots}; only a branch that "
+                          "reads one can be removed while the job runs (stop the job with a savepoint and "
+                          "restore it without the branch)")
+    root = roots[0]
+    if all(c in gone for c in graph.consumers(root)):  # only a source: branch_of keeps every source
+        raise BranchError(f"{where}: nothing but the branch reads source {root!r}, which would be left without a "
+                          "consumer")
+    return root

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import pyarrow as pa
 
@@ -29,6 +29,7 @@ __all__ = [
     "initial_bin_table",
     "rescaled_plan",
     "branched_plan",
+    "pruned_plan",
 ]
 
 
@@ -280,16 +281,29 @@ def branched_plan(plan: PhysicalPlan, added: list[OperatorNode]) -> PhysicalPlan
     return _replanned(plan, graph, bin_tables)
 
 
+def pruned_plan(plan: PhysicalPlan, removed: Iterable[str]) -> PhysicalPlan:
+    """``plan`` without the operators ``removed`` (a branch: a sink and the operators that feed only it); the
+    channels that stay keep their ids, the edges after a removed one move up."""
+    gone = set(removed)
+    graph = LogicalGraph(plan.graph.name)
+    for node in plan.graph.nodes.values():
+        if node.name not in gone:
+            graph.add(dataclasses.replace(node, inputs=list(node.inputs)))
+    return _replanned(plan, graph, {op: t for op, t in plan.bin_tables.items() if op not in gone})
+
+
 def _replanned(plan: PhysicalPlan, graph: LogicalGraph, bin_tables: dict[str, list[int]]) -> PhysicalPlan:
     """The plan of ``graph``, a changed ``plan.graph``: its channels keep their ids where they connect the same
     instances on the same edge, new ones get ids ``plan`` never used."""
     fresh = physical_plan_channels(graph)
-    old_ids = {(c.src, c.dst, c.input_index, c.edge_index): c.channel_id for c in plan.channels}
+    # (src, dst, input_index) names a channel: an edge's position among its upstream's may change (a branch
+    # removed before it), its channels' ids do not
+    old_ids = {(c.src, c.dst, c.input_index): c.channel_id for c in plan.channels}
     next_id = max((c.channel_id for c in plan.channels), default=-1) + 1
     next_id = max(next_id, plan.next_channel_id)
     channels = []
     for c in fresh:
-        cid = old_ids.get((c.src, c.dst, c.input_index, c.edge_index))
+        cid = old_ids.get((c.src, c.dst, c.input_index))
         if cid is None:
             cid, next_id = next_id, next_id + 1
         channels.append(dataclasses.replace(c, channel_id=cid))

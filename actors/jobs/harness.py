@@ -30,7 +30,7 @@ from chiray.control.message import InstanceId
 from chiray.control.op import ControlOp
 from chiray.control.oprun import JobView, OpRun, OpState, job_view
 from chiray.control.trees import Relay
-from chiray.operators.branch import branch_nodes
+from chiray.operators.branch import branch_nodes, branch_of, branch_root
 from chiray.operators.dataflow import Dataflow
 from chiray.operators.hashing import DEFAULT_NUM_BINS
 from chiray.operators.graph import OperatorKind, PhysicalPlan, physical_plan
@@ -44,7 +44,7 @@ from ..runtime.messages import Parcel
 from .placement import place
 from .rescaler import HostChange, RescaleError, Rescaler, StartedOp, Tally, check_request, place_change
 from ..runtime.topology import ChangePrepared
-from .brancher import BranchCut, add_branch
+from .brancher import BranchCut, add_branch, remove_branch
 from .jobvalues import UpgradeRecord
 from .upgrader import run_upgrade
 
@@ -89,6 +89,7 @@ class LocalRun:
         self._by_id = {host.host_id: host for host in self.hosts}  # the live hosts (ids are never reused)
         self._next_host_id = n
         self.abandoned: list[str] = []  # why rescale steps were given up (a job on Ray would roll back)
+        self.removed_results: dict[str, object] = {}  # the results of sinks whose branch was removed
         self.stalled: set[int] = set()  # hosts that take no step (busy elsewhere); deliveries wait there
         self.rng = random.Random(seed) if seed is not None else None
         self._in_flight: list[tuple[int, Parcel]] = []
@@ -189,7 +190,7 @@ class LocalRun:
         results: dict[tuple[str, int], object] = {}
         for host in self.hosts:
             results.update(host.sink_results())
-        out: dict[str, object] = {}
+        out: dict[str, object] = dict(self.removed_results)
         for node in self.plan.graph.nodes.values():
             if node.kind is OperatorKind.SINK:
                 assert node.sink is not None
@@ -237,6 +238,21 @@ class LocalRun:
         stepping the loop while its op runs; returns its ``brancher.BranchCut``."""
         nodes = branch_nodes(self.plan.graph, from_operator, build, DEFAULT_NUM_BINS)
         return add_branch(_LocalTarget(self, from_operator, None), from_operator, nodes)
+
+    def remove_branch(self, sink: str) -> BranchCut:
+        """Remove the branch that ends in ``sink`` as ``Job.remove_branch`` does, stepping the loop while its op
+        runs; the sink's result (what it received before the cut) stays in ``results()``."""
+        removed = branch_of(self.plan.graph, sink)
+        operator = branch_root(self.plan.graph, removed)
+        sinks = {name: self.plan.graph.nodes[name] for name in removed
+                 if self.plan.graph.nodes[name].kind is OperatorKind.SINK}
+        cut, parts = remove_branch(_LocalTarget(self, operator, None), operator, removed)
+        for name, node in sinks.items():
+            assert node.sink is not None
+            mine = [parts[(name, i)] for i in range(node.parallelism)]
+            node.sink.commit_final(mine)
+            self.removed_results[name] = node.sink.combine(mine)
+        return cut
 
     def upgrade(self, operator: str, fn: object, **options: Any) -> UpgradeRecord:
         """Upgrade ``operator``'s code as ``Job.upgrade`` does, stepping the loop while its ops run; returns its
@@ -351,6 +367,15 @@ class _LocalTarget:
 
     def apply(self, new: PhysicalPlan, placement: Mapping[InstanceId, int]) -> None:
         self.local.plan, self.local.placement = new, dict(placement)
+
+    def sink_results(self, instances: list[InstanceId], timeout_s: float | None) -> dict[InstanceId, object]:
+        """Step until these sink instances finished; what each returned."""
+        wanted = set(instances)
+        self.local._until(lambda: wanted <= self.finished(), f"sink instances {sorted(wanted)} to finish")
+        found: dict[InstanceId, object] = {}
+        for host in self.local.hosts:
+            found.update((i, r) for i, r in host.sink_results().items() if i in wanted)
+        return found
 
     def retire(self, host_ids: Sequence[int]) -> None:
         try:

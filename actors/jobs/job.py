@@ -20,7 +20,7 @@ Example:
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Callable, NoReturn
+from typing import TYPE_CHECKING, Any, Callable
 
 import pyarrow as pa
 import ray
@@ -29,14 +29,14 @@ from chiray.control.coordination import JobState
 from chiray.control.op import ControlOp
 from chiray.control.ops.monitor import MonitorResult
 from chiray.control.oprun import OpFailedError
-from chiray.operators.branch import BranchNotSupportedError, branch_nodes, branch_of
+from chiray.operators.branch import branch_nodes, branch_of, branch_root
 from chiray.operators.hashing import DEFAULT_NUM_BINS
 
 from .autoscaler import Autoscaler, start_autoscale
 from ..errors import ChirayError, JobFailedError
 from .handle import check_timeout
 from .brancher import BranchCut
-from .jobbranches import add_branch_on_ray
+from .jobbranches import add_branch_on_ray, remove_branch_on_ray
 from .jobcore import JobCore
 from .jobfiles import copy_savepoint
 from .jobstatus import JobStatistics, JobStatus, collect_statistics, newest_checkpoint, source_rate
@@ -101,6 +101,8 @@ class Job(JobCore):
             JobNotFoundError: the job was forgotten.
         """
         self._known()
+        if sink is not None and sink in self._removed_results:  # its branch was removed: it has ended
+            return self._removed_results[sink]
         if self._final is None:
             self.wait()
         self._raise_if_failed()
@@ -310,21 +312,31 @@ class Job(JobCore):
         self.note_event(f"add_branch from {from_operator}: {', '.join(cut.added)}")
         return cut
 
-    def remove_branch(self, sink: str) -> NoReturn:
-        """Drain and remove the branch that ends in ``sink`` (the sink and the operators that feed only it).
+    def remove_branch(self, sink: str, timeout: float | None = 60.0) -> BranchCut:
+        """Drain and remove the branch that ends in ``sink``: the sink and the operators that feed only it.
 
-        Not carried out yet: the branch is checked, then ``BranchNotSupportedError`` says how to make the change.
+        The running operator the branch reads closes its channels to it at the cut of a control op, while the
+        rest of the job runs on: the branch receives every record emitted before the cut and none after, its
+        sinks finish (their output is committed), its hosts go, and the job's plan no longer has it (a
+        recovery, a checkpoint and a scale-out see the job without it). ``result(sink)`` answers at once with
+        what the sink received.
+
+        Returns:
+            A ``BranchCut``: ``added`` names the operators removed, ``cut`` the records each instance of the
+            running operator emitted before the cut.
 
         Raises:
-            BranchError: ``sink`` is no sink of the job, or its only one.
-            BranchNotSupportedError: the branch is valid.
+            BranchError: ``sink`` is no sink of the job or its only one, the branch reads more than one running
+                operator, the op failed, or the job's input ended before it could pass.
         """
         self._not_stopping("remove_branch")
         removed = branch_of(self.plan.graph, sink)
-        raise BranchNotSupportedError(
-            f"job {self.name!r}: remove_branch({sink!r}) (operators {removed}) is not carried out yet; stop the "
-            "job with a savepoint and submit the dataflow without them, restore_from= that savepoint and "
-            "allow_non_restored_state=True if they held state")
+        operator = branch_root(self.plan.graph, removed)
+        self._running("remove a branch of")
+        cut, results = remove_branch_on_ray(self, operator, removed, timeout)
+        self._removed_results.update(results)
+        self.note_event(f"remove_branch {sink}: {', '.join(removed)}")
+        return cut
 
     def refill_spare_hosts(self, timeout: float | None = None) -> None:
         """Start spare hosts for those scale-outs took (``JobConfig.spare_hosts``) and wait until they are up.

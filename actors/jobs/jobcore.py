@@ -72,6 +72,7 @@ class JobCore:
         self._final: LifecycleSnapshot | None = None
         self._lost: LifecycleSnapshot | None = None  # set by the supervisor when no controller could be started
         self._results: dict[str, object] = {}
+        self._removed_results: dict[str, object] = {}  # sinks whose branch was removed (Job.remove_branch)
         self._last_stats: JobStatistics | None = None
         self._own_dir = own_dir  # a temporary checkpoint directory the job removes when it ends
         self._deployment: Deployment | None = None

@@ -218,6 +218,19 @@ class JobTarget:
     def pause(self, seconds: float) -> None:
         time.sleep(seconds)
 
+    def sink_results(self, instances: list[InstanceId], timeout_s: float | None) -> dict[InstanceId, object]:
+        """What these sink instances returned when they finished, once the controller has each (a removed
+        branch drains: ``brancher.remove_branch``)."""
+        wanted = set(instances)
+        deadline = time.monotonic() + (RETIRE_TIMEOUT_S if timeout_s is None else max(timeout_s, RETIRE_TIMEOUT_S))
+        while True:
+            results = ray.get(self.job.topology.controller.results.remote(), timeout=60)
+            if wanted <= set(results):
+                return {i: results[i] for i in wanted}
+            if time.monotonic() > deadline:
+                raise RescaleError(f"{self.what}: sink instances {sorted(wanted - set(results))} did not finish")
+            time.sleep(0.02)
+
     # -- failures ----------------------------------------------------------------------------------
 
     def _where(self) -> str:

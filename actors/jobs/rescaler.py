@@ -31,7 +31,7 @@ from chiray.control.planning import PLANNERS
 from chiray.control.rescaleplan import (Drain, Migrate, Pause, Replicate, RescaleOptions, RescalePlan, Step,
                                         Strategy, bin_metrics, plan_rescale, unreached)
 from chiray.operators.errors import ChirayError
-from chiray.operators.graph import OperatorKind, PhysicalPlan, rescaled_plan
+from chiray.operators.graph import LogicalGraph, OperatorKind, PhysicalPlan, rescaled_plan
 
 from .jobvalues import RescaleProgress, RescaleState
 from ..runtime.topology import ChangePrepared
@@ -417,6 +417,12 @@ def change_views(name: str, old: PhysicalPlan, new: PhysicalPlan) -> tuple[JobVi
     seen = {c.channel_id for c in new.channels}
     channels = [*new.channels, *(c for c in old.channels if c.channel_id not in seen)]
     instances = [*new.instances, *(i for i in old.instances if i not in set(new.instances))]
-    union = PhysicalPlan(new.graph, instances, channels, new.output_edges, new.bin_tables, new.source_splits,
+    graph = new.graph
+    gone = [n for name, n in old.graph.nodes.items() if name not in graph.nodes]
+    if gone:  # a branch removed: the op still passes its operators, which end behind it
+        graph = LogicalGraph(new.graph.name)
+        for node in (*new.graph.nodes.values(), *gone):
+            graph.add(dataclasses.replace(node, inputs=list(node.inputs)))
+    union = PhysicalPlan(graph, instances, channels, new.output_edges, new.bin_tables, new.source_splits,
                          new.next_channel_id)
     return job_view(name, union), job_view(name, new)

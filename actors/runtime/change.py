@@ -8,6 +8,7 @@ outputs (``outputs.InstanceOutputs.apply_change``) when the op completes there.
 from __future__ import annotations
 
 import dataclasses
+from typing import Sequence
 
 from chiray.control.message import InstanceId
 from chiray.operators.graph import PhysicalPlan
@@ -47,8 +48,8 @@ class InstanceChange:
         while len(outs) < len(self.outputs):  # an edge new with the change (a branch added downstream)
             outs.append([])
             tgts.append([])
+        have = {ch.channel for chs in outs for ch in chs}  # by id: an edge may have moved up (a branch removed)
         for edge, chans in enumerate(self.outputs):
-            have = {ch.channel for ch in outs[edge]}
             for ch, target in zip(chans, self.targets[edge]):
                 if ch.channel not in have:
                     outs[edge].append(ch)
@@ -59,10 +60,18 @@ class InstanceChange:
         """The outputs and targets once the op went on (the removed channels are closed)."""
         return [list(chs) for chs in self.outputs], [list(ts) for ts in self.targets]
 
-    def routers(self, current: list[Router], info: InstanceInfo) -> list[Router]:
-        """The routers after the change: a hash router keeps its table (the op's handler sets the
-        new one) and learns its new number of targets; the others are rebuilt."""
-        out = list(current)
+    def dropped_edges(self, edges: list[list[OutputChannel]]) -> list[int]:
+        """The positions of the current output ``edges`` that the change removes whole (a branch removed
+        downstream): every one of their channels closes."""
+        removed = {ch.channel for ch in self.removed}
+        return [i for i, chans in enumerate(edges) if chans and all(ch.channel in removed for ch in chans)]
+
+    def routers(self, current: list[Router], info: InstanceInfo, dropped: Sequence[int] = ()) -> list[Router]:
+        """The routers after the change: those of the ``dropped`` edges go (the edges after them move up), a
+        hash router keeps its table (the op's handler sets the new one) and learns its new number of
+        targets; the others are rebuilt."""
+        gone = set(dropped)
+        out = [r for i, r in enumerate(current) if i not in gone]
         for edge, (down, _, spec) in enumerate(self.plan.output_edges[info.operator]):
             n = len(self.outputs[edge])
             if edge == len(out):  # an edge new with the change

@@ -137,6 +137,7 @@ class InstanceOutputs(Sequence[list[OutputChannel]]):
         """The op that activates ``change`` completed here: forward it on the old and the new output
         channels (on a new one it is the first message, after the watermark sent on the others), then
         close the channels the change removes and take the change's outputs, targets and routers."""
+        dropped = change.dropped_edges(self.edges)
         self.edges, self.targets = change.during(self.edges, self.targets)
         if self.sent_mark is not None:
             for ch in change.added:
@@ -145,5 +146,5 @@ class InstanceOutputs(Sequence[list[OutputChannel]]):
         for ch in change.removed:
             ch.enqueue(End())  # no longer this instance's, but the host still flushes it
         self.edges, self.targets = change.after()
-        self.routers = change.routers(self.routers, self._info)
+        self.routers = change.routers(self.routers, self._info, dropped)
         return sends + Sends(closed=change.removed) if change.removed else sends

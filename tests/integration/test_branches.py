@@ -112,3 +112,34 @@ def _records_read(root, checkpoint_id: int) -> int:
     storage = CheckpointStorage(str(root))
     offsets = RestoreInfo(storage, storage.load(checkpoint_id)).source_offsets("src")
     return 200 * sum(int(v) for v in offsets.values())
+
+
+def test_a_removed_branch_got_exactly_the_records_between_its_cuts_and_the_job_recovers_without_it(
+        ray_session, tmp_path):
+    gate = Gate(tmp_path)
+    job = chiray.submit(_flow("branch-remove", gate), checkpoint_dir=str(tmp_path / "chk"), max_restarts=2)
+    try:
+        wait_for(lambda: job.statistics().records_in("m") >= 4_000, 30, "records through the map",
+                 detail=lambda: job_picture(job))
+        added = job.add_branch("m", _branch)
+        start = added.cut["m/0"]
+        wait_for(lambda: job.statistics().records_in("m") >= start + 1_000, 30, "records through the branch",
+                 detail=lambda: job_picture(job))
+        removed = job.remove_branch("big")
+        assert removed.added == ("big", "large") and "big" not in job.plan.graph.nodes
+        big = job.result("big")  # at once: the branch has ended
+        assert any("remove_branch big" in e for e in job.status().events)
+        assert not any(s.operator in ("big", "large") for s in job.statistics().instances)
+        taken = job.checkpoint(60)  # without the branch
+        ray.kill(job.topology.hosts()[0], no_restart=True)
+        wait_for(lambda: any("recovered" in e for e in job.status().events), 60, "the recovery",
+                 detail=lambda: job.status().events)
+        gate.open()
+        job.wait(120)
+        out = job.result("out")
+    finally:
+        job.cancel()
+    end = removed.cut["m/0"]
+    assert start < end and _recovered_from(job) == [taken], job.status().events
+    assert sorted(r[0] for r in _rows(out)) == list(range(N))
+    assert sorted(_rows(big)) == [r for r in _expected_after(out, start) if r[0] < end]

@@ -1,5 +1,7 @@
-"""Branches added to a running job, in-process: the branch's sink receives exactly the records the running
-operator emits after the cut its op reports; the plan keeps the running channels; bad branches are refused."""
+"""Branches added to and removed from a running job, in-process: an added branch's sink receives exactly the
+records the running operator emits after the cut its op reports, a removed one's exactly those before it; the
+other outputs of the running operator (also those after a removed edge) go on untouched; the plan keeps the
+running channels; bad branches are refused."""
 
 from __future__ import annotations
 
@@ -49,6 +51,41 @@ def test_a_keyed_branch_at_parallelism_two_counts_what_follows_the_cut():
     assert sum(cut.cut.values()) < N
     counted = sum(r["count"] for r in out["cs"].to_pylist())
     assert counted == N - sum(cut.cut.values())  # each instance of m sent the branch what it emitted after
+
+
+def test_a_removed_branch_got_exactly_the_records_before_its_cut_and_the_edges_after_it_go_on():
+    f = flow()
+    m = f.graph.nodes["m"]
+    from chiray.operators.dataflow import Stream
+
+    Stream(f, m).filter(lambda b: pc.less(b["x"], N), name="mid").sink(collect(), name="middle")  # edge 1 of 2
+    Stream(f, m).map(doubled, name="last").sink(collect(), name="after")  # edge 2: it moves up when 1 goes
+    run = LocalRun(f)
+    run.run(until=lambda: run.instance(("m", 0)).records_out >= 300)
+    cut = run.remove_branch("middle")
+    assert cut.added == ("middle", "mid") and "mid" not in run.plan.graph.nodes
+    run.run(until=lambda: run.instance(("m", 0)).records_out >= 1_000)
+    late = run.add_branch("m", lambda s: s.sink(collect(), name="late"))  # a branch after a removal: edge 2
+    out = run.run()
+    k, j = cut.cut["m/0"], late.cut["m/0"]
+    main = [{"x": i, "y": 2 * i} for i in range(N)]
+    assert 300 <= k < j < N
+    assert out["out"].to_pylist() == main and out["after"].to_pylist() == main
+    assert out["middle"].to_pylist() == main[:k]  # every record before the cut, none after
+    assert out["late"].to_pylist() == main[j:]
+
+
+def test_removing_a_branch_that_joins_two_running_operators_is_refused():
+    from chiray.operators.branch import branch_root
+    from chiray.operators.dataflow import Stream
+
+    f = flow()
+    source = next(n for n in f.graph.nodes.values() if n.kind.value == "source")
+    Stream(f, f.graph.nodes["m"]).union(Stream(f, source), name="both").sink(collect(), name="u")
+    removed = branch_of(f.graph, "u")
+    assert removed == ["u", "both"]
+    with pytest.raises(BranchError, match="several running operators"):
+        branch_root(f.graph, removed)
 
 
 def test_the_branched_plan_keeps_every_running_channel():
