@@ -186,6 +186,14 @@ class WindowState(BinnedState):
         docs = {self._check_bin(b): self._decode(b, payload) for b, payload in data.items()}
         carried = max((d["watermark"] for d in docs.values()), default=MIN_TIME)
         live = bool(self.windows or self._remembered)
+        if not live and docs and self.allowed_lateness == 0:
+            # A fresh state (a restore, or a new instance's first bins): it starts at the lowest carried
+            # watermark, which every one of these bins has passed; the bins carried further keep theirs as a
+            # floor. Starting at the highest would fire the others' windows early and drop their replayed
+            # records as late (a checkpoint cut while a migration's floor stood).
+            low = min(d["watermark"] for d in docs.values())
+            self.watermark = max(self.watermark, low)
+            live = True
         if carried > self.watermark and live and self.allowed_lateness == 0:
             # This state's own bins may still receive records behind the sender's watermark (their
             # channels are behind the sender's): only the installed bins keep it, as a floor. (Their
