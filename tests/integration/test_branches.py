@@ -94,6 +94,7 @@ def test_a_host_killed_after_a_branch_was_added_recovers_with_the_branch_exactly
     finally:
         job.cancel()
     assert _recovered_from(job) == [taken], job.status().events
+    assert ("big" in _manifest_operators(tmp_path / "chk", taken)) is checkpointed  # the graph at its cut
     assert sorted(r[0] for r in _rows(out)) == list(range(N))  # exact: every record once
     # the branch starts at its own cut if the checkpoint recovered from holds it, else at that checkpoint's cut
     start = cut.cut["m/0"] if checkpointed else _records_read(tmp_path / "chk", first)
@@ -102,6 +103,12 @@ def test_a_host_killed_after_a_branch_was_added_recovers_with_the_branch_exactly
 
 def _recovered_from(job) -> list[int]:
     return [int(e.split()[3]) for e in job.status().events if e.startswith("recovered from checkpoint")]
+
+
+def _manifest_operators(root, checkpoint_id: int) -> set[str]:
+    from chiray.actors.runtime.storage import CheckpointStorage
+
+    return set(CheckpointStorage(str(root)).load(checkpoint_id)["job"]["operators"])
 
 
 def _records_read(root, checkpoint_id: int) -> int:
