@@ -33,8 +33,9 @@ class BranchCut:
     Attributes:
         operator: the running operator it reads.
         added: the branch's operators, in the order added.
-        cut: per instance of ``operator`` (``"operator/index"``), the records it emitted before the branch
-            started: the branch receives every record it emits after them.
+        cut: per instance of ``operator`` (``"operator/index"``), the records it emitted before the op's cut,
+            counted since the instance last started (after a recovery: since the checkpoint it restarted from).
+            An added branch receives every record emitted after the cut, a removed one every record before it.
     """
 
     operator: str

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import ray
 
@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from chiray.control.op import ControlOp
     from chiray.control.ops.monitor import MonitorResult
 
+    from .brancher import BranchCut
     from .jobstatus import JobStatistics, JobStatus
     from .ophandle import OpHandle
 
@@ -212,6 +213,14 @@ class AttachedJob:
     def upgrades(self) -> tuple[UpgradeRecord, ...]:
         """The job's upgrade history (kept by its manager)."""
         return self._call(self._manager.upgrades, "upgrades")
+
+    def add_branch(self, from_operator: str, build: Callable[..., object], timeout: float | None = 60.0) -> BranchCut:
+        """As ``Job.add_branch`` (``build`` travels to the job's manager pickled; its record keeps the branch)."""
+        return self._call(self._manager.add_branch, "add_branch", from_operator, build, timeout)
+
+    def remove_branch(self, sink: str, timeout: float | None = 60.0) -> BranchCut:
+        """As ``Job.remove_branch``."""
+        return self._call(self._manager.remove_branch, "remove_branch", sink, timeout)
 
     def checkpoint(self, timeout: float | None = 120.0) -> int:
         """An aligned checkpoint now; returns its id once durable (``checkpoint_info`` for its path)."""

@@ -25,7 +25,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Callable, Protocol, runtime_checkable
 
 from chiray.control.oprun import OpFailedError
 
@@ -193,6 +193,17 @@ class JobHandle(Protocol):
 
     def upgrades(self) -> tuple[UpgradeRecord, ...]:
         """The upgrade history: when, operator, old and new code, canary result, duration, pause, cut."""
+        ...
+
+    def add_branch(self, from_operator: str, build: Callable[..., object], timeout: float | None = 60.0) -> Any:
+        """Add operators and sinks downstream of the running operator ``from_operator`` (``build(stream)`` adds
+        them with the usual verbs) at a cut: they see every record it emits after the cut. Returns the
+        ``BranchCut``; a detached job's record keeps the changed dataflow."""
+        ...
+
+    def remove_branch(self, sink: str, timeout: float | None = 60.0) -> Any:
+        """Drain and remove the branch that ends in ``sink`` at a cut: it received every record emitted before
+        the cut. Returns the ``BranchCut``; ``result(sink)`` then gives what the sink received."""
         ...
 
     def checkpoint(self, timeout: float | None = 120.0) -> int:

@@ -312,6 +312,11 @@ class Job(JobCore):
         self.note_event(f"add_branch from {from_operator}: {', '.join(cut.added)}")
         return cut
 
+    @property
+    def removed_results(self) -> dict[str, object]:
+        """The results of the sinks whose branch ``remove_branch`` removed, by sink."""
+        return dict(self._removed_results)
+
     def remove_branch(self, sink: str, timeout: float | None = 60.0) -> BranchCut:
         """Drain and remove the branch that ends in ``sink``: the sink and the operators that feed only it.
 

@@ -98,6 +98,7 @@ class RecordChanges(TypedDict, total=False):
     """The fields of a ``JobRecord`` that its job manager changes as the job goes on (``RecordKeeper.update``)."""
 
     state: JobState
+    flow: bytes
     parallelism: tuple[tuple[str, int], ...]
     rescales: tuple[RescaleRecord, ...]
     upgrades: tuple[UpgradeRecord, ...]

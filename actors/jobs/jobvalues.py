@@ -163,8 +163,15 @@ class EventKind(str, enum.Enum):
     SOURCE_RECOVERY = "source_recovery"
     """A source's side (a Spark driver the job owns) failed: the job restarted from its last checkpoint."""
     UPGRADE = "upgrade"
+    BRANCH = "branch"
+    """A branch added to or removed from the running job (its dataflow in the record changed with it)."""
     RUN = "run"
     """An event of the job's current run (its controller's lifecycle: failures, recoveries)."""
+
+
+def _names(operators: object) -> str:
+    """Operator names, comma-separated (a branch event's)."""
+    return ", ".join(map(str, operators)) if isinstance(operators, (tuple, list)) else str(operators or "")
 
 
 def _text(kind: EventKind, f: Mapping[str, object]) -> str:
@@ -192,6 +199,7 @@ def _text(kind: EventKind, f: Mapping[str, object]) -> str:
         EventKind.SOURCE_RECOVERY: lambda: f"recovery: {f.get('cause')}; the job rolled back to {f.get('where')}",
         EventKind.UPGRADE: lambda: (f"upgrade {f.get('operator')} {f.get('old')} -> {f.get('new')} "
                                     f"{f.get('outcome')}{error}"),
+        EventKind.BRANCH: lambda: f"{f.get('verb')} {_names(f.get('operators'))} at {f.get('operator')}{error}",
         EventKind.RUN: lambda: (f"run {f['run']}: " if "run" in f else "") + str(f.get("text")),
     }
     return render[kind]()

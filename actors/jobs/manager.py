@@ -50,6 +50,7 @@ from .jobvalues import CheckpointInfo, EventKind, JobEvent, JobInfo, RescaleProg
 from .submit import submit
 from .jobstore import JobRecord
 from .joblogs import JobLogs, job_log_actors, job_logs
+from . import managerbranches
 from .managerinfo import controller_pid, finished_result, host_pids, job_info, sink_results, submitted_parallelism
 from .managerrecord import RecordKeeper
 from .managerrescales import RescaleBook
@@ -60,6 +61,7 @@ from .savepoints import SavepointInfo, delete_savepoint, find_savepoints, runnin
 from ..runtime.storage import CheckpointStorage
 
 if TYPE_CHECKING:
+    from .brancher import BranchCut
     import pyarrow as pa
 
 __all__ = ["JobManagerCore", "VERBS", "AutoscaleSwitch"]
@@ -368,6 +370,15 @@ class JobManagerCore:
 
     def upgrades(self) -> tuple[UpgradeRecord, ...]:
         return tuple(self.record.upgrades)
+
+    def add_branch(self, from_operator: str, build: Callable[..., object], timeout: float | None = 60.0) -> BranchCut:
+        """``Job.add_branch``; the record's dataflow (what a restarted manager runs) gains the branch."""
+        return managerbranches.add_branch(self._keeper, self._running("add a branch to"), from_operator, build,
+                                          timeout)
+
+    def remove_branch(self, sink: str, timeout: float | None = 60.0) -> BranchCut:
+        """``Job.remove_branch``; the record's dataflow loses the branch."""
+        return managerbranches.remove_branch(self._keeper, self._running("remove a branch of"), sink, timeout)
 
     def checkpoint(self, timeout: float | None = 120.0) -> int:
         return self.checkpoint_info(timeout).id

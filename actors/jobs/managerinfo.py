@@ -83,7 +83,7 @@ def _rate(job: Job | None) -> float | None:
 
 def sink_results(job: Job) -> dict[str, object]:
     """Sink -> its result, for the sinks of a finished ``job`` that have one."""
-    results: dict[str, object] = {}
+    results: dict[str, object] = dict(job.removed_results)  # sinks whose branch was removed while it ran
     for sink in sink_names(job.plan.graph):
         try:
             results[sink] = job.result(sink)

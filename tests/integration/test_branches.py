@@ -5,6 +5,7 @@ it dies before the next checkpoint (the recovery starts the branch at the checkp
 
 from __future__ import annotations
 
+import cloudpickle
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
@@ -150,3 +151,40 @@ def test_a_removed_branch_got_exactly_the_records_between_its_cuts_and_the_job_r
     assert start < end and _recovered_from(job) == [taken], job.status().events
     assert sorted(r[0] for r in _rows(out)) == list(range(N))
     assert sorted(_rows(big)) == [r for r in _expected_after(out, start) if r[0] < end]
+
+
+def test_a_detached_job_s_branch_outlives_its_manager_and_is_removed_through_the_handle(ray_session, tmp_path):
+    """The branch goes into the job's record: a manager restarted after it runs the job with the branch (from
+    the checkpoint that holds it), and ``remove_branch`` through the attached handle takes it out again."""
+    from chiray.actors.jobs import jobstore
+
+    gate = Gate(tmp_path)
+    name = "branch-detached"
+    job = chiray.submit(_flow(name, gate), name=name, detached=True, checkpoint_dir=str(tmp_path / "chk"))
+    try:
+        wait_for(lambda: job.statistics().records_in("m") >= 4_000, 60, "records through the map",
+                 detail=lambda: job_picture(job))
+        added = job.add_branch("m", _branch)
+        assert "big" in cloudpickle.loads(jobstore.load(name).flow).graph.nodes
+        taken = job.checkpoint(60)
+        ray.kill(ray.get_actor(name, namespace="chiray"), no_restart=False)  # the manager dies
+        wait_for(lambda: job.info()["restarts"] >= 1 and job.info()["state"] == "RUNNING", 90,
+                 "the manager to run the job again", interval=0.2, detail=job.info)
+        wait_for(lambda: job.statistics().records_in("big") >= 1, 60, "records through the branch again",
+                 detail=lambda: job_picture(job))
+        removed = job.remove_branch("big")
+        assert "big" not in cloudpickle.loads(jobstore.load(name).flow).graph.nodes
+        texts = [e.split(" ", 1)[1] for e in job.status().events]  # after each event's time
+        assert [t for t in texts if t.startswith(("add_branch", "remove_branch"))] == [
+            "add_branch large, big at m", "remove_branch big, large at m"]
+        gate.open()
+        job.wait(120)
+        out, big = job.result("out"), job.result("big")
+    finally:
+        job.cancel()
+        job.forget()
+    assert sorted(r[0] for r in _rows(out)) == list(range(N))
+    # a cut counts the records an instance emitted since it last started: the restarted job's map started at
+    # the checkpoint (where its source had read this many)
+    start, end = added.cut["m/0"], _records_read(tmp_path / "chk", taken) + removed.cut["m/0"]
+    assert start < end and sorted(_rows(big)) == [r for r in _expected_after(out, start) if r[0] < end]
