@@ -287,22 +287,13 @@ class Job(JobCore):
 
     def add_branch(self, from_operator: str, build: Callable[[Stream], object],
                    timeout: float | None = 60.0) -> BranchCut:
-        """Add operators and sinks downstream of the running operator ``from_operator``, built by ``build(stream)``
-        with the usual verbs; the branch starts at a cut and sees every record ``from_operator`` emits after it.
-
-        Each of the branch's instances starts on a host of its own; the running operator's instances open their
-        channels to it at the cut of a control op, so no record reaches the branch twice or is missed after
-        the cut. The branch is in the job's plan from then on: its sinks' results, the next checkpoint, a
-        recovery and a scale-out see it (a recovery to a checkpoint taken before the branch starts it at that
-        checkpoint's cut).
-
-        Returns:
-            A ``BranchCut``: per instance of ``from_operator``, the records it emitted before the branch began.
+        """As ``JobHandle.add_branch``: each instance of the branch starts on a host of its own, the job's plan
+        (its results, checkpoints, recoveries and scale-outs) has the branch from the cut on; a recovery to a
+        checkpoint taken before it starts the branch at that checkpoint's cut.
 
         Raises:
-            BranchError: an unknown operator, a sink to branch from, a branch without a sink, with a source,
-                reading another running operator or leaving an operator unconsumed; or the op failed, or
-                the job's input ended before the branch could start.
+            BranchError: a branch refused (``operators.branch.branch_nodes`` says why), the op failed, or the
+                job's input ended before it could pass.
             OutputInUseError: a sink's output is written by another running job.
         """
         self._not_stopping("add_branch")
@@ -312,27 +303,13 @@ class Job(JobCore):
         self.note_event(f"add_branch from {from_operator}: {', '.join(cut.added)}")
         return cut
 
-    @property
-    def removed_results(self) -> dict[str, object]:
-        """The results of the sinks whose branch ``remove_branch`` removed, by sink."""
-        return dict(self._removed_results)
-
     def remove_branch(self, sink: str, timeout: float | None = 60.0) -> BranchCut:
-        """Drain and remove the branch that ends in ``sink``: the sink and the operators that feed only it.
-
-        The running operator the branch reads closes its channels to it at the cut of a control op, while the
-        rest of the job runs on: the branch receives every record emitted before the cut and none after, its
-        sinks finish (their output is committed), its hosts go, and the job's plan no longer has it (a
-        recovery, a checkpoint and a scale-out see the job without it). ``result(sink)`` answers at once with
-        what the sink received.
-
-        Returns:
-            A ``BranchCut``: ``added`` names the operators removed, ``cut`` the records each instance of the
-            running operator emitted before the cut.
+        """As ``JobHandle.remove_branch``: the branch drains, its sinks' output is committed, its hosts go and
+        the job's plan loses it; ``result(sink)`` answers at once.
 
         Raises:
-            BranchError: ``sink`` is no sink of the job or its only one, the branch reads more than one running
-                operator, the op failed, or the job's input ended before it could pass.
+            BranchError: no such sink, the job's only one, a branch that reads two running operators, the op
+                failed, or the job's input ended before it could pass.
         """
         self._not_stopping("remove_branch")
         removed = branch_of(self.plan.graph, sink)

@@ -152,6 +152,11 @@ class JobCore:
         """Side controller name -> its actor (``add_controller``)."""
         return self._ops.sides
 
+    @property
+    def removed_results(self) -> dict[str, object]:
+        """The results of the sinks whose branch ``remove_branch`` removed, by sink."""
+        return dict(self._removed_results)
+
     def apply_rescale_step(self, plan: PhysicalPlan, placement: dict[tuple[str, int], int]) -> None:
         """A rescale step completed: the job, its deployment and its side controllers see ``plan``.
 
