@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 import ray
 
+from chiray.operators.branch import BranchError
 from chiray.operators.graph import OperatorKind, OperatorNode
 
 from .brancher import BranchCut, add_branch, remove_branch
@@ -55,12 +56,15 @@ def add_branch_on_ray(job: RunningJob, from_operator: str, nodes: list[OperatorN
         with job.topology.rescale_turn():  # one topology change at a time
             target = JobTarget(job, from_operator, None, f"add_branch from {from_operator!r}")
             cut = add_branch(target, from_operator, nodes, timeout_s)
-    except BaseException:
+    except BaseException as exc:
         try:
             ray.get(job.topology.controller.drop_sinks.remote(instances, list(sinks)), timeout=CALL_TIMEOUT_S)
         except Exception:  # the controller is gone: a new one is started from the plan without the branch
             pass
         release_outputs(sinks)
+        if isinstance(exc, ray.exceptions.RayError):
+            raise BranchError(f"add_branch from {from_operator!r} failed: an actor of the job died under it "
+                              f"({type(exc).__name__}); the job recovers without the branch") from exc
         raise
     dep.sinks.update(sinks)  # a recovery recovers their staged output; the job's end releases their claims
     return cut
@@ -81,9 +85,13 @@ def remove_branch_on_ray(job: RunningJob, operator: str, removed: list[str],
     assert dep is not None, "bug: a branch removed from a job that was never launched"
     nodes = {name: job.plan.graph.nodes[name] for name in removed
              if job.plan.graph.nodes[name].kind is OperatorKind.SINK}
-    with job.topology.rescale_turn():  # one topology change at a time
-        target = JobTarget(job, operator, None, f"remove_branch of {removed[0]!r}")
-        cut, parts = remove_branch(target, operator, removed, timeout_s)
+    try:
+        with job.topology.rescale_turn():  # one topology change at a time
+            target = JobTarget(job, operator, None, f"remove_branch of {removed[0]!r}")
+            cut, parts = remove_branch(target, operator, removed, timeout_s)
+    except ray.exceptions.RayError as exc:
+        raise BranchError(f"remove_branch of {removed[0]!r} failed: an actor of the job died under it "
+                          f"({type(exc).__name__}); the job recovers with the branch") from exc
     results: dict[str, object] = {}
     for name, node in nodes.items():
         assert node.sink is not None

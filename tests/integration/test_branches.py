@@ -188,3 +188,44 @@ def test_a_detached_job_s_branch_outlives_its_manager_and_is_removed_through_the
     # the checkpoint (where its source had read this many)
     start, end = added.cut["m/0"], _records_read(tmp_path / "chk", taken) + removed.cut["m/0"]
     assert start < end and sorted(_rows(big)) == [r for r in _expected_after(out, start) if r[0] < end]
+
+
+def test_a_host_killed_while_a_branch_is_added_leaves_the_job_exact_with_or_without_the_branch(ray_session,
+                                                                                                tmp_path):
+    """The kill lands before, during or after the branch's op: either the branch was added (and the recovery
+    keeps it, from the checkpoint's cut) or the add failed with an error that says so (and the job runs on
+    without it); the main output is exact either way."""
+    import threading
+
+    gate = Gate(tmp_path)
+    job = chiray.submit(_flow("branch-during", gate), checkpoint_dir=str(tmp_path / "chk"), max_restarts=2)
+    outcome: list[object] = []
+    try:
+        wait_for(lambda: job.statistics().records_in("m") >= 4_000, 30, "records through the map",
+                 detail=lambda: job_picture(job))
+        taken = job.checkpoint(60)
+
+        def add() -> None:
+            try:
+                outcome.append(job.add_branch("m", _branch))
+            except Exception as exc:  # what the caller sees when the job rolled back under the op
+                outcome.append(exc)
+
+        adding = threading.Thread(target=add)
+        adding.start()
+        ray.kill(job.topology.hosts()[0], no_restart=True)  # the source's, the map's and the controller's
+        adding.join(120)
+        assert outcome and not adding.is_alive()
+        wait_for(lambda: any("recovered" in e for e in job.status().events), 60, "the recovery",
+                 detail=lambda: job.status().events)
+        gate.open()
+        job.wait(120)
+        out = job.result("out")
+        big = job.result("big") if "big" in job.plan.graph.nodes else None
+    finally:
+        job.cancel()
+    assert sorted(r[0] for r in _rows(out)) == list(range(N))
+    if isinstance(outcome[0], Exception):
+        assert big is None and isinstance(outcome[0], chiray.ChirayError), repr(outcome[0])
+    else:  # added, then rolled back to the checkpoint before it: the branch starts at that checkpoint's cut
+        assert big is not None and sorted(_rows(big)) == _expected_after(out, _records_read(tmp_path / "chk", taken))
