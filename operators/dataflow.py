@@ -611,19 +611,25 @@ class KeyedStream:
                         **{func: (column, func)})
 
     def reduce(self, fn: Callable[[dict, dict], dict], *, name: str | None = None,
-               parallelism: int | None = None, emit: str | None = None) -> Stream:
+               parallelism: int | None = None, emit: str | None = None, ttl: Duration | None = None,
+               ttl_time: TTLTime = "processing", ttl_on: str | None = None,
+               expired_side_output: bool = False) -> Stream:
         """General keyed reduce (slow path): ``fn(acc: dict, row: dict) -> dict`` per record.
 
-        ``emit`` as for :meth:`agg` (``"final"`` by default).
+        ``emit`` as for :meth:`agg` (``"final"`` by default); ``ttl``, ``ttl_time``, ``ttl_on`` and
+        ``expired_side_output`` too (the side output gets the expired keys' last accumulators).
         """
         _check_callable("reduce", fn)
         op_name = self.stream.flow._name("reduce", name)
         emit, by_default = _check_emit(op_name, emit)
+        expiry = state_ttl(f"operator {op_name!r}", ttl, ttl_time, ttl_on, expired_side_output, self.stream.schema)
         key, bins = self.key, self.num_bins
-        stream = self._keyed("reduce", lambda: keyed.ReduceLogic(key, fn, bins, emit), name=op_name,
+        stream = self._keyed("reduce", lambda: keyed.ReduceLogic(key, fn, bins, emit, expiry), name=op_name,
                              parallelism=parallelism, schema=self.stream.schema,
                              origin=describe_callable(fn))
         stream.node.final_by_default = by_default
+        if expiry is not None and expiry.side_output:
+            stream.node.side_outputs[EXPIRED] = self.stream.schema
         return stream
 
     def top(self, n: int, by: str | Sequence[str], *, descending: bool | Sequence[bool] = True,
@@ -706,32 +712,52 @@ class KeyedStream:
 
     @overload
     def process(self, fn: ProcessFunction, *, name: str | None = None, parallelism: int | None = None,
-                schema: pa.Schema | None = None, on_timer: None = None) -> Stream: ...
+                schema: pa.Schema | None = None, on_timer: None = None, ttl: Duration | None = None,
+                ttl_time: TTLTime = "processing", ttl_on: str | None = None,
+                expired_side_output: bool = False) -> Stream: ...
 
     @overload
     def process(self, fn: TimerProcessFunction, *, name: str | None = None, parallelism: int | None = None,
-                schema: pa.Schema | None = None, on_timer: OnTimerFunction) -> Stream: ...
+                schema: pa.Schema | None = None, on_timer: OnTimerFunction, ttl: None = None,
+                ttl_time: TTLTime = "processing", ttl_on: str | None = None,
+                expired_side_output: bool = False) -> Stream: ...
 
     def process(self, fn: ProcessFunction | TimerProcessFunction, *, name: str | None = None,
                 parallelism: int | None = None, schema: pa.Schema | None = None,
-                on_timer: OnTimerFunction | None = None) -> Stream:
+                on_timer: OnTimerFunction | None = None, ttl: Duration | None = None,
+                ttl_time: TTLTime = "processing", ttl_on: str | None = None,
+                expired_side_output: bool = False) -> Stream:
         """Keyed process with per-key state: ``fn(key, rows: RecordBatch, state) -> output``.
 
         ``state.value`` is the key's state (``None`` at first); assign to update it (``state`` is a
         ``chiray.KeyedState``). With ``on_timer``, ``state`` (a ``chiray.KeyedTimerState``) can also
         ``register(time)`` event-time timers for the key; ``on_timer(key, time, state) -> output`` runs
         once per (key, time) when the watermark reaches ``time``, in time order.
+
+        ``ttl``, ``ttl_time``, ``ttl_on`` and ``expired_side_output`` as for :meth:`agg`: a key whose function
+        was not called for that long loses its state (the side output gets the expired keys); not with
+        ``on_timer`` (a timer can clear its key's state itself).
         """
         _check_callable("process", fn)
         key, bins = self.key, self.num_bins
+        op_name = self.stream.flow._name("process", name)
+        if ttl is not None and on_timer is not None:
+            raise ValueError(f"operator {op_name!r}: process() with on_timer takes no ttl (a timer can clear its "
+                             "key's state: state.clear())")
+        expiry = state_ttl(f"operator {op_name!r}", ttl, ttl_time, ttl_on, expired_side_output, self.stream.schema)
+        name = op_name
         if on_timer is not None:
             _check_callable("process(on_timer=...)", on_timer, name)
             stream = self._keyed("process", lambda: TimerProcessLogic(key, fn, on_timer, bins, schema), name=name,
                                  parallelism=parallelism, schema=schema, origin=describe_callable(fn))
             stream.node.event_time = True  # timers fire on watermarks
             return stream
-        return self._keyed("process", lambda: keyed.ProcessLogic(key, fn, bins, schema), name=name,
-                           parallelism=parallelism, schema=schema, origin=describe_callable(fn))
+        stream = self._keyed("process", lambda: keyed.ProcessLogic(key, fn, bins, schema, expiry), name=name,
+                             parallelism=parallelism, schema=schema, origin=describe_callable(fn))
+        if expiry is not None and expiry.side_output:
+            key_field = self.stream.schema.field(key) if self.stream.schema is not None else None
+            stream.node.side_outputs[EXPIRED] = pa.schema([key_field]) if key_field is not None else None
+        return stream
 
     def process_batch(self, fn: Callable[[KeyedBatch], Any], *, name: str | None = None,
                       parallelism: int | None = None, schema: pa.Schema | None = None) -> Stream:

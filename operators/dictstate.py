@@ -64,6 +64,7 @@ class DictState(BinnedState):
         self.pickled = pickled
         self.tracks_changes = track_changes
         self._bins: dict[int, dict[Any, Any]] = {}
+        self.installs = 0  # bins installed or changed from outside so far (a TTL scan looks at them afresh)
         self._changed = ChangedKeys()  # followed only for bins a checkpoint captured (``track_changes``)
 
     def get(self, key: Any, bin: int, default: Any = None) -> Any:
@@ -134,6 +135,10 @@ class DictState(BinnedState):
     def bins(self) -> list[int]:
         return sorted(self._bins)
 
+    def entries(self, bin: int) -> Mapping[Any, Any]:
+        """The keys and values of ``bin`` (read only: change them through :meth:`put` and :meth:`delete`)."""
+        return self._bins.get(bin, _NO_ENTRIES)
+
     def bin_key_counts(self) -> dict[int, int]:
         return {b: len(self._bins[b]) for b in sorted(self._bins)}
 
@@ -169,6 +174,7 @@ class DictState(BinnedState):
                 self._bins[b] = got.items
             self._carry_version(b, got.version)
         self._changed.forget(decoded)
+        self.installs += 1
 
     def changes_since(self, since: Mapping[int, int]) -> set[int]:
         """As :meth:`BinnedState.changes_since`: bins followed since exactly that version, with fewer keys
@@ -210,6 +216,7 @@ class DictState(BinnedState):
                 del self._bins[b]
             self._carry_version(b, got.version)
         self._changed.forget(decoded)
+        self.installs += 1
 
     def _encode_changes(self, b: int) -> bytes:
         entries = self._bins.get(b, {})

@@ -37,6 +37,7 @@ from .accumulators import Accumulator
 from .columnarstate import ColumnarAggState
 from .dictstate import DictState
 from .ttl import EXPIRED, Expiry, StateTTL
+from .valuettl import ValueExpiry, untouched
 
 __all__ = [
     "AGG_FUNCS",
@@ -231,6 +232,8 @@ class ReduceLogic(_KeyedLogic):
     the batch touched. The accumulator keeps the record's columns: a function
     that returns other columns fails at that call (the output has the input's
     schema; use ``process`` with ``schema=`` to emit something else).
+    ``ttl``: keys not written for that long are dropped (:mod:`operators.valuettl`), their last
+    accumulators sent to the side output ``"expired"`` if asked.
 
     Example:
         >>> logic = ReduceLogic("k", lambda acc, row: {**acc, "v": acc["v"] + row["v"]}, 8)
@@ -239,26 +242,53 @@ class ReduceLogic(_KeyedLogic):
         [{'k': 'a', 'v': 4}, {'k': 'b', 'v': 2}]
     """
 
-    def __init__(self, key: str, fn: Callable[[dict, dict], dict], num_bins: int, emit: str = "final") -> None:
+    def __init__(self, key: str, fn: Callable[[dict, dict], dict], num_bins: int, emit: str = "final",
+                 ttl: StateTTL | None = None) -> None:
         super().__init__(key, num_bins)
         _check_fn(fn, "reduce")
         self.fn = fn
         self.emit = _check_emit(emit)
         self._state = DictState(self.num_bins, pickled=True, track_changes=True)  # the user's accumulators
         self._schema: pa.Schema | None = None
+        self._ttl = ValueExpiry(ttl, self.where("reduce"), self._state) if ttl is not None else None
 
     @property
     def state(self) -> DictState:
         """The keyed state: ``key -> accumulator`` per bin."""
         return self._state
 
-    def process(self, batch: pa.RecordBatch, input_index: int = 0) -> list[pa.RecordBatch]:
+    @property
+    def expired_keys(self) -> int:
+        """Keys dropped by the TTL so far (0 without one)."""
+        return self._ttl.expired_keys if self._ttl is not None else 0
+
+    def open(self, info: InstanceInfo) -> None:
+        super().open(info)
+        if self._ttl is not None:
+            self._ttl.expiry.where = self.where("reduce")
+
+    def on_watermark(self, watermark: int) -> list[Any]:
+        if self._ttl is None:
+            return []
+        self._ttl.watermark(watermark)
+        return self._expire()
+
+    def _expire(self) -> list[Any]:
+        """Drop the keys the TTL says are due; their last accumulators on the side output if asked."""
+        gone = self._ttl.expire() if self._ttl is not None else []
+        if gone and self._ttl is not None and self._ttl.expiry.spec.side_output:
+            return [SideOutput(EXPIRED, batch) for batch in self._rows([acc for _, acc in gone])]
+        return []
+
+    def process(self, batch: pa.RecordBatch, input_index: int = 0) -> list[Any]:
         column = self._key_column(batch)
         self._schema = batch.schema
+        out = self._expire()
         if batch.num_rows == 0:
-            return []
+            return out
         groups = group_by_key(batch, column, self.num_bins)
-        accs = self._state.get_many(groups.keys, groups.bins.tolist())  # None: a key not seen yet
+        stored = self._state.get_many(groups.keys, groups.bins.tolist())
+        accs = untouched(stored)  # None: a key not seen yet
         rows, offsets = groups.rows.to_pylist(), groups.offsets.tolist()
         fn, columns = self.fn, dict.fromkeys(batch.schema.names).keys()
         for i, acc in enumerate(accs):
@@ -270,10 +300,11 @@ class ReduceLogic(_KeyedLogic):
                 if type(acc) is not dict or acc.keys() != columns:
                     self._check_acc(acc, batch.schema.names)
             accs[i] = acc
-        self._state.write_many(groups.keys, groups.bins, accs)
+        written = accs if self._ttl is None else self._ttl.touched(groups.rows, offsets, accs, stored)
+        self._state.write_many(groups.keys, groups.bins, written)
         if self.emit == "updates":
-            return self._rows(accs)
-        return []
+            out.extend(self._rows(accs))
+        return out
 
     def _check_acc(self, acc: Any, columns: Sequence[str]) -> None:
         if not isinstance(acc, dict):
@@ -284,7 +315,7 @@ class ReduceLogic(_KeyedLogic):
     def finish(self) -> list[pa.RecordBatch]:
         if self.emit != "final":
             return []
-        return self._rows([acc for _, acc in self._state.items()])
+        return self._rows(untouched([acc for _, acc in self._state.items()]))
 
     def _rows(self, accs: list[dict]) -> list[pa.RecordBatch]:
         if not accs:
@@ -362,7 +393,8 @@ class ProcessLogic(_KeyedLogic):
     ``pickled=True`` (they are any objects ``fn`` stores): their bins travel
     as cloudpickle. A checkpoint writes the values of the keys ``fn`` was
     called for since the previous one (a value changed in place is written
-    too), and of those it deleted.
+    too), and of those it deleted. ``ttl``: keys not written for that long are dropped
+    (:mod:`operators.valuettl`); the side output ``"expired"`` gets their keys if asked.
 
     Example:
         >>> def running(key, rows, state):
@@ -374,7 +406,7 @@ class ProcessLogic(_KeyedLogic):
     """
 
     def __init__(self, key: str, fn: Callable[..., Any], num_bins: int,
-                 output_schema: pa.Schema | None = None) -> None:
+                 output_schema: pa.Schema | None = None, ttl: StateTTL | None = None) -> None:
         super().__init__(key, num_bins)
         _check_fn(fn, "process")
         if output_schema is not None and not isinstance(output_schema, pa.Schema):
@@ -383,6 +415,32 @@ class ProcessLogic(_KeyedLogic):
         self.output_schema = output_schema
         self._schema = output_schema  # the given schema, else the first output's
         self._state = DictState(self.num_bins, pickled=True, track_changes=True)  # the user's values
+        self._ttl = ValueExpiry(ttl, self.where("process"), self._state) if ttl is not None else None
+        self._key_type: pa.DataType | None = None  # of the key column (the expired side output's)
+
+    @property
+    def expired_keys(self) -> int:
+        """Keys dropped by the TTL so far (0 without one)."""
+        return self._ttl.expired_keys if self._ttl is not None else 0
+
+    def open(self, info: InstanceInfo) -> None:
+        super().open(info)
+        if self._ttl is not None:
+            self._ttl.expiry.where = self.where("process")
+
+    def on_watermark(self, watermark: int) -> list[Any]:
+        if self._ttl is None:
+            return []
+        self._ttl.watermark(watermark)
+        return self._expire()
+
+    def _expire(self) -> list[Any]:
+        """Drop the keys the TTL says are due; their keys on the side output if asked."""
+        gone = self._ttl.expire() if self._ttl is not None else []
+        if not gone or self._ttl is None or not self._ttl.expiry.spec.side_output:
+            return []
+        keys = pa.array([key for key, _ in gone], type=self._key_type)
+        return [SideOutput(EXPIRED, pa.record_batch({self.key: keys}))]
 
     @property
     def state(self) -> DictState:
@@ -398,20 +456,23 @@ class ProcessLogic(_KeyedLogic):
         self.fn, self.output_schema, self._schema = fn, schema, schema
         return old
 
-    def process(self, batch: pa.RecordBatch, input_index: int = 0) -> list[pa.RecordBatch]:
+    def process(self, batch: pa.RecordBatch, input_index: int = 0) -> list[Any]:
         column = self._key_column(batch)
+        self._key_type = column.type
+        out = self._expire()
         if batch.num_rows == 0:
-            return []
+            return out
         groups = group_by_key(batch, column, self.num_bins)
         if type(self)._key_state is ProcessLogic._key_state:
-            return self._outputs(self._call_keys(groups))
-        return self._outputs(self._call_with_contexts(groups))
+            return out + self._outputs(self._call_keys(groups))
+        return out + self._outputs(self._call_with_contexts(groups))
 
     def _call_keys(self, groups: KeyGroups) -> list[Any]:
         """``fn`` per key, its value in one reused :class:`ValueState`; the values written back in one pass
         (none, if ``fn`` raises: a batch changes the state wholly or not at all)."""
         keys, fn, rows, offsets = groups.keys, self.fn, groups.rows, groups.offsets.tolist()
-        values = self._state.get_many(keys, groups.bins.tolist())
+        stored = self._state.get_many(keys, groups.bins.tolist())
+        values = untouched(stored)
         state = ValueState()
         results = []
         for i, key in enumerate(keys):
@@ -421,7 +482,8 @@ class ProcessLogic(_KeyedLogic):
             values[i] = state.value
             if result is not None:
                 results.append(result)
-        self._state.write_many(keys, groups.bins, values)
+        written = values if self._ttl is None else self._ttl.touched(rows, offsets, values, stored)
+        self._state.write_many(keys, groups.bins, written)
         return results
 
     def _call_with_contexts(self, groups: KeyGroups) -> list[Any]:

@@ -1,0 +1,96 @@
+"""valuettl.py: state time-to-live for the per-key values of user functions (``reduce`` and ``process``).
+
+Where a TTL is set, each key's value is kept as a :class:`Touched`: the value and the key's last touch
+(processing time: nanoseconds since the epoch of its last write; event time: the largest ``ttl_on`` of its
+records), so the touch travels with the value through checkpoints, rescales and restores. :class:`ValueExpiry`
+touches a batch's keys and, when :class:`~operators.ttl.Expiry` says the state is due, scans it bin by bin and
+deletes the keys whose touch the cutoff passed (a write to their bin: an incremental checkpoint records a
+deletion). A value stored without a touch (a bin written by a job without a TTL) takes the time of the first
+scan that finds it. The scan is a Python loop over the keys (these values are Python objects), run only once
+the oldest touch known is due.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from .dictstate import DictState
+from .ttl import Expiry, StateTTL
+
+__all__ = ["Touched", "ValueExpiry", "untouched"]
+
+
+class Touched:
+    """A key's value and its last touch (int64, in the TTL's units)."""
+
+    __slots__ = ("value", "touch")
+
+    def __init__(self, value: Any, touch: int) -> None:
+        self.value, self.touch = value, touch
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return Touched, (self.value, self.touch)
+
+
+def untouched(values: Sequence[Any]) -> list[Any]:
+    """The values as the user function sees them (a value written with a TTL loses its touch)."""
+    return [v.value if type(v) is Touched else v for v in values]
+
+
+class ValueExpiry:
+    """One instance's TTL over a :class:`DictState` of user values.
+
+    Args:
+        spec: the TTL.
+        where: the operator, for messages.
+        state: the values (``Touched`` once written here).
+    """
+
+    def __init__(self, spec: StateTTL, where: str, state: DictState) -> None:
+        self.expiry = Expiry(spec, where)
+        self.state = state
+
+    @property
+    def expired_keys(self) -> int:
+        return self.expiry.expired_keys
+
+    def touched(self, rows: pa.RecordBatch, offsets: Sequence[int], values: Sequence[Any],
+                stored: Sequence[Any]) -> list[Any]:
+        """``values`` of the keys of ``rows`` (key ``i`` has rows ``offsets[i]:offsets[i + 1]``), each with its
+        touch: now, or in event time its records' largest time so far (``stored``: what the state held for
+        each key before). ``None`` stays ``None``: a deletion."""
+        n = len(values)
+        bounds = np.asarray(offsets, dtype=np.int64)
+        codes = np.repeat(np.arange(n, dtype=np.int64), bounds[1:] - bounds[:-1])
+        touches = self.expiry.touches(rows, codes, n).tolist()
+        return [None if v is None else Touched(v, max(t, old.touch) if type(old) is Touched else t)
+                for v, t, old in zip(values, touches, stored)]
+
+    def watermark(self, watermark: int) -> None:
+        self.expiry.watermark(watermark)
+
+    def expire(self) -> list[tuple[Any, Any]]:
+        """Delete the keys the TTL says are due; their ``(key, last value)``."""
+        due = self.expiry.due(self.state.installs)
+        if due is None:
+            return []
+        cutoff, now = due
+        state, gone, oldest = self.state, [], None
+        for b in state.bins():
+            for key, value in list(state.entries(b).items()):
+                if type(value) is not Touched:  # written without a TTL: it starts now
+                    state.put(key, b, Touched(value, now))
+                    touch = now
+                else:
+                    touch = value.touch
+                if touch <= cutoff:
+                    gone.append((key, b, value.value if type(value) is Touched else value))
+                elif oldest is None or touch < oldest:
+                    oldest = touch
+        for key, b, _ in gone:
+            state.delete(key, b)
+        self.expiry.expired(len(gone), oldest)
+        return [(key, value) for key, _, value in gone]
