@@ -25,6 +25,7 @@ import pyarrow as pa
 from .errors import ChirayError
 from .hashing import bins_of
 from .logic import OperatorLogic
+from .valuettl import Touched
 
 __all__ = ["UpgradeError", "CodeChange", "CanaryTrial", "TrialVerdict", "FunctionRef", "check_upgrade",
            "migrate_values", "upgradable"]
@@ -190,11 +191,12 @@ def migrate_values(state: Any, fn: Callable[[Any, Any], Any]) -> int:
     keys = [k for k, _ in entries]
     bins = bins_of(pa.array(keys), values.num_bins).tolist()
     for (key, value), b in zip(entries, bins):
-        new = fn(key, value)
+        touched = type(value) is Touched  # a value under a TTL keeps its touch: fn sees the value only
+        new = fn(key, value.value if touched else value)
         if new is None:
             values.delete(key, b)
         else:
-            values.put(key, b, new)
+            values.put(key, b, Touched(new, value.touch) if touched else new)
     return len(entries)
 
 

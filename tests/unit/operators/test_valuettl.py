@@ -138,3 +138,17 @@ def test_the_verbs_take_a_ttl_and_refuse_one_with_timers() -> None:
         keyed.process(_counting, on_timer=lambda key, time, state: None, ttl=3, ttl_time="event", ttl_on="t")
     with pytest.raises(ValueError, match="ttl_on"):
         keyed.reduce(_summing, emit="updates", ttl=3, ttl_time="event")
+
+
+def test_a_state_migration_of_an_upgrade_sees_the_values_and_keeps_their_touches() -> None:
+    from chiray.operators.upgrade import migrate_values
+
+    clock = Clock()
+    logic = ProcessLogic("k", _counting, BINS, None, StateTTL(datetime.timedelta(seconds=TTL_S), clock=clock))
+    logic.process(pa.RecordBatch.from_pylist([{"k": "a", "v": 2, "t": 0}, {"k": "b", "v": 3, "t": 0}],
+                                             schema=SCHEMA), 0)
+    seen = []
+    assert migrate_values(logic.state, lambda key, old: seen.append(old) or {"n": old[0]}) == 2
+    assert sorted(seen) == [(1, 2), (1, 3)]
+    clock.now += TTL_S
+    assert logic.on_watermark(0) == [] and logic.expired_keys == 2  # the touches stayed
