@@ -23,6 +23,7 @@ from .hashing import check_num_bins
 from .ordering import check_order, check_orderable
 from .lifetime import LifetimeJoinLogic, lifetime_output_schema
 from .joins import LATE_PORTS, CoProcessLogic, JoinLogic, WindowJoinLogic, check_key_types, join_tables
+from .ttl import EXPIRED, state_ttl
 from .windows import WindowSpec, window_output_schema
 
 __all__ = ["ConnectedStreams", "KeyedConnectedStreams"]
@@ -80,13 +81,25 @@ class KeyedConnectedStreams(Generic[S]):
             return None
         return join_tables(self.left.schema.empty_table(), self.right.schema.empty_table(), *self.keys).schema
 
-    def join(self, *, name: str | None = None, parallelism: int | None = None) -> S:
+    def join(self, *, name: str | None = None, parallelism: int | None = None, ttl: Any = None,
+             ttl_time: Any = "processing", ttl_on: str | None = None, expired_side_output: bool = False) -> S:
         """Incremental inner equi-join: each pair of rows with equal keys, emitted when its second row arrives.
 
-        State grows without bound (every row is kept); use ``window_join`` to bound it.
+        State grows without bound (every row is kept) unless ``ttl`` is given: a key whose rows were not added
+        to for that long loses them (``ttl_time``, ``ttl_on`` and ``expired_side_output`` as for ``agg``; an
+        event-time ``ttl_on`` is a column of both inputs). ``window_join`` bounds the state by windows instead.
         """
+        op_name = self.left.flow._name("join", name)
+        where = f"operator {op_name!r}"
+        expiry = state_ttl(where, ttl, ttl_time, ttl_on, expired_side_output, self.left.schema)
+        if expiry is not None and ttl_on is not None:
+            state_ttl(where, ttl, ttl_time, ttl_on, expired_side_output, self.right.schema)  # both sides have it
         keys, bins = self.keys, self.num_bins
-        return self._add("join", lambda: JoinLogic(keys, bins), name, parallelism, self._join_schema())
+        stream = self._add("join", lambda: JoinLogic(keys, bins, expiry), op_name, parallelism, self._join_schema())
+        if expiry is not None and expiry.side_output:
+            left = self.left.schema
+            stream.node.side_outputs[EXPIRED] = pa.schema([left.field(keys[0])]) if left is not None else None
+        return stream
 
     def window_join(self, spec: WindowSpec, *, on: str | tuple[str, str], name: str | None = None,
                     parallelism: int | None = None, allowed_lateness: Any = 0,

@@ -36,6 +36,8 @@ from .keygroups import group_by_key
 from .logic import OperatorLogic, SideOutput
 from .dictstate import DictState
 from .timers import KeyContext, TimerState
+from .ttl import EXPIRED, StateTTL
+from .valuettl import ValueExpiry
 from .windows import WindowSpec, split_by_window, with_window
 from .windowstate import WindowState
 
@@ -97,8 +99,24 @@ def check_key_types(keys: tuple[str, str], types: Sequence[pa.DataType | None], 
         f"cast one of them (e.g. a map with pc.cast before connect()) to the other's type")
 
 
+def _join_touch(sides: tuple) -> int | None:
+    return sides[2] if len(sides) == 3 else None
+
+
+def _join_sides(sides: tuple) -> tuple:
+    return sides[:2]
+
+
+def _join_retouch(sides: tuple, touch: int) -> tuple:
+    return (*sides[:2], touch)
+
+
 class JoinLogic(_TwoInputKeyed):
     """Incremental (unbounded) inner equi-join: every pair of rows with equal keys, emitted once.
+
+    ``ttl``: a key whose rows (of either side) were not added for that long loses them
+    (:mod:`operators.valuettl`; in event time its rows' largest ``ttl_on``, a column of both inputs): a row of
+    it that comes later joins only the rows that came after. The side output ``"expired"`` gets the keys.
 
     Example:
         >>> j = JoinLogic(("k", "id"), 8)
@@ -108,35 +126,71 @@ class JoinLogic(_TwoInputKeyed):
         [{'k': 'a', 'x': 1, 'y': 2}]
     """
 
-    def __init__(self, keys: tuple[str, str], num_bins: int) -> None:
+    def __init__(self, keys: tuple[str, str], num_bins: int, ttl: StateTTL | None = None) -> None:
         super().__init__(keys, num_bins)
-        # key -> ([left batches], [right batches]); every change puts a new tuple: checkpoints write changed keys
+        # key -> ([left batches], [right batches][, last touch]); every change puts a new tuple: checkpoints
+        # write changed keys
         self._state = DictState(self.num_bins, track_changes=True)
         self._schemas: list[pa.Schema | None] = [None, None]
+        self._ttl = (ValueExpiry(ttl, "join", self._state, _join_touch, _join_sides, _join_retouch)
+                     if ttl is not None else None)
+        self._key_type: pa.DataType | None = None
 
     @property
     def state(self) -> DictState:
         return self._state
 
-    def process(self, batch: pa.RecordBatch, input_index: int = 0) -> list[pa.RecordBatch]:
+    @property
+    def expired_keys(self) -> int:
+        """Keys dropped by the TTL so far (0 without one)."""
+        return self._ttl.expired_keys if self._ttl is not None else 0
+
+    def open(self, info: Any) -> None:
+        super().open(info)
+        if self._ttl is not None:
+            self._ttl.expiry.where = self.where("join")
+
+    def on_watermark(self, watermark: int) -> list[Any]:
+        if self._ttl is None:
+            return []
+        self._ttl.watermark(watermark)
+        return self._expire()
+
+    def _expire(self) -> list[Any]:
+        gone = self._ttl.expire() if self._ttl is not None else []
+        if not gone or self._ttl is None or not self._ttl.expiry.spec.side_output:
+            return []
+        keys = pa.array([k for k, _ in gone], type=self._key_type)
+        return [SideOutput(EXPIRED, pa.record_batch({self.keys[0]: keys}))]
+
+    def process(self, batch: pa.RecordBatch, input_index: int = 0) -> list[Any]:
         key = self._key(batch, input_index)
         self._schemas[input_index] = batch.schema
+        self._key_type = batch.schema.field(key).type
+        out = self._expire()
         if batch.num_rows == 0:
-            return []
+            return out
         other = 1 - input_index
         matches: list[pa.RecordBatch] = []
         for k, b, rows in key_groups(batch, key, self.num_bins):
-            sides: tuple[list, list] = self._state.get(k, b) or ([], [])
+            sides: tuple = self._state.get(k, b) or ([], [])
             matches.extend(sides[other])
-            new = list(sides)
+            new = list(sides[:2])
             new[input_index] = sides[input_index] + [rows]
-            self._state.put(k, b, tuple(new))
+            self._state.put(k, b, self._touched(tuple(new), _join_touch(sides), rows))
         if not matches:
-            return []
+            return out
         mine = pa.Table.from_batches([batch])
         theirs = pa.Table.from_batches(matches).combine_chunks()
         left, right = (mine, theirs) if input_index == 0 else (theirs, mine)
-        return join_tables(left, right, *self.keys).combine_chunks().to_batches()
+        return out + join_tables(left, right, *self.keys).combine_chunks().to_batches()
+
+    def _touched(self, sides: tuple, before: int | None, rows: pa.RecordBatch) -> tuple:
+        """The key's sides with its touch now (in event time the largest of its rows' times so far)."""
+        if self._ttl is None:
+            return sides
+        touch = int(self._ttl.expiry.touches(rows, np.zeros(rows.num_rows, dtype=np.int64), 1)[0])
+        return (*sides, touch if before is None else max(touch, before))
 
 
 class JoinPane(_TwoInputKeyed):

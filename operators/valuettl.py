@@ -12,7 +12,7 @@ the oldest touch known is due.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -40,18 +40,31 @@ def untouched(values: Sequence[Any]) -> list[Any]:
     return [v.value if type(v) is Touched else v for v in values]
 
 
+def _touch_of(value: Any) -> int | None:
+    return value.touch if type(value) is Touched else None
+
+
+def _value_of(value: Any) -> Any:
+    return value.value if type(value) is Touched else value
+
+
 class ValueExpiry:
-    """One instance's TTL over a :class:`DictState` of user values.
+    """One instance's TTL over a :class:`DictState` of values with touches.
 
     Args:
         spec: the TTL.
         where: the operator, for messages.
-        state: the values (``Touched`` once written here).
+        state: the values (``Touched`` once written here, unless the owner keeps the touch itself).
+        touch_of / value_of / retouch: a stored value's touch (``None``: written without one), the value the
+            owner sees, and the stored value with a touch; by default the value is wrapped in ``Touched``.
     """
 
-    def __init__(self, spec: StateTTL, where: str, state: DictState) -> None:
+    def __init__(self, spec: StateTTL, where: str, state: DictState,
+                 touch_of: Callable[[Any], int | None] = _touch_of, value_of: Callable[[Any], Any] = _value_of,
+                 retouch: Callable[[Any, int], Any] = Touched) -> None:
         self.expiry = Expiry(spec, where)
         self.state = state
+        self._touch_of, self._value_of, self._retouch = touch_of, value_of, retouch
 
     @property
     def expired_keys(self) -> int:
@@ -79,15 +92,15 @@ class ValueExpiry:
             return []
         cutoff, now = due
         state, gone, oldest = self.state, [], None
+        touch_of, value_of = self._touch_of, self._value_of
         for b in state.bins():
             for key, value in list(state.entries(b).items()):
-                if type(value) is not Touched:  # written without a TTL: it starts now
-                    state.put(key, b, Touched(value, now))
+                touch = touch_of(value)
+                if touch is None:  # written without a TTL: it starts now
+                    state.put(key, b, self._retouch(value_of(value), now))
                     touch = now
-                else:
-                    touch = value.touch
                 if touch <= cutoff:
-                    gone.append((key, b, value.value if type(value) is Touched else value))
+                    gone.append((key, b, value_of(value)))
                 elif oldest is None or touch < oldest:
                     oldest = touch
         for key, b, _ in gone:

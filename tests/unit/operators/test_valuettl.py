@@ -152,3 +152,51 @@ def test_a_state_migration_of_an_upgrade_sees_the_values_and_keeps_their_touches
     assert sorted(seen) == [(1, 2), (1, 3)]
     clock.now += TTL_S
     assert logic.on_watermark(0) == [] and logic.expired_keys == 2  # the touches stayed
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_join_with_a_ttl_pairs_only_rows_of_keys_still_alive_as_a_plain_loop_does_across_a_restore(seed):
+    """An unbounded join with a processing-time TTL: a key whose rows were not added to for ``ttl`` loses them,
+    so a later row joins only the rows that came after; the join is restored from a checkpoint midway."""
+    from chiray.operators.joins import JoinLogic
+
+    rng, clock = random.Random(seed), Clock()
+    spec = StateTTL(datetime.timedelta(seconds=TTL_S), side_output=True, clock=clock)
+    logic = JoinLogic(("k", "id"), BINS, spec)
+    alive: dict[str, tuple[list, list, float]] = {}  # the oracle: key -> (left ids, right ids, last add)
+    want, got, gone_want, gone_got = [], [], [], []
+    schemas = (pa.schema([("k", pa.string()), ("l", pa.int64())]), pa.schema([("id", pa.string()), ("r", pa.int64())]))
+    for step in range(80):
+        clock.now += rng.choice([0, 1, 3, 6, 10, 12])
+        side = rng.randrange(2)
+        rows = [(f"k{rng.randrange(12)}", step * 100 + i) for i in range(rng.randint(0, 5))]
+        for k in sorted(k for k, (_, _, last) in alive.items() if last + TTL_S <= clock.now):
+            del alive[k]
+            gone_want.append(k)
+        for k, n in rows:
+            left, right, _ = alive.get(k, ([], [], clock.now))
+            want += [(n, r) for r in right] if side == 0 else [(l, n) for l in left]
+            alive[k] = (left + [n], right, clock.now) if side == 0 else (left, right + [n], clock.now)
+        batch = pa.RecordBatch.from_pylist([dict(zip(schemas[side].names, r)) for r in rows], schema=schemas[side])
+        for out in logic.process(batch, side):
+            if isinstance(out, SideOutput):
+                gone_got += out.batch.column("k").to_pylist()
+            else:
+                got += list(zip(out.column("l").to_pylist(), out.column("r").to_pylist()))
+        if step == 40:  # a recovery from a checkpoint taken now
+            restored = JoinLogic(("k", "id"), BINS, spec)
+            restored.state.install_bins(logic.state.snapshot_bins(logic.state.bins()))
+            logic = restored
+    assert sorted(got) == sorted(want) and want
+    assert sorted(gone_got) == sorted(gone_want) and gone_want
+
+
+def test_a_join_s_event_time_ttl_column_must_be_on_both_inputs() -> None:
+    flow = Dataflow("t")
+    left = flow.source(from_items([{"k": "a", "t": 0}]))
+    right = flow.source(from_items([{"id": "a", "u": 0}]))
+    joined = left.connect(right).key_by("k", "id")
+    with pytest.raises(ValueError, match="'t'"):
+        joined.join(ttl=5, ttl_time="event", ttl_on="t")
+    stream = left.connect(right).key_by("k", "id").join(ttl=datetime.timedelta(seconds=5), expired_side_output=True)
+    assert stream.side_output("expired").schema.names == ["k"]
