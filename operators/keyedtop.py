@@ -157,6 +157,10 @@ class KeyedTopLogic(_KeyedLogic):
         position[chosen < old] = positions[chosen[chosen < old]]
         fresh = rows.take(pa.array(chosen[chosen >= old] - old))
         state.assign(touched, owners[win], place, position, fresh)
+        # The rows pushed out are tombstones: once they outnumber the kept ones, renumber (amortised O(1) a
+        # row). Without it a stream whose keys never end kept every row that ever entered a top, and each
+        # batch's appends and gathers grew with them.
+        state.compact()
 
     def on_watermark(self, watermark: int) -> list[pa.RecordBatch]:
         if self.on is None or self._idle_ticks is None:
