@@ -37,7 +37,7 @@ from .logic import OperatorLogic, SideOutput
 from .dictstate import DictState
 from .timers import KeyContext, TimerState
 from .ttl import EXPIRED, StateTTL
-from .valuettl import ValueExpiry
+from .valuettl import ExpiringValues, ValueExpiry
 from .windows import WindowSpec, split_by_window, with_window
 from .windowstate import WindowState
 
@@ -111,7 +111,7 @@ def _join_retouch(sides: tuple, touch: int) -> tuple:
     return (*sides[:2], touch)
 
 
-class JoinLogic(_TwoInputKeyed):
+class JoinLogic(ExpiringValues, _TwoInputKeyed):
     """Incremental (unbounded) inner equi-join: every pair of rows with equal keys, emitted once.
 
     ``ttl``: a key whose rows (of either side) were not added for that long loses them
@@ -132,6 +132,7 @@ class JoinLogic(_TwoInputKeyed):
         # write changed keys
         self._state = DictState(self.num_bins, track_changes=True)
         self._schemas: list[pa.Schema | None] = [None, None]
+        self._ttl_verb = "join"
         self._ttl = (ValueExpiry(ttl, "join", self._state, _join_touch, _join_sides, _join_retouch)
                      if ttl is not None else None)
         self._key_type: pa.DataType | None = None
@@ -140,26 +141,7 @@ class JoinLogic(_TwoInputKeyed):
     def state(self) -> DictState:
         return self._state
 
-    @property
-    def expired_keys(self) -> int:
-        """Keys dropped by the TTL so far (0 without one)."""
-        return self._ttl.expired_keys if self._ttl is not None else 0
-
-    def open(self, info: Any) -> None:
-        super().open(info)
-        if self._ttl is not None:
-            self._ttl.expiry.where = self.where("join")
-
-    def on_watermark(self, watermark: int) -> list[Any]:
-        if self._ttl is None:
-            return []
-        self._ttl.watermark(watermark)
-        return self._expire()
-
-    def _expire(self) -> list[Any]:
-        gone = self._ttl.expire() if self._ttl is not None else []
-        if not gone or self._ttl is None or not self._ttl.expiry.spec.side_output:
-            return []
+    def _expired_output(self, gone: list[tuple[Any, Any]]) -> list[Any]:
         keys = pa.array([k for k, _ in gone], type=self._key_type)
         return [SideOutput(EXPIRED, pa.record_batch({self.keys[0]: keys}))]
 

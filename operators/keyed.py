@@ -37,7 +37,7 @@ from .accumulators import Accumulator
 from .columnarstate import ColumnarAggState
 from .dictstate import DictState
 from .ttl import EXPIRED, Expiry, StateTTL
-from .valuettl import ValueExpiry, untouched
+from .valuettl import ExpiringValues, ValueExpiry, untouched
 
 __all__ = [
     "AGG_FUNCS",
@@ -220,7 +220,7 @@ class AggregateLogic(_KeyedLogic):
         return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
-class ReduceLogic(_KeyedLogic):
+class ReduceLogic(ExpiringValues, _KeyedLogic):
     """General keyed reduce over records (the slow path: one Python call per record).
 
     The first row of a key is its accumulator; each further row ``r`` makes
@@ -250,6 +250,7 @@ class ReduceLogic(_KeyedLogic):
         self.emit = _check_emit(emit)
         self._state = DictState(self.num_bins, pickled=True, track_changes=True)  # the user's accumulators
         self._schema: pa.Schema | None = None
+        self._ttl_verb = "reduce"
         self._ttl = ValueExpiry(ttl, self.where("reduce"), self._state) if ttl is not None else None
 
     @property
@@ -257,28 +258,8 @@ class ReduceLogic(_KeyedLogic):
         """The keyed state: ``key -> accumulator`` per bin."""
         return self._state
 
-    @property
-    def expired_keys(self) -> int:
-        """Keys dropped by the TTL so far (0 without one)."""
-        return self._ttl.expired_keys if self._ttl is not None else 0
-
-    def open(self, info: InstanceInfo) -> None:
-        super().open(info)
-        if self._ttl is not None:
-            self._ttl.expiry.where = self.where("reduce")
-
-    def on_watermark(self, watermark: int) -> list[Any]:
-        if self._ttl is None:
-            return []
-        self._ttl.watermark(watermark)
-        return self._expire()
-
-    def _expire(self) -> list[Any]:
-        """Drop the keys the TTL says are due; their last accumulators on the side output if asked."""
-        gone = self._ttl.expire() if self._ttl is not None else []
-        if gone and self._ttl is not None and self._ttl.expiry.spec.side_output:
-            return [SideOutput(EXPIRED, batch) for batch in self._rows([acc for _, acc in gone])]
-        return []
+    def _expired_output(self, gone: list[tuple[Any, Any]]) -> list[Any]:
+        return [SideOutput(EXPIRED, batch) for batch in self._rows([acc for _, acc in gone])]
 
     def process(self, batch: pa.RecordBatch, input_index: int = 0) -> list[Any]:
         column = self._key_column(batch)
@@ -379,7 +360,7 @@ class ValueState:
         self.value = None
 
 
-class ProcessLogic(_KeyedLogic):
+class ProcessLogic(ExpiringValues, _KeyedLogic):
     """Keyed process with per-key state: ``fn(key, rows, state)`` per key and batch.
 
     For each key of a batch, in order of first appearance, ``fn`` gets the
@@ -415,30 +396,11 @@ class ProcessLogic(_KeyedLogic):
         self.output_schema = output_schema
         self._schema = output_schema  # the given schema, else the first output's
         self._state = DictState(self.num_bins, pickled=True, track_changes=True)  # the user's values
+        self._ttl_verb = "process"
         self._ttl = ValueExpiry(ttl, self.where("process"), self._state) if ttl is not None else None
         self._key_type: pa.DataType | None = None  # of the key column (the expired side output's)
 
-    @property
-    def expired_keys(self) -> int:
-        """Keys dropped by the TTL so far (0 without one)."""
-        return self._ttl.expired_keys if self._ttl is not None else 0
-
-    def open(self, info: InstanceInfo) -> None:
-        super().open(info)
-        if self._ttl is not None:
-            self._ttl.expiry.where = self.where("process")
-
-    def on_watermark(self, watermark: int) -> list[Any]:
-        if self._ttl is None:
-            return []
-        self._ttl.watermark(watermark)
-        return self._expire()
-
-    def _expire(self) -> list[Any]:
-        """Drop the keys the TTL says are due; their keys on the side output if asked."""
-        gone = self._ttl.expire() if self._ttl is not None else []
-        if not gone or self._ttl is None or not self._ttl.expiry.spec.side_output:
-            return []
+    def _expired_output(self, gone: list[tuple[Any, Any]]) -> list[Any]:
         keys = pa.array([key for key, _ in gone], type=self._key_type)
         return [SideOutput(EXPIRED, pa.record_batch({self.key: keys}))]
 

@@ -20,7 +20,7 @@ import pyarrow as pa
 from .dictstate import DictState
 from .ttl import Expiry, StateTTL
 
-__all__ = ["Touched", "ValueExpiry", "untouched"]
+__all__ = ["ExpiringValues", "Touched", "ValueExpiry", "untouched"]
 
 
 class Touched:
@@ -107,3 +107,40 @@ class ValueExpiry:
             state.delete(key, b)
         self.expiry.expired(len(gone), oldest)
         return [(key, value) for key, _, value in gone]
+
+
+class ExpiringValues:
+    """What a keyed logic whose values may expire shares (``reduce``, ``process``, ``join``): ``_ttl`` (a
+    :class:`ValueExpiry`, or ``None`` without a TTL) checked at each watermark and by :meth:`_expire` before
+    each batch, its count as ``expired_keys``. The logic says what its side output gets
+    (:meth:`_expired_output`); ``_ttl_verb`` names it in messages until it is opened."""
+
+    _ttl: ValueExpiry | None
+    _ttl_verb = "operator"
+
+    @property
+    def expired_keys(self) -> int:
+        """Keys dropped by the TTL so far (0 without one)."""
+        return self._ttl.expired_keys if self._ttl is not None else 0
+
+    def open(self, info: Any) -> None:
+        super().open(info)  # type: ignore[misc]
+        if self._ttl is not None:
+            self._ttl.expiry.where = self.where(self._ttl_verb)  # type: ignore[attr-defined]
+
+    def on_watermark(self, watermark: int) -> list[Any]:
+        if self._ttl is None:
+            return []
+        self._ttl.watermark(watermark)
+        return self._expire()
+
+    def _expire(self) -> list[Any]:
+        """Drop the keys the TTL says are due; what the side output gets of them, if asked."""
+        gone = self._ttl.expire() if self._ttl is not None else []
+        if not gone or self._ttl is None or not self._ttl.expiry.spec.side_output:
+            return []
+        return self._expired_output(gone)
+
+    def _expired_output(self, gone: list[tuple[Any, Any]]) -> list[Any]:
+        """The side output's batches for the expired ``(key, last value)`` pairs."""
+        raise NotImplementedError
