@@ -1,4 +1,5 @@
-"""valuettl.py: state time-to-live for the per-key values of user functions (``reduce`` and ``process``).
+"""valuettl.py: state time-to-live for per-key values held as Python objects (``reduce``, ``process`` and the
+unbounded ``join``, which keeps the touch in its own state tuple).
 
 Where a TTL is set, each key's value is kept as a :class:`Touched`: the value and the key's last touch
 (processing time: nanoseconds since the epoch of its last write; event time: the largest ``ttl_on`` of its
