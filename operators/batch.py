@@ -6,7 +6,7 @@ from typing import Any, Iterable, Sequence
 
 import pyarrow as pa
 
-__all__ = ["empty_batch", "to_batches", "batch_nbytes", "concat_batches", "merge_runs"]
+__all__ = ["empty_batch", "to_batches", "batch_nbytes", "compacted", "concat_batches", "merge_runs"]
 
 
 def empty_batch(schema: pa.Schema) -> pa.RecordBatch:
@@ -17,6 +17,25 @@ def empty_batch(schema: pa.Schema) -> pa.RecordBatch:
 def batch_nbytes(batch: pa.RecordBatch) -> int:
     """Bytes a batch occupies in its buffers (what credits and bounds count)."""
     return int(batch.nbytes)
+
+
+# A slice whose buffers hold this much more than the slice itself is copied before it is pickled.
+_SLACK_BYTES = 1 << 20
+
+
+def compacted(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """``batch``, or a copy of it that holds only its own rows when it is a slice of much larger buffers.
+
+    Pickling an Arrow slice (what Ray does to everything a call carries) writes the whole buffers it
+    views, not only its rows: the 64K-row batches of a 1M-row table each travel as the whole table.
+    A batch that leaves its process goes through this first; one that holds at most twice its rows'
+    bytes (or 1 MiB more) is returned as it is, so the common case costs two size sums.
+    """
+    held = batch.get_total_buffer_size()
+    own = batch.nbytes
+    if held <= 2 * own or held - own <= _SLACK_BYTES:
+        return batch
+    return pa.RecordBatch.from_arrays([pa.concat_arrays([c]) for c in batch.columns], schema=batch.schema)
 
 
 def to_batches(value: Any, schema: pa.Schema | None = None) -> list[pa.RecordBatch]:

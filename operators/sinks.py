@@ -31,6 +31,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from chiray.operators.batch import compacted
 from chiray.operators.fspaths import resolve
 from chiray.operators.logic import InstanceInfo, Sink, SinkWriter
 from chiray.operators.staging import RUN_PATTERN, StagingArea, check_run_id
@@ -89,7 +90,7 @@ class CollectWriter(SinkWriter):
 
     def finish(self) -> dict[str, list]:
         """The batches since the last epoch (they travel to the driver) and every file staged so far."""
-        return {"batches": list(self._batches), "staged": list(self._staged)}
+        return {"batches": [compacted(b) for b in self._batches], "staged": list(self._staged)}
 
     def abort(self) -> None:
         self._batches.clear()

@@ -13,6 +13,7 @@ from typing import TypeAlias
 import pyarrow as pa
 
 from chiray.control.message import ControlMessage, InstanceId
+from chiray.operators.batch import compacted
 
 __all__ = ["ControlRun", "Data", "End", "Envelope", "Grant", "Parcel", "Watermark"]
 
@@ -23,8 +24,8 @@ class Data:
 
     batch: pa.RecordBatch
 
-    def __reduce__(self) -> tuple:
-        return (Data, (self.batch,))
+    def __reduce__(self) -> tuple:  # only what crosses processes is pickled: a slice goes as its rows alone
+        return (Data, (compacted(self.batch),))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
