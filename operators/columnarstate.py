@@ -20,11 +20,14 @@ from .deletedkeys import DeletedKeys
 from .growable import grown
 from .hashing import bins_from_hashes
 from .keyindex import KeyIndex
+from .rowcapture import RowCapture
 from .state import BinnedState
 from .statecodec import (NEVER_TOUCHED, TOUCHED, ColumnarBin, CopiedRows, Layout, checked_keys, columns_of,
                          decode_columnar_bin)
 
 __all__ = ["ColumnarAggState", "COMPACT_LIVE"]
+
+_BIN = "__bin"  # a row's bin, as a checkpoint captures it beside its columns
 
 COMPACT_LIVE = 1 / 32
 """A columnar state compacts its slots once fewer than this share of them hold live keys."""
@@ -83,6 +86,7 @@ class ColumnarAggState(BinnedState):
         self._meta = b""
         self._reserved = 0  # keys to make room for once configured (``reserve``)
         self._retiring = False  # every bin will leave: no compaction (``retire``)
+        self._capture: RowCapture | None = None  # the rows a checkpoint cut holds, not all copied yet
         self._reset(0)
 
     def configure(self, key_type: pa.DataType, accumulators: Sequence[Accumulator], meta: bytes = b"") -> None:
@@ -135,11 +139,22 @@ class ColumnarAggState(BinnedState):
             raise ValueError("ColumnarAggState.update() called before configure()")
         if set(partials) != {a.name for a in self._accs}:
             raise ValueError(f"partials given for {sorted(partials)}; expected {[a.name for a in self._accs]}")
+        capture = self._capture
+        if capture is None or capture.done:
+            self._capture = None
+            return self._update(keys, partials, touched, None)
+        with capture.lock:  # the copier copies no chunk meanwhile
+            return self._update(keys, partials, touched, capture)
+
+    def _update(self, keys: pa.Array, partials: Mapping[str, np.ndarray], touched: np.ndarray | None,
+                capture: RowCapture | None) -> np.ndarray:
         slots, new = self._index.upsert(keys)
         if new.size:
             self._grow(slots[new])
         if self._dead:
             self._revive(slots)
+        if capture is not None:
+            capture.before_write(slots, self._captured_columns())
         combine(self._accs, self._cols, slots, partials)
         if touched is not None and self.tracks_touch:
             last = self._cols[TOUCHED]
@@ -164,6 +179,7 @@ class ColumnarAggState(BinnedState):
         """
         if not self.tracks_touch:
             raise ValueError("ColumnarAggState.expire() needs a state made with touched=True")
+        self.settle()
         n = self._n
         last = self._cols[TOUCHED][:n]
         last[last == NEVER_TOUCHED] = fill
@@ -296,8 +312,20 @@ class ColumnarAggState(BinnedState):
     def snapshot_bins(self, bins: Iterable[int]) -> dict[int, bytes]:
         return self.snapshot_later(bins)()
 
+    def settle(self) -> None:
+        """Copy now what the last checkpoint cut holds and has not copied yet: before anything that moves,
+        buries or replaces slots (a write of values only copies the rows it writes: ``RowCapture``)."""
+        capture, self._capture = self._capture, None
+        if capture is not None and not capture.done:
+            capture.finish(self._captured_columns, self.keys_at if self.configured else None)
+
+    def _captured_columns(self) -> dict[str, np.ndarray]:
+        """What a checkpoint captures of each row: its bin and its columns (``RowCapture``)."""
+        return {_BIN: self._bin, **self._cols}
+
     def snapshot_later(self, bins: Iterable[int]) -> Callable[[], dict[int, bytes]]:
         """Copy the bins' rows now (a few array copies); encode them later, e.g. in another thread."""
+        self.settle()
         wanted = self._check_bins(bins)
         return self._encode_later(wanted, self._slots_in(wanted))
 
@@ -314,16 +342,43 @@ class ColumnarAggState(BinnedState):
 
     def snapshot_changes_later(self, full: Iterable[int],
                                since: Mapping[int, int]) -> Callable[[], tuple[dict[int, bytes], dict[int, bytes]]]:
-        """As :meth:`BinnedState.snapshot_changes_later`: copies the rows now (those of ``full``, and those
-        of the bins of ``since`` stamped after their versions, as :meth:`extract_changes` picks them);
-        encodes them when called. The changes also list the keys deleted singly since (:meth:`expire`);
-        the captured bins' deletions are forgotten then (later changes build on this capture)."""
+        """As :meth:`BinnedState.snapshot_changes_later`: marks now the rows it holds (those of ``full``, and
+        those of the bins of ``since`` stamped after their versions, as :meth:`extract_changes` picks them)
+        and the keys deleted singly since (:meth:`expire`); the returned function (the checkpoint's
+        background thread) copies the rows, a chunk at a time, while the state goes on (a write copies the
+        rows it overwrites first: ``RowCapture``), and encodes them. The captured bins' deletions are
+        forgotten at once (later changes build on this capture)."""
+        self.settle()
         whole = self._check_bins(full)
         self._check_changes_known(since)
-        encode_full = self._encode_later(whole, self._slots_in(whole))
-        encode_changes = self._changes_later(since)[1]
+        changed, moved, deleted = self._changed_rows(since)
+        parts = [self._slots_in(whole), moved]
+        slots = np.concatenate(parts)
+        capture = RowCapture(slots, len(self._bin), {_BIN: self._bin.dtype,
+                                                     **{name: col.dtype for name, col in self._cols.items()}})
+        versions = [{b: int(self._versions[b]) for b in wanted} for wanted in (whole, changed)]
+        self._capture = capture if len(slots) else None
         self._deleted.forget(whole + list(since))
-        return lambda: (encode_full(), encode_changes())
+        layout, num_bins, configured = self.layout, self._num_bins, self.configured
+        split = len(parts[0])
+
+        def encode() -> tuple[dict[int, bytes], dict[int, bytes]]:
+            capture.copy_all(self._captured_columns, self.keys_at if configured else None)
+            keys, values = capture.values()
+            bins_of = values.pop(_BIN)
+            out: list[dict[int, bytes]] = []
+            for (lo, hi), gone in (((0, split), (None, np.zeros(0, np.int64))), ((split, len(slots)), deleted)):
+                part, cols = bins_of[lo:hi], {name: col[lo:hi] for name, col in values.items()}
+                part_keys = keys.slice(lo, hi - lo) if keys is not None else None
+                if len(part) and not (part[1:] >= part[:-1]).all():  # (the slots of bins are by bin, but
+                    order = np.argsort(part, kind="stable")        # those added since the last sort)
+                    part, cols = part[order], {name: col[order] for name, col in cols.items()}
+                    part_keys = part_keys.take(order) if part_keys is not None else None
+                rows = CopiedRows(num_bins, layout, versions[len(out)], part, part_keys, cols, *gone)
+                out.append(rows.encode())
+            return out[0], out[1]
+
+        return encode
 
     def changes_since(self, since: Mapping[int, int]) -> set[int]:
         """As :meth:`BinnedState.changes_since`, less the bins whose deletions since then were forgotten."""
@@ -332,18 +387,25 @@ class ColumnarAggState(BinnedState):
     def _changes_later(self, since: Mapping[int, int]) -> tuple[list[int], Callable[[], dict[int, bytes]]]:
         """The bins of ``since``, their rows stamped after ``since[b]`` and the keys deleted from them
         after it, copied now, encoded later."""
+        wanted, members, deleted = self._changed_rows(since)
+        return wanted, self._encode_later(wanted, members, deleted)
+
+    def _changed_rows(self, since: Mapping[int, int],
+                      ) -> tuple[list[int], np.ndarray, tuple[pa.Array | None, np.ndarray]]:
+        """The bins of ``since``, the slots of their rows stamped after ``since[b]``, the keys deleted
+        from them after it (keys, their bins)."""
         wanted = self._check_bins(since)
         base = np.full(self._num_bins + 1, np.iinfo(np.int64).max, dtype=np.int64)  # tombstones: never
         base[wanted] = [int(since[b]) for b in wanted]
         members = self._slots_in(wanted)
         deleted = self._deleted.since({b: int(since[b]) for b in wanted})
-        return wanted, self._encode_later(wanted, members[self._stamp[members] > base[self._bin[members]]], deleted)
+        return wanted, members[self._stamp[members] > base[self._bin[members]]], deleted
 
     def extract_bins(self, bins: Iterable[int]) -> dict[int, bytes]:
         """Snapshot and remove ``bins``. The rows become tombstones (cost proportional to the
         bins, not the state), compacted away once live keys are few (``_remove``); a key that
         comes back (a later update or install) gets its tombstoned slot again."""
-        out = self.snapshot_bins(bins)
+        out = self.snapshot_bins(bins)  # (settles the capture)
         self._remove(list(out))
         return out
 
@@ -359,6 +421,7 @@ class ColumnarAggState(BinnedState):
         """
         if not all(self._deleted.known_since(b, int(v)) for b, v in since.items()):
             return None
+        self.settle()
         wanted, encode = self._changes_later(since)
         out = encode()
         self._remove(wanted)
@@ -408,6 +471,7 @@ class ColumnarAggState(BinnedState):
         self._slots_of.invalidate()
 
     def install_bins(self, data: Mapping[int, bytes]) -> None:
+        self.settle()
         decoded = [decode_columnar_bin(payload, self._check_bin(b), self._num_bins) for b, payload in data.items()]
         for d in decoded:
             if d.deleted is not None:
@@ -432,6 +496,7 @@ class ColumnarAggState(BinnedState):
 
     def apply_changes(self, data: Mapping[int, bytes]) -> None:
         """As :meth:`BinnedState.apply_changes`; the keys a payload lists as deleted are removed first."""
+        self.settle()
         decoded = [decode_columnar_bin(payload, self._check_bin(b), self._num_bins) for b, payload in data.items()]
         filled = [d for d in decoded if d.rows.num_rows]
         if filled:

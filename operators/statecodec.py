@@ -192,12 +192,14 @@ def dumps_compact(value: object) -> bytes:
     return out.getvalue()
 
 
-def encode_columnar_bin(num_bins: int, b: int, version: int, layout: Layout, keys: pa.Array | None,
+def encode_columnar_bin(num_bins: int, b: int, version: int, layout: Layout, keys: pa.Array | pa.ChunkedArray | None,
                         cols: dict[str, np.ndarray], deleted: pa.Array | None = None) -> bytes:
     """A columnar bin's rows (or its changes), as one Arrow IPC stream: the key, one column per accumulator,
     and ``touched`` where ``cols`` has :data:`TOUCHED`. Changes that delete keys list them first, as
     ``deleted`` rows of identity values (the header counts them)."""
     key_type, accs, meta = layout
+    if isinstance(keys, pa.ChunkedArray):  # (a slice of keys copied in chunks)
+        keys = keys.combine_chunks()
     header: dict[str, object] = {"num_bins": num_bins, "bin": b, "version": version,
                                  "accumulators": [a.spec() for a in accs]}
     if deleted is not None and len(deleted):
@@ -270,7 +272,7 @@ class CopiedRows:
     layout: Layout
     versions: dict[int, int]
     row_bins: np.ndarray
-    keys: pa.Array | None
+    keys: pa.Array | pa.ChunkedArray | None
     cols: dict[str, np.ndarray]
     deleted: pa.Array | None = None
     deleted_bins: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))

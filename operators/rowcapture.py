@@ -1,0 +1,121 @@
+"""rowcapture.py: the rows a checkpoint cut holds, copied out of a columnar state after the cut (copy-on-write).
+
+A checkpoint of a :class:`~operators.columnarstate.ColumnarAggState` used to copy, at the cut and on the
+processing thread, every row it writes: the keys (a ``take`` of strings) and each column. For a full copy of
+2M string keys that held the instance for 100-400 ms. A :class:`RowCapture` instead marks, at the cut, which
+slots the checkpoint holds (``pending``), and a copier (the checkpoint's background thread) copies them in
+chunks afterwards. A write to a slot still pending copies that slot's values first (copy-on-write by row),
+so the capture holds each row as it was at the cut whatever the processing thread did since. One lock,
+taken by the copier for a chunk and by the state for a write, keeps the two apart; the processing thread
+waits at most one chunk.
+
+Only the state's own writes of values (``update``) are copy-on-write; anything that moves, buries or
+replaces slots (expiry, installs, moves, compaction, the next cut) first finishes the capture
+(:meth:`RowCapture.finish`), which copies what is left at once, as the cut used to.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable, Mapping
+
+import numpy as np
+import pyarrow as pa
+
+__all__ = ["RowCapture", "CHUNK_ROWS"]
+
+CHUNK_ROWS = 1 << 17
+"""Rows the copier copies under the lock at once (a few milliseconds)."""
+
+
+class RowCapture:
+    """Rows at ``slots`` as they were when the capture was made, copied later.
+
+    Args:
+        slots: the slots captured, in the order the copies keep (distinct, live).
+        capacity: the state's slot capacity now (no slot of ``slots`` is at or above it).
+        dtypes: per column, its dtype.
+
+    Lifecycle: ``COPYING -> DONE`` (every slot copied: :attr:`done`). The state calls
+    :meth:`before_write` under :attr:`lock` before it writes values; the copier calls
+    :meth:`copy_some` (it takes the lock itself), or anyone :meth:`finish`; then :meth:`values`.
+    The cut costs one boolean per slot of the state; the rest happens as the rows are copied.
+    """
+
+    def __init__(self, slots: np.ndarray, capacity: int, dtypes: Mapping[str, np.dtype]) -> None:
+        self.slots = slots
+        self.lock = threading.Lock()
+        self._pending = np.zeros(capacity, dtype=bool)
+        self._pending[slots] = True
+        self._values = {name: np.empty(len(slots), dtype=dtype) for name, dtype in dtypes.items()}
+        self._keys: list[pa.Array] = []
+        self._saved: list[tuple[np.ndarray, dict[str, np.ndarray]]] = []  # rows a write copied first
+        self._copied = 0  # rows [0, _copied) have been copied (those saved are taken from _saved)
+
+    @property
+    def done(self) -> bool:
+        return self._copied == len(self.slots)
+
+    @property
+    def rescued(self) -> int:
+        """Rows a write copied before the copier came to them."""
+        return sum(len(slots) for slots, _ in self._saved)
+
+    def before_write(self, slots: np.ndarray, cols: Mapping[str, np.ndarray]) -> None:
+        """The state is about to write ``slots`` (``lock`` held): copy those still pending first."""
+        if self.done or not len(slots):
+            return
+        inside = slots[slots < len(self._pending)]  # a slot made after the capture is not in it
+        hit = inside[self._pending[inside]]
+        if hit.size:
+            self._saved.append((hit, {name: cols[name][hit] for name in self._values}))
+            self._pending[hit] = False
+
+    def copy_some(self, cols: Callable[[], Mapping[str, np.ndarray]],
+                  keys_at: Callable[[np.ndarray], pa.Array] | None, rows: int = CHUNK_ROWS) -> bool:
+        """Copy the next ``rows`` rows (their keys too, with ``keys_at``); whether all are done.
+
+        ``cols`` gives the state's columns as they are once the lock is held (a write may have replaced
+        them with larger ones). A row a write saved first is copied too, and replaced by the saved one
+        in :meth:`values`."""
+        with self.lock:
+            lo, hi = self._copied, min(self._copied + rows, len(self.slots))
+            chunk = self.slots[lo:hi]
+            columns = cols()
+            for name, out in self._values.items():
+                np.take(columns[name], chunk, out=out[lo:hi])
+            self._pending[chunk] = False
+            if keys_at is not None and hi > lo:  # keys never change under a capture: the slots stay put
+                self._keys.append(keys_at(chunk))
+            self._copied = hi
+            return self.done
+
+    def finish(self, cols: Callable[[], Mapping[str, np.ndarray]],
+               keys_at: Callable[[np.ndarray], pa.Array] | None) -> None:
+        """Copy every row not copied yet now."""
+        self.copy_some(cols, keys_at, len(self.slots))
+
+    def copy_all(self, cols: Callable[[], Mapping[str, np.ndarray]],
+                 keys_at: Callable[[np.ndarray], pa.Array] | None, share: float = 0.5) -> None:
+        """Copy every row, a chunk at a time; between chunks, rest so that copying takes at most ``share`` of
+        this thread's time (the processing thread gets the interpreter and the lock in between)."""
+        while True:
+            started = time.perf_counter()
+            if self.copy_some(cols, keys_at):
+                return
+            time.sleep((time.perf_counter() - started) * (1 - share) / share)
+
+    def values(self) -> tuple[pa.ChunkedArray | None, dict[str, np.ndarray]]:
+        """Once :attr:`done`: the keys (``None`` if none were copied) and the values of the captured rows,
+        in the order of ``slots``, as they were at the capture."""
+        assert self.done, "bug: RowCapture.values() before every row was copied"
+        if self._saved:
+            where = np.empty(len(self._pending), dtype=np.int64)
+            where[self.slots] = np.arange(len(self.slots))
+            for slots, saved in self._saved:
+                at = where[slots]
+                for name, out in self._values.items():
+                    out[at] = saved[name]
+        keys = pa.chunked_array(self._keys) if self._keys else None  # (not concatenated: a copy of them all)
+        return keys, self._values

@@ -1,0 +1,127 @@
+"""A checkpoint cut of a columnar state copies its rows after the cut, while the state goes on.
+
+The cut only marks the rows it holds; the checkpoint's thread copies them a chunk at a time, and a write to
+a row not copied yet copies it first. Whatever the state does between the cut and the copy (updates of
+captured and new keys, expiry, installs, the next cut), what the checkpoint encodes is the state at the
+cut: checked against a plain dict of the values at each cut, by restoring the encoded bins.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from chiray.operators.accumulators import Accumulator
+from chiray.operators.columnarstate import ColumnarAggState
+from chiray.operators import rowcapture
+from chiray.operators.statecodec import TOUCHED
+
+BINS = 16
+ACCS = [Accumulator("n", "sum", "int64"), Accumulator("hi", "max", "int64")]
+
+
+def _state(touched: bool = False) -> ColumnarAggState:
+    state = ColumnarAggState(BINS, touched=touched)
+    state.configure(pa.string(), ACCS)
+    return state
+
+
+def _write(state: ColumnarAggState, oracle: dict[str, tuple[int, int]], keys: list[str], value: int,
+           touch: int | None = None) -> None:
+    state.update(pa.array(keys), {"n": np.ones(len(keys), np.int64), "hi": np.full(len(keys), value, np.int64)},
+                 None if touch is None else np.full(len(keys), touch, np.int64))
+    for k in keys:
+        n, hi = oracle.get(k, (0, np.iinfo(np.int64).min))
+        oracle[k] = (n + 1, max(hi, value))
+
+
+def _contents(state: ColumnarAggState) -> dict[str, tuple[int, int]]:
+    slots = state.slots()
+    values = state.values(slots)
+    return {k: (int(n), int(hi)) for k, n, hi in zip(state.keys_at(slots).to_pylist(), values["n"], values["hi"])}
+
+
+def _restored(full: dict[int, bytes], changes: list[dict[int, bytes]]) -> dict[str, tuple[int, int]]:
+    fresh = ColumnarAggState(BINS)
+    fresh.restore_bins(full, changes)
+    return _contents(fresh)
+
+
+@pytest.fixture(autouse=True)
+def small_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(rowcapture, "CHUNK_ROWS", 7)  # many chunks, so writes fall between them
+
+
+def test_writes_between_the_cut_and_the_copy_do_not_reach_the_checkpoint() -> None:
+    state, oracle = _state(), {}
+    keys = [f"k{i}" for i in range(300)]
+    _write(state, oracle, keys, 1)
+    at_cut = dict(oracle)
+    encode = state.snapshot_changes_later(state.bins(), {})
+    capture = state._capture
+    assert capture is not None and not capture.done  # nothing copied at the cut
+    capture.copy_some(state._captured_columns, state.keys_at, 40)  # the copier is part way
+    _write(state, oracle, keys[::3] + [f"new{i}" for i in range(50)], 9)  # before and after its place
+    _write(state, oracle, keys[::3], 11)  # a row written twice is copied once, before the first write
+    full, changes = encode()
+    assert not changes
+    assert _restored(full, []) == at_cut
+    assert 0 < capture.rescued < 100  # the rows written before the copier reached them
+    assert _contents(state) == oracle  # and the state went on
+
+
+def test_incremental_cuts_hold_each_cut_with_writes_racing_the_copier() -> None:
+    rng = np.random.default_rng(7)
+    state, oracle = _state(), {}
+    _write(state, oracle, [f"k{i}" for i in range(500)], 0)
+    chain_full = state.snapshot_changes_later(state.bins(), {})()[0]
+    versions = {b: state.version(b) for b in state.bins()}
+    chain: list[dict[int, bytes]] = []
+    for step in range(1, 12):
+        _write(state, oracle, [f"k{i}" for i in rng.choice(800, 120, replace=False)], step)
+        at_cut = dict(oracle)
+        encode = state.snapshot_changes_later([], versions)
+        versions = {b: state.version(b) for b in state.bins()}
+        done = threading.Event()
+        result: list = []
+
+        def copier() -> None:
+            result.append(encode())
+            done.set()
+
+        thread = threading.Thread(target=copier)
+        thread.start()
+        while not done.is_set():  # the processing thread writes while the copier copies
+            _write(state, oracle, [f"k{i}" for i in rng.choice(800, 15, replace=False)], 100 + step)
+        thread.join()
+        full, changes = result[0]
+        assert not full
+        chain.append(changes)
+        assert _restored(chain_full, chain) == at_cut, step
+
+
+def test_expiry_installs_and_the_next_cut_first_finish_the_copy() -> None:
+    state, oracle = _state(touched=True), {}
+    _write(state, oracle, [f"old{i}" for i in range(60)], 1, touch=10)
+    _write(state, oracle, [f"young{i}" for i in range(60)], 2, touch=50)
+    at_cut = dict(oracle)
+    encode = state.snapshot_changes_later(state.bins(), {})
+    gone, _, _ = state.expire(cutoff=20, fill=0)  # buries captured rows: the capture is finished first
+    assert sorted(gone.to_pylist()) == sorted(f"old{i}" for i in range(60))
+    assert state._capture is None
+    second = state.snapshot_changes_later(state.bins(), {})
+    _write(state, oracle, ["young1"], 7, touch=60)
+    assert _restored(encode()[0], []) == at_cut
+    assert _restored(second()[0], []) == {k: v for k, v in at_cut.items() if k.startswith("young")}
+    moved = state.extract_bins(state.bins()[:4])  # a move settles too, and takes the rows as they are now
+    state.install_bins(moved)
+    assert TOUCHED in state._cols
+
+
+def test_a_cut_of_an_empty_or_unconfigured_state_captures_nothing() -> None:
+    state = ColumnarAggState(BINS)
+    assert state.snapshot_changes_later([], {})() == ({}, {})
+    assert state._capture is None
