@@ -135,6 +135,7 @@ class CheckpointStorage:
         self.root: str
         self.fs, self.root = pafs.FileSystem.from_uri(root) if "://" in root else (
             pafs.LocalFileSystem(), root)
+        self._files: dict[int, set[str]] = {}  # complete checkpoint -> the files it needs (retain's)
         if create:
             self.make_dir(self.root)
         elif self.fs.get_file_info(self.root).type != pafs.FileType.Directory:
@@ -319,14 +320,26 @@ class CheckpointStorage:
         A checkpoint being taken meanwhile names only files that the newest complete one names too, or
         files of its own (``control.ops.chains``): the files it needs stay.
         """
-        committed = self.committed()
-        if len(committed) <= keep:
+        ids = self.checkpoint_ids()
+        kept: dict[int, set[str]] = {}  # the newest keep complete ones, newest first
+        for checkpoint_id in reversed(ids):
+            if len(kept) == keep:
+                break
+            files = self._files.get(checkpoint_id)
+            if files is None:  # loaded once (a manifest never changes): not every manifest at every checkpoint
+                try:
+                    files = self.files_of(self.load(checkpoint_id))
+                except CheckpointError:
+                    continue  # incomplete (or being taken)
+                self._files[checkpoint_id] = files
+            kept[checkpoint_id] = files
+        older = [checkpoint_id for checkpoint_id in ids if kept and checkpoint_id < min(kept)]
+        if len(kept) < keep or not older:
             return
-        kept = committed[-keep:]
-        needed = set().union(*(self.files_of(self.load(checkpoint_id)) for checkpoint_id in kept))
-        for checkpoint_id in self.checkpoint_ids():
-            if checkpoint_id < kept[0]:
-                self._drop(checkpoint_id, needed)
+        needed = set().union(*kept.values())
+        for checkpoint_id in older:
+            self._drop(checkpoint_id, needed)
+            self._files.pop(checkpoint_id, None)
 
     def _retired(self, checkpoint_id: int) -> bool:
         path = posixpath.join(self.chk_dir(checkpoint_id), RETIRED)
