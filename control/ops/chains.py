@@ -10,10 +10,7 @@ checkpoint writes nothing: its chain stays as it was.
 :class:`BinChains` keeps one instance's chains between checkpoints and decides,
 at each cut, which bins get a full copy (a bin new here, one whose chain grew
 past its :class:`ChainBound`, every bin of a ``full`` checkpoint such as a
-savepoint's), which only their changes and which nothing. A bin whose chain holds changes
-also gets a full copy at its turn (one checkpoint in ``max_deltas``, by bin
-number), so that full copies spread over the checkpoints instead of coming all at
-once when every bin reaches the bound together. It is updated at the
+savepoint's), which only their changes and which nothing. It is updated at the
 cut, with the name the checkpoint's file will have, so that the next cut builds
 on it even before that file is written; a checkpoint whose chains lean on a
 file whose write failed fails too (:meth:`BinChains.settle`), and the bins of
@@ -158,8 +155,7 @@ class BinChains:
         with self._lock:
             if root != self._root:
                 self._root, self._chains, self._sizes = root, {}, {}
-            kept, since = (({}, {}) if full or can_delta is None
-                           else self._builds_on(checkpoint_id, versions, bound, can_delta))
+            kept, since = ({}, {}) if full or can_delta is None else self._builds_on(versions, bound, can_delta)
             own = Link(checkpoint_id, file)
             chains = dict(kept)
             for b, v in since.items():
@@ -174,7 +170,7 @@ class BinChains:
                 self._writing[checkpoint_id] = threading.Event()
             return CutPlan(checkpoint_id, file, whole, since, chains)
 
-    def _builds_on(self, checkpoint_id: int, versions: Mapping[int, int], bound: ChainBound,
+    def _builds_on(self, versions: Mapping[int, int], bound: ChainBound,
                    can_delta: Callable[[Mapping[int, int]], Collection[int]],
                    ) -> tuple[dict[int, Chain], dict[int, int]]:
         """What a cut that is not ``full`` builds on (under the lock): the bins whose chains stay as they are
@@ -189,7 +185,7 @@ class BinChains:
                 continue
             if chain.version == version:
                 kept[b] = chain  # unchanged since its previous checkpoint: nothing to write
-            elif self._within(chain, b, bound) and not _turn(checkpoint_id, b, chain, bound):
+            elif self._within(chain, b, bound):
                 since[b] = chain.version
         if since:
             allowed = set(can_delta(since))
@@ -241,15 +237,6 @@ class BinChains:
                 raise ChainWriteError(f"checkpoint {plan.checkpoint_id} builds on the state file of checkpoint "
                                       f"{checkpoint_id}, whose write failed; the next checkpoint writes those bins "
                                       "whole")
-
-
-def _turn(checkpoint_id: int, b: int, chain: Chain, bound: ChainBound) -> bool:
-    """Whether checkpoint ``checkpoint_id`` is bin ``b``'s turn to start its chain (of at least one change)
-    again with a full copy: one checkpoint in ``max_deltas``, each bin at another. The full copies of a
-    state whose bins all change (uniform keys) so spread evenly over the checkpoints: without turns every
-    bin reached the bound at the same checkpoint, which then copied the whole state. (A bin that had its
-    full copy just before its turn takes its next one at the bound, which then falls on its turn.)"""
-    return len(chain.links) > 1 and (checkpoint_id + b) % bound.max_deltas == 0
 
 
 def check_manifest_format(manifest: Mapping[str, Any]) -> int:
