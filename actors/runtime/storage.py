@@ -333,11 +333,15 @@ class CheckpointStorage:
                     continue  # incomplete (or being taken)
                 self._files[checkpoint_id] = files
             kept[checkpoint_id] = files
-        older = [checkpoint_id for checkpoint_id in ids if kept and checkpoint_id < min(kept)]
-        if len(kept) < keep or not older:
+        # Not kept and older than the newest kept: complete ones beyond ``keep``, and the directories of
+        # checkpoints that failed (what their instances wrote before the failure) or were retired. (A
+        # checkpoint being taken is newer than every complete one.)
+        drop = [checkpoint_id for checkpoint_id in ids
+                if kept and checkpoint_id < max(kept) and checkpoint_id not in kept]
+        if not drop:
             return
         needed = set().union(*kept.values())
-        for checkpoint_id in older:
+        for checkpoint_id in drop:
             self._drop(checkpoint_id, needed)
             self._files.pop(checkpoint_id, None)
 

@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from chiray.actors.runtime.restore import RestoreInfo
+from chiray.actors.runtime.restore import RestoreInfo, restore_keyed
 from chiray.actors.runtime.storage import CheckpointError, CheckpointStorage
 from chiray.control.ops.chains import BinChains, ChainBound, ChainWriteError, manifest_chains
 from chiray.control.ops.checkpoint import Checkpoint
@@ -37,6 +37,7 @@ from chiray.operators.ttl import StateTTL
 BINS = 16
 OP = "op"
 TTL_S = 6
+RECOVER = 0.2  # the chance of a recovery after a committed checkpoint
 CLOCK = [0.0]  # the fake wall clock of the aggregation with a TTL (seconds)
 
 
@@ -168,6 +169,8 @@ class Run:
         self.table = [b % parallelism for b in range(BINS)]
         self.oracle: dict = {}
         self.at_cut: dict[int, dict] = {}
+        self.touched_at_cut: dict[int, dict] = {}
+        self.clock_at_cut: dict[int, float] = {}
         self.bound = bound or ChainBound(max_deltas=3, max_delta_ratio=2.0)
         self.next_id = 1
         self.keys = [f"k{i}" for i in range(60)]
@@ -214,7 +217,21 @@ class Run:
             Checkpoint.Instance(op, None).on_complete(ctx)
             works.append(ctx.work)
         self.at_cut[op.checkpoint_id] = copy.deepcopy(self.oracle)
+        self.touched_at_cut[op.checkpoint_id] = dict(self.touched)
+        self.clock_at_cut[op.checkpoint_id] = CLOCK[0]
         return op, works
+
+    def recover(self, checkpoint_id: int) -> None:
+        """A recovery: new instances (at another parallelism at times) restore ``checkpoint_id`` as the runtime's
+        do, their chains building on the files they read; what came after it is gone, from the oracle too."""
+        info = RestoreInfo(self.storage, self.storage.load(checkpoint_id))
+        parallelism = self.rng.choice([len(self.ctxs), 2, 4])
+        self.table = [self.rng.randrange(parallelism) for _ in range(BINS)]
+        self.ctxs = [Ctx(i, KINDS[self.kind]()) for i in range(parallelism)]
+        for i, ctx in enumerate(self.ctxs):
+            restore_keyed(ctx.state, ctx.checkpoint_chains, info, info.load_bins(OP, i, self.table))
+        self.oracle = copy.deepcopy(self.at_cut[checkpoint_id])
+        self.touched = dict(self.touched_at_cut[checkpoint_id])
 
     def finish(self, op: Checkpoint, works: list) -> bool:
         """Run the background writes and commit; whether the checkpoint completed."""
@@ -231,6 +248,15 @@ class Run:
         return True
 
     def restore(self, checkpoint_id: int, parallelism: int) -> dict:
+        """The state ``checkpoint_id`` holds, restored at ``parallelism`` (read at its cut's time: a restored
+        aggregation with a TTL would expire, as it emits its rows, what expired since)."""
+        now, CLOCK[0] = CLOCK[0], self.clock_at_cut[checkpoint_id]
+        try:
+            return self._restore(checkpoint_id, parallelism)
+        finally:
+            CLOCK[0] = now
+
+    def _restore(self, checkpoint_id: int, parallelism: int) -> dict:
         info = RestoreInfo(self.storage, self.storage.load(checkpoint_id))
         table = [self.rng.randrange(parallelism) for _ in range(BINS)]
         restored: dict = {}
@@ -251,7 +277,7 @@ class Run:
                     f"checkpoint {checkpoint_id} restored at parallelism {parallelism}"
         needed = set().union(*(self.storage.files_of(self.storage.load(i)) for i in kept))
         for name in os.listdir(self.storage.root):
-            if name.startswith("chk-") and int(name[4:]) < kept[0]:
+            if name.startswith("chk-") and int(name[4:]) < kept[-1] and int(name[4:]) not in kept:
                 for f in os.listdir(os.path.join(self.storage.root, name)):
                     assert f == "_RETIRED" or f"{name}/{f}" in needed, f"{name}/{f} survived retention"
         return kept
@@ -261,7 +287,7 @@ class Run:
 @pytest.mark.parametrize("seed", [1, 2])
 def test_every_retained_incremental_checkpoint_restores_to_the_state_at_its_cut(kind, seed, tmp_path):
     run = Run(kind, str(tmp_path / "chk"), seed)
-    deltas_seen = 0
+    deltas_seen = recoveries = 0
     pending: tuple[Checkpoint, list] | None = None
     for _ in range(24):
         for _ in range(run.rng.randint(1, 3)):
@@ -292,11 +318,15 @@ def test_every_retained_incremental_checkpoint_restores_to_the_state_at_its_cut(
             if op.full:
                 assert all(f.startswith(f"chk-{op.checkpoint_id:06d}/") for f in run.storage.files_of(manifest))
             assert all(len(files) <= 1 + run.bound.max_deltas for bins in chains.values() for files in bins.values())
-            run.check_retained()
+            kept = run.check_retained()
+            if run.rng.random() < RECOVER:  # recovered from a retained checkpoint: its chains go on
+                run.recover(kept[-1])
+                recoveries += 1
     if pending is not None:
         run.finish(*pending)
     assert run.check_retained(), "no checkpoint completed"
     assert deltas_seen, "no checkpoint wrote changes only"
+    assert recoveries, "no recovery"
     if kind == "aggregate_ttl":
         assert sum(ctx.logic.expired_keys for ctx in run.ctxs) > 0, "no key expired"
 
@@ -336,6 +366,63 @@ def test_unchanged_bins_write_nothing_and_keep_their_chain(tmp_path):
     parts = run.storage.read_parts(f"chk-000002/state-{OP}-0.arrow")
     assert set(parts) == touched and all(delta for _, delta in parts.values())
     assert run.restore(2, 3) == run.oracle
+
+
+def test_retention_removes_what_a_failed_checkpoint_wrote_before_keep_checkpoints_are_complete(tmp_path):
+    run = Run("reduce", str(tmp_path / "chk"), seed=7, parallelism=2)
+    run.feed(40)
+    assert run.finish(*run.cut())
+    run.feed(10)
+    run.storage.fail.add((2, 0))  # instance 1 writes its file, instance 0 fails: checkpoint 2 fails
+    assert not run.finish(*run.cut())
+    assert os.listdir(run.storage.chk_dir(2)) == [f"state-{OP}-1.arrow"]
+    run.feed(10)
+    assert run.finish(*run.cut())
+    assert run.storage.committed() == [1, 3]  # fewer than the three kept
+    needed = run.storage.files_of(run.storage.load(3))
+    left = set(os.listdir(run.storage.chk_dir(2))) if os.path.exists(run.storage.chk_dir(2)) else set()
+    # once left until three were complete; now only what checkpoint 3 builds on stays, the directory retired
+    assert left <= {"_RETIRED"} | {rel.split("/", 1)[1] for rel in needed if rel.startswith("chk-000002/")}
+    assert "_MANIFEST.json" not in left
+    run.storage.fail.update({(4, 0), (4, 1)})
+    run.feed(40)
+    assert not run.finish(*run.cut())
+    for _ in range(3):
+        run.feed(10)
+        assert run.finish(*run.cut())
+    run.check_retained()
+    assert run.restore(7, 2) == run.oracle
+
+
+@pytest.mark.parametrize("kind", ["aggregate", "process"])
+def test_after_a_recovery_the_first_checkpoint_writes_only_what_changed(kind, tmp_path):
+    """The restored instances' chains build on the files they read: unchanged bins write nothing, changed
+    ones their changes; before, the first checkpoint after a recovery wrote every bin whole."""
+    run = Run(kind, str(tmp_path / "chk"), seed=6, parallelism=2)
+    run.feed(300)
+    assert run.finish(*run.cut())
+    run.feed(40)
+    assert run.finish(*run.cut())
+    run.recover(2)
+    assert len(run.ctxs[0].checkpoint_chains.chains()) > 0
+    op, works = run.cut()
+    assert run.finish(op, works)
+    own = f"chk-{op.checkpoint_id:06d}/"
+    assert not [f for f in run.storage.files_of(run.storage.load(op.checkpoint_id)) if f.startswith(own)]
+    rows = [{"k": "k1", "v": 1}, {"k": "k2", "v": 2}]
+    touched = [int(b) for b in bins_of(pa.array([row["k"] for row in rows]), BINS)]
+    for row, b in zip(rows, touched):
+        run.ctxs[run.table[b]].logic.process(pa.RecordBatch.from_pylist([row]))
+    _oracle_step(kind, run.oracle, rows, 0)
+    op, works = run.cut()
+    assert run.finish(op, works)
+    written: dict[int, bool] = {}
+    for rel in run.storage.files_of(run.storage.load(op.checkpoint_id)):
+        if rel.startswith(f"chk-{op.checkpoint_id:06d}/"):
+            written.update((b, delta) for b, (_, delta) in run.storage.read_parts(rel).items())
+    assert written == {b: True for b in touched}  # the changes of the two bins written to, nothing whole
+    for parallelism in (1, 2, 3):
+        assert run.restore(op.checkpoint_id, parallelism) == run.oracle
 
 
 def test_a_bound_of_zero_deltas_writes_every_bin_whole_every_time(tmp_path):
