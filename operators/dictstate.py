@@ -176,6 +176,14 @@ class DictState(BinnedState):
         self._changed.forget(decoded)
         self.installs += 1
 
+    def restore_bins(self, full: Mapping[int, bytes], changes: Sequence[Mapping[int, bytes]] = ()) -> None:
+        """As :meth:`BinnedState.restore_bins`; the restored bins are then followed from their versions, so
+        that the next checkpoint can write their changes on the chains they were read from."""
+        super().restore_bins(full, changes)
+        if self.tracks_changes:
+            restored = [self._check_bin(b) for b in full]
+            self._changed.restart(restored, {b: int(self._versions[b]) for b in restored})
+
     def changes_since(self, since: Mapping[int, int]) -> set[int]:
         """As :meth:`BinnedState.changes_since`: bins followed since exactly that version, with fewer keys
         changed than the bin holds (else a full copy is as small)."""

@@ -16,7 +16,7 @@ from .channel import InputChannel, OutputChannel
 from ..config import JobConfig
 from .instance import OperatorFailure, OperatorInstance
 from .source import SourceInstance
-from .restore import RestoreInfo
+from .restore import RestoreInfo, restore_keyed
 from .router import make_router
 
 __all__ = ["build_instance", "control_trees"]
@@ -70,6 +70,5 @@ def build_instance(plan: PhysicalPlan, name: tuple[str, int], config: JobConfig,
         instance.code = code
     if restore is not None and node.kind is OperatorKind.KEYED:
         stored = restore.load_bins(node.name, name[1], plan.bin_tables[node.name])
-        if stored.full:
-            logic.state.restore_bins(stored.full, stored.changes)
+        restore_keyed(logic.state, instance.control.ctx.checkpoint_chains, restore, stored)
     return instance

@@ -20,14 +20,15 @@ from typing import Mapping
 
 import cloudpickle
 
-from chiray.control.ops.chains import manifest_chains
+from chiray.control.ops.chains import BinChains, manifest_chains
 from chiray.control.ops.checkpoint import decode_offsets
 from chiray.operators.graph import OperatorKind, OperatorNode, PhysicalPlan
+from chiray.operators.state import BinnedState
 from chiray.operators.upgrade import CodeChange
 
 from .storage import CheckpointError, CheckpointStorage, Manifest
 
-__all__ = ["RestoreInfo", "StoredBins", "match_operators", "reset_code"]
+__all__ = ["RestoreInfo", "StoredBins", "match_operators", "reset_code", "restore_keyed"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +38,7 @@ class StoredBins:
 
     full: dict[int, bytes]
     changes: list[dict[int, bytes]]
+    chains: dict[int, list[str]] = dataclasses.field(default_factory=dict)  # bin -> its files, full copy first
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,7 +109,7 @@ class RestoreInfo:
                     while len(changes) < i:
                         changes.append({})
                     changes[i - 1][b] = data
-        return StoredBins(full, changes)
+        return StoredBins(full, changes, chains)
 
     def _part(self, parts: dict[int, tuple[bytes, bool]], b: int, rel: str) -> tuple[bytes, bool]:
         if b not in parts:
@@ -199,3 +201,12 @@ def match_operators(manifest: Manifest, nodes: Mapping[str, OperatorNode]
     empty = [name for name, node in nodes.items()
              if node.kind.value in ("keyed", "source") and renames[name] is None]
     return renames, orphans, empty
+
+
+def restore_keyed(state: BinnedState, chains: BinChains, restore: RestoreInfo, stored: StoredBins) -> None:
+    """Install the bins a restore read into a new keyed instance's ``state``; its checkpoint ``chains``
+    then build on the files they came from (in the same storage, its first checkpoint writes only what
+    changed since, not every bin whole)."""
+    if stored.full:
+        state.restore_bins(stored.full, stored.changes)
+        chains.adopt(restore.storage.root_uri, stored.chains, {b: state.version(b) for b in stored.chains})

@@ -14,7 +14,9 @@ savepoint's), which only their changes and which nothing. It is updated at the
 cut, with the name the checkpoint's file will have, so that the next cut builds
 on it even before that file is written; a checkpoint whose chains lean on a
 file whose write failed fails too (:meth:`BinChains.settle`), and the bins of
-that file get full copies again.
+that file get full copies again. An instance that a recovery restored adopts
+the chains it read (:meth:`BinChains.adopt`), so its first checkpoint in the
+same storage writes only what changed since.
 
 In a manifest (format 2) each instance's chains are ``{"files": [relative
 paths], "chains": [[bin, i_full, i_change, ...], ...]}``, indexes into its
@@ -26,7 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from typing import Any, Callable, Collection, Mapping
+from typing import Any, Callable, Collection, Mapping, Sequence
 
 from chiray.operators.errors import ChirayError
 
@@ -119,8 +121,9 @@ class BinChains:
 
     The instance's processing thread calls :meth:`cut`; the background thread
     that writes a checkpoint's file calls :meth:`written` or :meth:`failed`,
-    then :meth:`settle`. A lock guards the fields. A recovery builds new
-    instances, so their chains start empty: the first checkpoint after it
+    then :meth:`settle`. A lock guards the fields. A restore builds new
+    instances; one that read its bins from a checkpoint adopts their chains
+    (:meth:`adopt`), else its chains start empty and its first checkpoint
     writes full copies.
     """
 
@@ -136,6 +139,16 @@ class BinChains:
         """Bin -> chain as of the newest cut."""
         with self._lock:
             return dict(self._chains)
+
+    def adopt(self, root: str, files: Mapping[int, Sequence[str]], versions: Mapping[int, int]) -> None:
+        """Start from the chains a restore read (bin -> its files, full copy first, relative to ``root``;
+        ``versions``: each bin's version once restored): the next cut in ``root`` writes only what changed
+        since, instead of every bin whole. Only a new instance, before its first cut, adopts chains."""
+        with self._lock:
+            assert not self._chains and self._root is None, "bug: BinChains.adopt() after a cut"
+            self._root = root
+            self._chains = {b: Chain(tuple(Link(_checkpoint_of(rel), rel) for rel in rels), int(versions[b]))
+                            for b, rels in files.items() if rels and b in versions}
 
     def cut(self, root: str, checkpoint_id: int, file: str, versions: Mapping[int, int], bound: ChainBound,
             full: bool, can_delta: Callable[[Mapping[int, int]], Collection[int]] | None) -> CutPlan:
@@ -237,6 +250,14 @@ class BinChains:
                 raise ChainWriteError(f"checkpoint {plan.checkpoint_id} builds on the state file of checkpoint "
                                       f"{checkpoint_id}, whose write failed; the next checkpoint writes those bins "
                                       "whole")
+
+
+def _checkpoint_of(rel: str) -> int:
+    """The checkpoint whose directory holds the state file ``rel`` (``chk-000012/...`` -> 12)."""
+    head = rel.split("/", 1)[0]
+    if not head.startswith("chk-") or not head[4:].isdigit():
+        raise ValueError(f"not a state file of a checkpoint directory: {rel!r}")
+    return int(head[4:])
 
 
 def check_manifest_format(manifest: Mapping[str, Any]) -> int:
