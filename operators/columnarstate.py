@@ -520,7 +520,9 @@ class ColumnarAggState(BinnedState):
         slots, new = self._index.upsert(keys)  # a key absent here gets a slot, a tombstone at once
         if new.size:
             self._grow(slots[new])
-        gone = slots[self._bin[slots] != self._num_bins]
+        # A key deleted, written again and deleted again since a version is listed twice: bury it once
+        # (twice counted it twice as dead, and a state so counted empty was reset, losing every other key).
+        gone = np.unique(slots[self._bin[slots] != self._num_bins])
         if gone.size:
             self._bury(gone)
 
