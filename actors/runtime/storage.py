@@ -336,8 +336,8 @@ class CheckpointStorage:
         # Not kept and older than the newest kept: complete ones beyond ``keep``, and the directories of
         # checkpoints that failed (what their instances wrote before the failure) or were retired. (A
         # checkpoint being taken is newer than every complete one.)
-        drop = [checkpoint_id for checkpoint_id in ids
-                if kept and checkpoint_id < max(kept) and checkpoint_id not in kept]
+        newest = max(kept, default=0)
+        drop = [checkpoint_id for checkpoint_id in ids if checkpoint_id < newest and checkpoint_id not in kept]
         if not drop:
             return
         needed = set().union(*kept.values())
