@@ -145,7 +145,8 @@ class OpHandle:
         return OpState(self._poll(0)[0]) is not OpState.RUNNING
 
     def progress(self) -> dict:
-        """{"state", "waiting" (sinks still to return), "elapsed_s"}."""
+        """{"state", "waiting" (how many sinks are still to return it), "elapsed_s", "sinks_waiting" and
+        "acks_waiting" (the instances still to return it, still to acknowledge it)}."""
         return ray.get(self._controller.op_progress.remote(self.op_id))
 
     def result(self, timeout: float | None = None) -> Any:

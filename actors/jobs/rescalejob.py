@@ -119,8 +119,10 @@ class JobTarget:
             try:
                 return handle.result(max(left, 0.0))
             except TimeoutError as exc:
-                if isinstance(exc, OpTimeoutError) or (deadline is not None and time.monotonic() >= deadline):
+                if isinstance(exc, OpTimeoutError):
                     raise
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise TimeoutError(f"{exc}: {waiting_for(handle)}") from exc
                 ended = self.ended_first(exc)
                 if ended is not None:
                     raise ended from exc
@@ -287,3 +289,13 @@ def _kill(hosts: Iterable[ActorHandle]) -> None:
             ray.kill(h, no_restart=True)
         except Exception:
             pass
+
+
+def waiting_for(handle: StartedOp) -> str:
+    """Which instances a running op still waits for, as its controller tells (or why it cannot)."""
+    try:
+        progress = handle.progress()  # type: ignore[attr-defined]
+    except Exception as exc:  # the controller may be what went wrong
+        return f"its controller could not say what it waits for ({type(exc).__name__}: {exc})"
+    return (f"sinks still to return it: {progress['sinks_waiting'][:8]}; instances still to acknowledge it: "
+            f"{progress['acks_waiting'][:8]}")

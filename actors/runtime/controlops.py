@@ -121,7 +121,8 @@ class ControllerOps:
 
     async def op_progress(self, op_id: str) -> dict[str, object]:
         run = self.ops.runs[op_id]
-        return {"state": run.state.value, "waiting": len(run.waiting), "elapsed_s": run.elapsed_s}
+        return {"state": run.state.value, "waiting": len(run.waiting), "elapsed_s": run.elapsed_s,
+                "sinks_waiting": sorted(run.waiting), "acks_waiting": sorted(run.acks_waiting)}
 
 
 @ray.remote(num_cpus=0)

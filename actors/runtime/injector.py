@@ -40,8 +40,13 @@ def ops_running(ops: OpCoordinator) -> int:
 
 
 def _fold(queued: tuple[H, Parcel], item: tuple[H, Parcel]) -> tuple[H, Parcel]:
-    """Injections queued for one host go together; a host replaced meanwhile gets only what follows."""
-    if queued[0] is not item[0]:
+    """Injections queued for one host go together; a host replaced meanwhile gets only what follows.
+
+    Handles are compared by the actor they name, not by identity: a rescale hands the controller a new
+    handle object for every host it keeps (``set_hosts``), and an op queued just before would otherwise be
+    dropped, its number missing at the sources, which would then wait for it for ever (with every op after).
+    """
+    if queued[0] != item[0]:
         return item
     queued[1].add(item[1])
     return queued

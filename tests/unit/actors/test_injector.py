@@ -188,6 +188,30 @@ def test_a_host_replaced_before_its_call_gets_only_what_was_queued_for_the_new_o
     assert [(c.handle, [op for op, _, _ in _injected(c.parcel)]) for c in h.calls] == [("host0-new", ["b"])]
 
 
+@dataclasses.dataclass(frozen=True)
+class SameActor:
+    """A handle object equal to another that names the same actor, as Ray's are (a rescale's ``set_hosts``
+    gives the controller new handle objects for the hosts it keeps)."""
+
+    name: str
+
+
+def test_a_new_handle_of_the_same_host_drops_nothing_queued_before_it():
+    h = Harness(SOURCES, {s: 0 for s in SOURCES}, running=2)
+    h.handles[0] = SameActor("host0")  # type: ignore[assignment]
+    h.inject("a")
+    h.loop.run()
+    h.calls[0].returned()
+    h.loop.clock.advance(0.01)
+    h.inject("b")  # waits for the batch window
+    h.handles[0] = SameActor("host0")  # type: ignore[assignment]
+    assert h.handles[0] is not h.calls[0].handle
+    h.inject("c")
+    h.loop.run(until=h.loop.clock.now + BATCH_S)
+    assert [[(op, seq) for op, seq, _ in _injected(c.parcel)] for c in h.calls] == [
+        [("a", 0)], [("b", 1), ("c", 2)]]
+
+
 def test_when_idle_hears_once_everything_queued_is_sent_not_when_calls_return():
     h = Harness(SOURCES, TWO_HOSTS)
     heard: list[str] = []

@@ -36,6 +36,9 @@ class StillRunning:
         self.clock.now += timeout
         raise TimeoutError(f"still running after {timeout} s")
 
+    def progress(self):  # what the op's controller says it still waits for
+        return {"state": "RUNNING", "sinks_waiting": [("sink", 0)], "acks_waiting": [("count", 2)]}
+
 
 def run_with(state: JobState) -> JobTarget:
     """The rescale of 'count' after 1 of its 2 steps, on a job in ``state``."""
@@ -58,9 +61,10 @@ def test_a_step_of_a_job_that_ended_fails_at_the_first_look(clock):
     assert handle.calls == 1 and clock.now - 1000.0 == pytest.approx(0.05)  # one poll, not the step's 60 s
 
 
-def test_a_step_of_a_running_job_waits_for_its_timeout(clock):
+def test_a_step_of_a_running_job_waits_for_its_timeout_then_names_what_the_op_waits_for(clock):
     handle = StillRunning(clock)
-    with pytest.raises(TimeoutError):
+    with pytest.raises(TimeoutError, match=r"sinks still to return it: \[\('sink', 0\)\]; instances still to "
+                                           r"acknowledge it: \[\('count', 2\)\]"):
         run_with(JobState.RUNNING).wait_op(handle, timeout_s=0.3)
     assert clock.now - 1000.0 == pytest.approx(0.3) and handle.calls >= 6  # polled, the job checked between
 
