@@ -23,7 +23,7 @@ from typing import Callable, Mapping
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["RowCapture", "CHUNK_ROWS"]
+__all__ = ["RowCapture", "CHUNK_ROWS", "Pacer"]
 
 CHUNK_ROWS = 1 << 17
 """Rows the copier copies under the lock at once (a few milliseconds)."""
@@ -100,11 +100,9 @@ class RowCapture:
                  keys_at: Callable[[np.ndarray], pa.Array] | None, share: float = 0.5) -> None:
         """Copy every row, a chunk at a time; between chunks, rest so that copying takes at most ``share`` of
         this thread's time (the processing thread gets the interpreter and the lock in between)."""
-        while True:
-            started = time.perf_counter()
-            if self.copy_some(cols, keys_at):
-                return
-            time.sleep((time.perf_counter() - started) * (1 - share) / share)
+        pacer = Pacer(share, min_s=0.0)
+        while not self.copy_some(cols, keys_at):
+            pacer.rest()
 
     def values(self) -> tuple[pa.ChunkedArray | None, dict[str, np.ndarray]]:
         """Once :attr:`done`: the keys (``None`` if none were copied) and the values of the captured rows,
@@ -119,3 +117,34 @@ class RowCapture:
                     out[at] = saved[name]
         keys = pa.chunked_array(self._keys) if self._keys else None  # (not concatenated: a copy of them all)
         return keys, self._values
+
+
+class Pacer:
+    """Keeps a background thread's work to at most ``share`` of its time: call :meth:`rest` between two
+    pieces of work; it sleeps as long as the work since the last rest calls for (``work * (1 - share) /
+    share``), once that work passed ``min_s`` (a rest after every small piece would cost more in wake-ups
+    than it gives back).
+
+    Python threads share one interpreter lock: a thread that encodes without pause takes it from the
+    processing thread for a switch interval (5 ms) at every turn, which delays every batch behind it.
+
+    Example:
+        >>> pacer = Pacer(0.25)
+        >>> pacer.rest()  # no work yet: no rest
+    """
+
+    def __init__(self, share: float, min_s: float = 0.002) -> None:
+        if not 0.0 < share <= 1.0:
+            raise ValueError(f"share must be in (0, 1], got {share}")
+        self.share, self.min_s = share, min_s
+        self._since = time.perf_counter()
+        self.rested_s = 0.0
+
+    def rest(self) -> None:
+        worked = time.perf_counter() - self._since
+        if worked < self.min_s or self.share == 1.0:
+            return
+        pause = worked * (1 - self.share) / self.share
+        time.sleep(pause)
+        self.rested_s += pause
+        self._since = time.perf_counter()

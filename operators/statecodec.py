@@ -40,6 +40,7 @@ import pyarrow as pa
 from . import codec
 from .accumulators import Accumulator
 from .hashing import bins_from_hashes, hash_keys
+from .rowcapture import Pacer
 
 __all__ = [
     "ColumnarBin",
@@ -197,17 +198,24 @@ def encode_columnar_bin(num_bins: int, b: int, version: int, layout: Layout, key
     """A columnar bin's rows (or its changes), as one Arrow IPC stream: the key, one column per accumulator,
     and ``touched`` where ``cols`` has :data:`TOUCHED`. Changes that delete keys list them first, as
     ``deleted`` rows of identity values (the header counts them)."""
-    key_type, accs, meta = layout
+    accs = layout[1]
     if isinstance(keys, pa.ChunkedArray):  # (a slice of keys copied in chunks)
         keys = keys.combine_chunks()
-    header: dict[str, object] = {"num_bins": num_bins, "bin": b, "version": version,
-                                 "accumulators": [a.spec() for a in accs]}
+    dead = 0
     if deleted is not None and len(deleted):
-        header["deleted"] = len(deleted)
+        dead = len(deleted)
         keys = deleted if keys is None or not len(keys) else pa.concat_arrays([deleted, keys])
         cols = {n: np.concatenate([np.full(len(deleted), NEVER_TOUCHED if n == TOUCHED else _identity(
             accs, n), dtype=c.dtype), c]) for n, c in cols.items()}
-    metadata = {b"format": COLUMNAR_FORMAT.encode(), b"header": json.dumps(header).encode(), b"meta": meta}
+    return _bin_stream(_rows_table(layout, keys, cols), _bin_metadata(num_bins, b, version, layout, dead))
+
+
+_IPC_OPTIONS = pa.ipc.IpcWriteOptions()  # the defaults, given: the writer reads two environment variables otherwise
+
+
+def _rows_table(layout: Layout, keys: pa.Array | None, cols: dict[str, np.ndarray]) -> pa.Table:
+    """Rows of a columnar state as the columns of its bins' streams (no metadata: each bin has its own)."""
+    key_type, accs, _ = layout
     fields = [pa.field("key", key_type or pa.null())]
     fields += [pa.field(f"acc{i}", a.column_type()) for i, a in enumerate(accs)]
     arrays = [keys if keys is not None else pa.nulls(0)]
@@ -215,10 +223,23 @@ def encode_columnar_bin(num_bins: int, b: int, version: int, layout: Layout, key
     if TOUCHED in cols:
         fields.append(pa.field("touched", pa.int64()))
         arrays.append(pa.array(cols[TOUCHED], pa.int64()))
-    table = pa.Table.from_arrays(arrays, schema=pa.schema(fields, metadata=metadata))
+    return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
+
+
+def _bin_metadata(num_bins: int, b: int, version: int, layout: Layout, deleted: int = 0) -> dict[bytes, bytes]:
+    header: dict[str, object] = {"num_bins": num_bins, "bin": b, "version": version,
+                                 "accumulators": [a.spec() for a in layout[1]]}
+    if deleted:
+        header["deleted"] = deleted
+    return {b"format": COLUMNAR_FORMAT.encode(), b"header": json.dumps(header).encode(), b"meta": layout[2]}
+
+
+def _bin_stream(rows: pa.Table, metadata: dict[bytes, bytes]) -> bytes:
+    table = rows.replace_schema_metadata(metadata)
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
+    writer = pa.RecordBatchStreamWriter(sink, table.schema, options=_IPC_OPTIONS)
+    writer.write_table(table)
+    writer.close()
     return sink.getvalue().to_pybytes()
 
 
@@ -277,8 +298,9 @@ class CopiedRows:
     deleted: pa.Array | None = None
     deleted_bins: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
 
-    def encode(self) -> dict[int, bytes]:
-        """Each bin as :func:`encode_columnar_bin` writes it (with its deleted keys: changes)."""
+    def encode(self, share: float = 1.0) -> dict[int, bytes]:
+        """Each bin as :func:`encode_columnar_bin` writes it (with its deleted keys: changes); encoding takes
+        at most ``share`` of this thread's time (:class:`~operators.rowcapture.Pacer`)."""
         wanted = list(self.versions)
         bounds = np.searchsorted(self.row_bins, wanted + [self.num_bins])
         gone, gone_bins = self.deleted, self.deleted_bins
@@ -286,11 +308,21 @@ class CopiedRows:
             order = np.argsort(gone_bins, kind="stable")
             gone, gone_bins = gone.take(order), gone_bins[order]
         gone_bounds = np.searchsorted(gone_bins, wanted + [self.num_bins])
+        keys = self.keys.combine_chunks() if isinstance(self.keys, pa.ChunkedArray) else self.keys
+        # the columns converted once; a bin without deletions is a slice of them (most bins: converting
+        # per bin cost more than its encoding)
+        rows = _rows_table(self.layout, keys, self.cols) if keys is not None else None
         out = {}
+        pacer = Pacer(share)
         for i, b in enumerate(wanted):
+            pacer.rest()
             lo, hi = int(bounds[i]), int(bounds[i + 1])
-            part = self.keys.slice(lo, hi - lo) if self.keys is not None else None
             dlo, dhi = int(gone_bounds[i]), int(gone_bounds[i + 1])
+            if rows is not None and dhi == dlo:
+                out[b] = _bin_stream(rows.slice(lo, hi - lo),
+                                     _bin_metadata(self.num_bins, b, self.versions[b], self.layout))
+                continue
+            part = keys.slice(lo, hi - lo) if keys is not None else None
             dead = gone.slice(dlo, dhi - dlo) if gone is not None and dhi > dlo else None
             out[b] = encode_columnar_bin(self.num_bins, b, self.versions[b], self.layout, part,
                                          {n: c[lo:hi] for n, c in self.cols.items()}, dead)

@@ -165,7 +165,7 @@ class CheckpointStorage:
         path inside an object store, without its URI, would name a local directory)."""
         return child_uri(self.root_uri, "output", sink)
 
-    def _write_atomic(self, path: str, data: bytes) -> None:
+    def _write_atomic(self, path: str, data: bytes | pa.Buffer) -> None:
         tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
         if isinstance(self.fs, pafs.LocalFileSystem):  # durable before the rename, and the rename too
             with open(tmp, "wb") as f:
@@ -199,7 +199,7 @@ class CheckpointStorage:
         sink = pa.BufferOutputStream()
         with ipc.new_file(sink, _BINS_SCHEMA) as writer:
             writer.write_table(table)
-        self._write_atomic(posixpath.join(self.root, rel), sink.getvalue().to_pybytes())
+        self._write_atomic(posixpath.join(self.root, rel), sink.getvalue())  # (not copied into bytes first)
         return rel
 
     def read_parts(self, relative: str, bins: set[int] | None = None) -> dict[int, tuple[bytes, bool]]:
