@@ -601,3 +601,41 @@ def test_an_incremental_checkpoint_recovers_a_killed_host_and_restores_at_anothe
     finally:
         restored.cancel()
     _assert_sums(restored, small)
+
+
+def test_checkpoints_after_a_recovery_build_on_the_files_it_read_through_repeated_host_deaths(tmp_path):
+    """A recovered job's first checkpoint writes only what changed since the checkpoint it recovered from (its
+    bins' chains go on from the files it read); a host killed before that checkpoint, and again after it,
+    still leaves the sums exact (against pandas), recovered the last time from chains that span the
+    recoveries."""
+    small = generate(SMALL, batch_size=BATCH, num_keys=300, num_splits=SPLITS, seed=11)
+    os.makedirs(tmp_path / "gate")
+    gate = Gate(tmp_path / "gate")
+    src = gated(small, gate, SMALL / SPLITS, fast=0.3, trickle=500, position=_records_at)
+    chk = str(tmp_path / "chk")
+    job = _reduce_flow("adopted", src, 2).submit(poll_interval_s=0.2, checkpoint_dir=chk, max_restarts=5)
+    emitted = lambda n: lambda: job.statistics().records_out("src") >= n  # noqa: E731
+
+    def recovered_from(checkpoint_id: int, times: int):
+        return lambda: sum(e.startswith(f"recovered from checkpoint {checkpoint_id}")
+                           for e in job.status().events) >= times
+
+    try:
+        wait_for(emitted(0.3 * SMALL), 60, "30 % of the input emitted")
+        first = job.checkpoint(timeout=60)
+        ray.kill(job.actors[0], no_restart=True)
+        wait_for(recovered_from(first, 1), 120, f"a recovery from checkpoint {first}")
+        ray.kill(job.actors[0], no_restart=True)  # before the recovered job took any checkpoint
+        wait_for(recovered_from(first, 2), 120, f"a second recovery from checkpoint {first}")
+        since = job.statistics().records_out("src")
+        wait_for(emitted(since + BATCH), 60, "records trickled in after the recoveries")
+        after = job.checkpoint(timeout=60)
+        assert _changed_chains(chk, after, "sum"), \
+            f"checkpoint {after}, the first after recovering from {first}, wrote every bin whole"
+        ray.kill(job.actors[0], no_restart=True)
+        wait_for(recovered_from(after, 1), 120, f"a recovery from checkpoint {after}")
+        gate.open()
+        job.wait(timeout=180)
+    finally:
+        job.cancel()
+    _assert_sums(job, small)
