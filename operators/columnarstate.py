@@ -33,7 +33,6 @@ COMPACT_LIVE = 1 / 32
 """A columnar state compacts its slots once fewer than this share of them hold live keys."""
 
 
-
 ENCODE_SHARE = 0.5
 """At most this share of its thread's time goes to encoding a checkpoint's rows, as to copying them: a thread
 that encodes without pause takes the interpreter from the processing thread at every switch interval. Measured
