@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import posixpath
 import uuid
-from typing import Any, Callable
+from typing import Any, Callable, Collection
 
 import pyarrow.fs as pafs
 
@@ -139,6 +139,6 @@ class FencedStorage:
         self.check(f"checkpoint {checkpoint_id}'s manifest")
         self.storage.commit(checkpoint_id, manifest)
 
-    def retain(self, keep: int) -> None:
+    def retain(self, keep: int, taking: Collection[int] = ()) -> None:
         self.check("checkpoint retention")
-        self.storage.retain(keep)
+        self.storage.retain(keep, taking)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import time
-from typing import Callable
+from typing import Callable, Collection
 
 from chiray.control.coordination import JobLifecycle
 from chiray.control.fencing import Fence, FencedStorage, StaleIncarnationError
@@ -38,6 +38,7 @@ class CheckpointBook:
         lifecycle: the job's lifecycle: a sink commit that keeps failing loses the job, a stale commit
             fails it, a source's failed ``checkpoint_complete`` is an event.
         notify: called after the lifecycle changed (the controller tells its waiters and hosts).
+        taking: the ids of the checkpoints still being taken (retention leaves their directories).
 
     Only the controller's event loop touches it, but for the sink and source commits, which the
     checkpoint op calls on its own thread.
@@ -47,7 +48,7 @@ class CheckpointBook:
 
     def __init__(self, job_name: str, config: JobConfig, storage: CheckpointStorage | None,
                  sinks: dict[str, Sink], sources: dict[str, Source], next_id: int, lifecycle: JobLifecycle,
-                 notify: Callable[[], None]) -> None:
+                 notify: Callable[[], None], taking: Callable[[], Collection[int]] = frozenset) -> None:
         self.job_name = job_name
         self.config = config
         self.storage = storage
@@ -59,6 +60,7 @@ class CheckpointBook:
         self._fence = Fence.of(storage) if hasattr(storage, "fs") else None
         self._lifecycle = lifecycle
         self._notify = notify
+        self._taking = taking
 
     def deployed(self, fence_token: int | None) -> None:
         """A deployment starts: under ``fence_token`` (None: take the next one from the storage's fence)."""
@@ -88,7 +90,8 @@ class CheckpointBook:
                           {"name": self.job_name, "operators": operators},
                           commit_sources=self._commit_sources, durable=self.durable, on_durable=self._durable,
                           final=final, full=full,
-                          bound=ChainBound(config.checkpoint_max_deltas, config.checkpoint_max_delta_ratio))
+                          bound=ChainBound(config.checkpoint_max_deltas, config.checkpoint_max_delta_ratio),
+                          taking=self._taking)
 
     def _commit_sinks(self, sink: str, staged: list[object], checkpoint_id: int) -> None:
         """Make what checkpoint ``checkpoint_id`` (durable now) lists for ``sink`` visible. Tried three

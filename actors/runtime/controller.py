@@ -88,7 +88,7 @@ class Controller(ControllerOps):
         self.lifecycle = JobLifecycle(sinks, config.max_restarts, config.restart_window_s)
         self.hosts: dict[int, ActorHandle] = {}
         self.checkpoints = CheckpointBook(job_name, config, storage, sink_objects or {}, source_objects or {},
-                                          next_checkpoint_id, self.lifecycle, self._notify)
+                                          next_checkpoint_id, self.lifecycle, self._notify, self._checkpoints_taking)
         self.incarnation = 0
         self.side_controllers: dict[str, ActorHandle] = {}
         self._changed = asyncio.Event()
@@ -96,6 +96,7 @@ class Controller(ControllerOps):
         self._periodic: asyncio.Task | None = None
         self._first: asyncio.Task | None = None  # a restored job's first checkpoint
         self._checkpoint_op: str | None = None
+        self._checkpoint_ops: dict[int, str] = {}  # checkpoint id -> its op, while it may still run
         self.stopping = False  # a stop is under way: only its final checkpoint may start
         self._steps = StepWatch(config.step_warning_s)
         self._init_ops("controller", view)
@@ -232,6 +233,7 @@ class Controller(ControllerOps):
         self.incarnation = incarnation
         self.injector.reset()  # the old hosts' ops failed; new hosts' control inboxes start again at 0
         self._checkpoint_op = None
+        self._checkpoint_ops.clear()  # the old hosts' checkpoints failed
         if checkpoint_id is not None and where is None:
             self.checkpoints.restarted_from(checkpoint_id)
         self.lifecycle.restarted(checkpoint_id, seconds, where)
@@ -323,9 +325,18 @@ class Controller(ControllerOps):
             raise RuntimeError(f"job {self.job_name!r} has no checkpoint storage")
         if self.stopping and not final:
             raise RuntimeError(f"job {self.job_name!r} is stopping: its final checkpoint is the last")
-        op_id = await self.run_op(self.checkpoints.next_op(self.ops.view.operators, final, full))
-        self._checkpoint_op = op_id
+        op = self.checkpoints.next_op(self.ops.view.operators, final, full)
+        op_id = await self.run_op(op)
+        self._checkpoint_op = self._checkpoint_ops[op.checkpoint_id] = op_id
         return op_id
+
+    def _checkpoints_taking(self) -> set[int]:
+        """The ids of this controller's checkpoints still running (those that ended are forgotten)."""
+        for checkpoint_id, op_id in list(self._checkpoint_ops.items()):
+            run = self.ops.runs.get(op_id)
+            if run is None or run.state is not OpState.RUNNING:
+                del self._checkpoint_ops[checkpoint_id]
+        return set(self._checkpoint_ops)
 
     def _start_periodic(self) -> None:
         """Start the periodic checkpoints (``checkpoint_interval_s``), unless they run or are off."""

@@ -36,7 +36,7 @@ import posixpath
 import re
 import urllib.parse
 import uuid
-from typing import Any, TypeAlias
+from typing import Any, Collection, TypeAlias
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -313,9 +313,10 @@ class CheckpointStorage:
         except (FileNotFoundError, OSError):
             pass
 
-    def retain(self, keep: int) -> None:
+    def retain(self, keep: int, taking: Collection[int] = ()) -> None:
         """Drop all but the newest ``keep`` complete checkpoints (and older incomplete ones), and every
-        file of theirs that no kept checkpoint needs.
+        file of theirs that no kept checkpoint needs; the checkpoints in ``taking`` are still being taken
+        (a checkpoint started while another ran): their directories stay.
 
         A checkpoint being taken meanwhile names only files that the newest complete one names too, or
         files of its own (``control.ops.chains``): the files it needs stay.
@@ -334,10 +335,11 @@ class CheckpointStorage:
                 self._files[checkpoint_id] = files
             kept[checkpoint_id] = files
         # Not kept and older than the newest kept: complete ones beyond ``keep``, and the directories of
-        # checkpoints that failed (what their instances wrote before the failure) or were retired. (A
-        # checkpoint being taken is newer than every complete one.)
+        # checkpoints that failed (what their instances wrote before the failure) or were retired; not
+        # those still being taken (an older one can still be, when a later one started meanwhile).
         newest = max(kept, default=0)
-        drop = [checkpoint_id for checkpoint_id in ids if checkpoint_id < newest and checkpoint_id not in kept]
+        drop = [checkpoint_id for checkpoint_id in ids
+                if checkpoint_id < newest and checkpoint_id not in kept and checkpoint_id not in taking]
         if not drop:
             return
         needed = set().union(*kept.values())

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import base64
 import time
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Collection, Protocol
 
 import cloudpickle
 
@@ -82,7 +82,7 @@ class CheckpointStore(Protocol):
 
     def commit(self, checkpoint_id: int, manifest: dict[str, Any]) -> None: ...
 
-    def retain(self, keep: int) -> None: ...
+    def retain(self, keep: int, taking: Collection[int] = ()) -> None: ...
 
 
 def instance_key(instance: InstanceId) -> str:
@@ -119,6 +119,7 @@ class Checkpoint(ControlOp):
             checkpoint fails and the job runs on.
         bound: when a bin's chain of changes gets a full copy again.
         full: write every bin whole (a savepoint's checkpoint: self-contained, needing no other's files).
+        taking: at the controller, the ids of its checkpoints still being taken (retention leaves them).
     """
 
     blocking = True
@@ -128,7 +129,8 @@ class Checkpoint(ControlOp):
                  job: dict[str, Any] | None = None, timeout_s: float | None = 120.0,
                  commit_sources: Callable[[str, int, dict[str, Any]], None] | None = None,
                  durable: int = 0, on_durable: Callable[[int], None] | None = None, final: bool = False,
-                 bound: ChainBound | None = None, full: bool = False):
+                 bound: ChainBound | None = None, full: bool = False,
+                 taking: Callable[[], Collection[int]] | None = None):
         super().__init__()
         self.checkpoint_id = checkpoint_id
         self.storage = storage
@@ -142,6 +144,7 @@ class Checkpoint(ControlOp):
         self.final = final
         self.bound = bound or ChainBound()
         self.full = full
+        self.taking = taking
         self.started = time.time()
 
     acks: dict[InstanceId, Any]  # filled at the controller as instances acknowledge
@@ -149,7 +152,7 @@ class Checkpoint(ControlOp):
     def __getstate__(self) -> dict[str, Any]:
         # Travels to every instance: leave the controller's commit callback behind.
         state = dict(self.__dict__)
-        state["commit_sinks"] = state["commit_sources"] = state["on_durable"] = None
+        state["commit_sinks"] = state["commit_sources"] = state["on_durable"] = state["taking"] = None
         return state
 
     def expected_acks(self, ctx: Any) -> set[InstanceId]:
@@ -212,7 +215,7 @@ class Checkpoint(ControlOp):
                 by_source.setdefault(key.rsplit("/", 1)[0], {}).update(decode_offsets(offsets) or {})
             for source, merged in by_source.items():
                 self.commit_sources(source, self.checkpoint_id, merged)
-        self.storage.retain(self.keep)
+        self.storage.retain(self.keep, self.taking() if self.taking is not None else ())
         return self.checkpoint_id
 
 

@@ -61,6 +61,21 @@ def test_retention_keeps_the_newest(tmp_path):
     assert json.loads(open(os.path.join(storage.chk_dir(5), MANIFEST)).read())["n"] == 5
 
 
+def test_retention_leaves_a_checkpoint_still_being_taken_below_the_newest_complete_one(tmp_path):
+    """Checkpoint 3 started before 4 and is still writing when 4 completes (a checkpoint called while another
+    ran): its directory and what it wrote so far stay; once it has failed, the next retention drops them."""
+    storage = CheckpointStorage(str(tmp_path))
+    for i in (1, 2, 4):
+        storage.commit(i, {"n": i})
+    written = storage.write_state(3, "count", 0, {0: b"state"})
+    storage.retain(2, taking={3})
+    assert storage.committed() == [2, 4] and 3 in storage.checkpoint_ids()
+    assert os.path.exists(os.path.join(str(tmp_path), written))
+    storage.retain(2)  # it failed: nothing takes it any more
+    assert storage.checkpoint_ids() == [2, 4]
+    assert not os.path.exists(os.path.join(str(tmp_path), written))
+
+
 def test_any_pyarrow_filesystem_uri(tmp_path):
     uri = f"file://{tmp_path}/remote"
     storage = CheckpointStorage(uri)

@@ -32,7 +32,7 @@ class Storage:
             raise OSError(f"cannot write checkpoint {checkpoint_id}")
         self.manifests[checkpoint_id] = {**manifest, "checkpoint_id": checkpoint_id}
 
-    def retain(self, keep):
+    def retain(self, keep, taking=()):
         pass
 
 
@@ -132,3 +132,21 @@ def test_a_checkpoint_with_a_bin_snapshotted_by_two_instances_is_not_committed()
     op.acks[("check", 2)] = {"chains": {"files": [], "chains": []}, "bins": [6, 7]}  # each bin in one instance: committed
     assert op.on_complete(None) == 8 and set(storage.manifests) == {8} and committed == [["x"]]
     assert bins_held_twice({"a/0": [1], "a/1": [2], "b/0": [1]}) == {}  # the same bin of two operators is fine
+
+
+def test_a_checkpoint_leaves_the_directory_of_one_still_being_taken_to_its_own_outcome(tmp_path):
+    """Checkpoint 3 still writes when checkpoint 4 commits (it was called while 3 ran): 4's retention keeps
+    3's directory and state file, which a retention without the controller's list would delete."""
+    from chiray.actors.runtime.storage import CheckpointStorage
+
+    for taking, survives in (({3}, True), (set(), False)):
+        storage = CheckpointStorage(str(tmp_path / f"taking-{bool(taking)}"))
+        for i in (1, 2):
+            storage.commit(i, {"n": i})
+        written = storage.write_state(3, "count", 0, {0: b"state"})
+        op = Checkpoint(4, storage, keep=2, taking=lambda taking=taking: taking)
+        op.acks = {}
+        assert op.on_complete(None) == 4
+        assert storage.committed() == [2, 4]
+        assert (3 in storage.checkpoint_ids()) is survives
+        assert os.path.exists(os.path.join(storage.root, written)) is survives
