@@ -25,6 +25,9 @@ from .state import BinnedState
 from .statecodec import (NEVER_TOUCHED, TOUCHED, ColumnarBin, CopiedRows, Layout, checked_keys, columns_of,
                          decode_columnar_bin)
 
+SCAN_SHARE = 0.2
+"""``_changed_rows`` passes over every slot once the bins asked for hold this share of them."""
+
 __all__ = ["ColumnarAggState", "COMPACT_LIVE"]
 
 _BIN = "__bin"  # a row's bin, as a checkpoint captures it beside its columns
@@ -404,8 +407,15 @@ class ColumnarAggState(BinnedState):
         wanted = self._check_bins(since)
         base = np.full(self._num_bins + 1, np.iinfo(np.int64).max, dtype=np.int64)  # tombstones: never
         base[wanted] = [int(since[b]) for b in wanted]
-        members = self._slots_in(wanted)
         deleted = self._deleted.since({b: int(since[b]) for b in wanted})
+        if SCAN_SHARE * self._n <= int(self._live[wanted].sum()):
+            # Most slots are asked for (every checkpoint asks for every bin): one sequential pass over
+            # the stamps costs a fifth of gathering them slot by slot in bin order (7 against 34 ms at
+            # 2M keys, on the processing thread at the cut). Bins not asked for, and tombstones, have
+            # the base that no stamp passes. The slots come by slot, not by bin (the encoder sorts).
+            n = self._n
+            return wanted, np.flatnonzero(self._stamp[:n] > base[self._bin[:n]]), deleted
+        members = self._slots_in(wanted)
         return wanted, members[self._stamp[members] > base[self._bin[members]]], deleted
 
     def extract_bins(self, bins: Iterable[int]) -> dict[int, bytes]:
@@ -464,7 +474,16 @@ class ColumnarAggState(BinnedState):
             self._compact()
 
     def _slots_in(self, bins: Sequence[int]) -> np.ndarray:
-        """The slots of ``bins`` (in time proportional to them, not to the state: ``BinSlots``)."""
+        """The slots of ``bins``: in time proportional to them, not to the state (``BinSlots``, by bin),
+        or, once they hold ``SCAN_SHARE`` of the slots, in one pass over the slots' bins (by slot; the
+        run's rebuild, a sort of every slot, would cost more)."""
+        if not len(bins):
+            return np.zeros(0, dtype=np.int64)
+        b = np.asarray(bins, dtype=np.int64)
+        if SCAN_SHARE * self._n <= int(self._live[b].sum()):
+            wanted = np.zeros(self._num_bins + 1, dtype=bool)
+            wanted[b] = True
+            return np.flatnonzero(wanted[self._bin[: self._n]])
         return self._slots_of.slots_in(bins, self._bin[: self._n])
 
     def _compact(self) -> None:
