@@ -42,6 +42,11 @@ that encodes without pause takes the interpreter from the processing thread at e
 at a million keys, a checkpoint a second, three runs each: latency p99 96-285 ms unpaced and 140-211 ms at a
 quarter (no difference beyond this machine's noise), each checkpoint twice as long at a quarter."""
 
+BUSY_FLOOR = 0.1
+"""While the processing thread is busy, copying and encoding wait for it to go idle, down to this share of
+their thread's time (``rowcapture.Pacer``): they take the time the operators leave, and go on however busy
+the instance is."""
+
 
 class ColumnarAggState(BinnedState):
     """Columnar keyed state for built-in aggregations (the fast path).
@@ -373,7 +378,8 @@ class ColumnarAggState(BinnedState):
         split = len(parts[0])
 
         def encode() -> tuple[dict[int, bytes], dict[int, bytes]]:
-            capture.copy_all(self._captured_columns, self.keys_at if configured else None)
+            capture.copy_all(self._captured_columns, self.keys_at if configured else None,
+                             ENCODE_SHARE, BUSY_FLOOR)
             keys, values = capture.values()
             bins_of = values.pop(_BIN)
             out: list[dict[int, bytes]] = []
@@ -385,7 +391,7 @@ class ColumnarAggState(BinnedState):
                     part, cols = part[order], {name: col[order] for name, col in cols.items()}
                     part_keys = part_keys.take(order) if part_keys is not None else None
                 rows = CopiedRows(num_bins, layout, versions[len(out)], part, part_keys, cols, *gone)
-                out.append(rows.encode(ENCODE_SHARE))
+                out.append(rows.encode(ENCODE_SHARE, BUSY_FLOOR))
             return out[0], out[1]
 
         return encode

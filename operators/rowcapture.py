@@ -23,7 +23,7 @@ from typing import Callable, Mapping
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["RowCapture", "CHUNK_ROWS", "Pacer"]
+__all__ = ["RowCapture", "CHUNK_ROWS", "Pacer", "Foreground", "FOREGROUND"]
 
 CHUNK_ROWS = 1 << 17
 """Rows the copier copies under the lock at once (a few milliseconds)."""
@@ -97,10 +97,12 @@ class RowCapture:
         self.copy_some(cols, keys_at, len(self.slots))
 
     def copy_all(self, cols: Callable[[], Mapping[str, np.ndarray]],
-                 keys_at: Callable[[np.ndarray], pa.Array] | None, share: float = 0.5) -> None:
+                 keys_at: Callable[[np.ndarray], pa.Array] | None, share: float = 0.5,
+                 floor: float | None = None) -> None:
         """Copy every row, a chunk at a time; between chunks, rest so that copying takes at most ``share`` of
-        this thread's time (the processing thread gets the interpreter and the lock in between)."""
-        pacer = Pacer(share, min_s=0.0)
+        this thread's time, down to ``floor`` while the processing thread is busy (:class:`Pacer`; the
+        processing thread gets the interpreter and the lock in between)."""
+        pacer = Pacer(share, min_s=0.0, floor=floor)
         while not self.copy_some(cols, keys_at):
             pacer.rest()
 
@@ -120,23 +122,34 @@ class RowCapture:
 
 
 class Pacer:
-    """Keeps a background thread's work to at most ``share`` of its time: call :meth:`rest` between two
-    pieces of work; it sleeps as long as the work since the last rest calls for (``work * (1 - share) /
-    share``), once that work passed ``min_s`` (a rest after every small piece would cost more in wake-ups
-    than it gives back).
+    """Keeps a background thread's work to at most ``share`` of its time, and, while the process's
+    processing thread is busy (:class:`Foreground`), down to ``floor``: call :meth:`rest` between two
+    pieces of work. It sleeps as long as the work since the last rest calls for at ``share`` (``work *
+    (1 - share) / share``), then, while the processing thread is busy, waits for it to go idle, for at
+    most as long again as ``floor`` allows; all that once the work passed ``min_s`` (a rest after every
+    small piece would cost more in wake-ups than it gives back).
 
     Python threads share one interpreter lock: a thread that encodes without pause takes it from the
     processing thread for a switch interval (5 ms) at every turn, which delays every batch behind it.
+    Waiting for the processing thread to go idle gives the background work the time the operators
+    leave: at 4M keys and 65 % load, a checkpoint every second, the latency p99 was 182-253 ms with a
+    floor of 0.1 and 245-447 ms without (three runs each, in turn), and checkpoints took a fifth longer.
+    The floor keeps a checkpoint going on a host that is never idle.
 
     Example:
         >>> pacer = Pacer(0.25)
         >>> pacer.rest()  # no work yet: no rest
     """
 
-    def __init__(self, share: float, min_s: float = 0.002) -> None:
+    def __init__(self, share: float, min_s: float = 0.002, floor: float | None = None,
+                 foreground: Foreground | None = None) -> None:
         if not 0.0 < share <= 1.0:
             raise ValueError(f"share must be in (0, 1], got {share}")
-        self.share, self.min_s = share, min_s
+        floor = share if floor is None else floor
+        if not 0.0 < floor <= share:
+            raise ValueError(f"floor must be in (0, share], got {floor}")
+        self.share, self.floor, self.min_s = share, floor, min_s
+        self.foreground = FOREGROUND if foreground is None else foreground
         self._since = time.perf_counter()
         self.rested_s = 0.0
 
@@ -146,5 +159,39 @@ class Pacer:
             return
         pause = worked * (1 - self.share) / self.share
         time.sleep(pause)
+        longest = worked * (1 - self.floor) / self.floor - pause
+        if longest > 0:
+            pause += self.foreground.wait_idle(longest)
         self.rested_s += pause
         self._since = time.perf_counter()
+
+
+class Foreground:
+    """Whether this process's processing thread is busy: background work (a checkpoint's copy and
+    encoding) waits for it to go idle, up to its pacer's floor.
+
+    A host marks itself :meth:`busy` while it steps its instances and :meth:`idle` while it waits for
+    messages. A process without a host is always idle (nothing waits).
+    """
+
+    def __init__(self) -> None:
+        self._idle = threading.Event()
+        self._idle.set()
+
+    def busy(self) -> None:
+        self._idle.clear()
+
+    def idle(self) -> None:
+        self._idle.set()
+
+    def wait_idle(self, timeout: float) -> float:
+        """Wait until the processing thread is idle, at most ``timeout`` seconds; how long it waited."""
+        if self._idle.is_set():
+            return 0.0
+        started = time.perf_counter()
+        self._idle.wait(timeout)
+        return time.perf_counter() - started
+
+
+FOREGROUND = Foreground()
+"""The process's foreground (its host's processing thread)."""

@@ -298,9 +298,10 @@ class CopiedRows:
     deleted: pa.Array | None = None
     deleted_bins: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
 
-    def encode(self, share: float = 1.0) -> dict[int, bytes]:
+    def encode(self, share: float = 1.0, floor: float | None = None) -> dict[int, bytes]:
         """Each bin as :func:`encode_columnar_bin` writes it (with its deleted keys: changes); encoding takes
-        at most ``share`` of this thread's time (:class:`~operators.rowcapture.Pacer`)."""
+        at most ``share`` of this thread's time, down to ``floor`` while the processing thread is busy
+        (:class:`~operators.rowcapture.Pacer`)."""
         wanted = list(self.versions)
         bounds = np.searchsorted(self.row_bins, wanted + [self.num_bins])
         gone, gone_bins = self.deleted, self.deleted_bins
@@ -313,7 +314,7 @@ class CopiedRows:
         # per bin cost more than its encoding)
         rows = _rows_table(self.layout, keys, self.cols) if keys is not None else None
         out = {}
-        pacer = Pacer(share)
+        pacer = Pacer(share, floor=floor)
         for i, b in enumerate(wanted):
             pacer.rest()
             lo, hi = int(bounds[i]), int(bounds[i + 1])

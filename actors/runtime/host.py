@@ -29,6 +29,7 @@ import ray
 from ray.actor import ActorHandle
 
 from chiray.control.message import InstanceId
+from chiray.operators import rowcapture
 from chiray.operators.endpoints import SinkLogic, SourceLogic
 from chiray.operators.graph import PhysicalPlan
 
@@ -337,6 +338,13 @@ class OperatorHost:
         # start() answers first: its reply is queued behind this task's first step, and a step of user code
         # can be long (a source and its consumers on one host have work at once, as a warm host's do)
         await asyncio.sleep(0)
+        rowcapture.FOREGROUND.busy()
+        try:
+            await self._steps(core)
+        finally:
+            rowcapture.FOREGROUND.idle()  # a stopped host holds no background work up
+
+    async def _steps(self, core: HostCore) -> None:
         while not self._lifecycle.stopped:
             self._wake.clear()
             self._take_feed()
@@ -384,10 +392,13 @@ class OperatorHost:
 
     async def _idle(self, wake_at: float | None) -> None:
         timeout = None if wake_at is None else max(0.0, wake_at - time.monotonic())
+        rowcapture.FOREGROUND.idle()
         try:
             await asyncio.wait_for(self._wake.wait(), timeout)
         except asyncio.TimeoutError:
             pass
+        finally:
+            rowcapture.FOREGROUND.busy()
 
     def _report_finished(self) -> None:
         for inst in self.core.take_finished():  # type: ignore[union-attr]

@@ -12,6 +12,7 @@ from chiray.actors.runtime.controller import Controller
 from chiray.actors.runtime.storage import CheckpointStorage
 from chiray.control.coordination import JobState
 from chiray.control.fencing import StaleIncarnationError
+from chiray.control.oprun import JobView, OpState
 
 
 def _controller(storage: CheckpointStorage) -> Controller:
@@ -57,3 +58,31 @@ def test_a_resume_takes_the_token_its_recovery_took(tmp_path):
         return token
 
     assert asyncio.run(scenario()) == 5
+
+
+def test_retention_is_told_which_of_the_controllers_checkpoints_still_run(tmp_path):
+    """A checkpoint's id counts as being taken while its op runs, and is forgotten once the op ended;
+    the checkpoint book hands retention exactly those ids, so it leaves their files."""
+    storage = CheckpointStorage(str(tmp_path / "chk"))
+
+    async def scenario() -> tuple[set[int], set[int], set[int], list[int]]:
+        controller = _controller(storage)
+        await controller.start({}, 0)
+        await controller.set_view(JobView("wc", {"out": {"kind": "sink", "parallelism": 1}}, [("out", 0)], [],
+                                          [("out", 0)], {("out", 0): []}))
+        ops = [await controller.checkpoint() for _ in range(3)]  # no hosts here: each fails at once
+        runs = [controller.ops.runs[op_id] for op_id in ops]
+        assert all(run.state is OpState.FAILED for run in runs)
+        ids = sorted(controller._checkpoint_ops)
+        runs[1].state = runs[2].state = OpState.RUNNING  # as if still on their way
+        running = controller._checkpoints_taking()
+        told = set(controller.checkpoints._taking())  # what each checkpoint's retention is given
+        runs[1].state = OpState.COMPLETE
+        left = controller._checkpoints_taking()
+        await controller.stop()
+        return running, told, left, ids
+
+    running, told, left, ids = asyncio.run(scenario())
+    assert len(ids) == 3
+    assert running == told == {ids[1], ids[2]}
+    assert left == {ids[2]}

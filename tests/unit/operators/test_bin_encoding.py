@@ -6,13 +6,15 @@ beside bins without, touches. And the encoding keeps to its share of its thread'
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pyarrow as pa
 import pytest
 
 from chiray.operators import rowcapture
 from chiray.operators.accumulators import Accumulator
-from chiray.operators.rowcapture import Pacer
+from chiray.operators.rowcapture import Foreground, Pacer
 from chiray.operators.statecodec import TOUCHED, CopiedRows, decode_columnar_bin, encode_columnar_bin
 
 BINS = 8
@@ -96,3 +98,57 @@ def test_a_pacer_at_a_full_share_never_rests(monkeypatch: pytest.MonkeyPatch) ->
     assert clock.slept == 0.0
     with pytest.raises(ValueError, match="share"):
         Pacer(0.0)
+
+
+class BusyForeground:
+    """A processing thread busy for ``busy_s`` more seconds of ``clock`` (then idle)."""
+
+    def __init__(self, clock: FakeTime, busy_s: float) -> None:
+        self.clock, self.until = clock, clock.now + busy_s
+
+    def wait_idle(self, timeout: float) -> float:
+        waited = min(timeout, max(0.0, self.until - self.clock.now))
+        self.clock.now += waited
+        return waited
+
+
+@pytest.mark.parametrize("busy_s", [0.0, 0.05, 10.0], ids=["idle", "busy a while", "always busy"])
+def test_while_the_processing_thread_is_busy_the_pacer_waits_for_it_down_to_its_floor(
+        monkeypatch: pytest.MonkeyPatch, busy_s: float) -> None:
+    clock = FakeTime()
+    monkeypatch.setattr(rowcapture, "time", clock)
+    start = clock.now
+    foreground = BusyForeground(clock, busy_s)
+    pacer = Pacer(0.5, min_s=0.0, floor=0.1, foreground=foreground)
+    worked = 0.0
+    for _ in range(100):
+        clock.now += 0.002  # a chunk of work
+        worked += 0.002
+        pacer.rest()
+    elapsed = clock.now - start
+    if busy_s == 0.0:  # idle: the share alone (half the time is work)
+        assert elapsed == pytest.approx(2 * worked)
+    elif busy_s > elapsed:  # never idle: the floor (a tenth of the time is work)
+        assert elapsed == pytest.approx(10 * worked)
+    else:  # it waited until the processing thread went idle, then went on at its share
+        assert busy_s <= elapsed < busy_s + 2 * worked
+        assert 2 * worked < elapsed < 10 * worked
+    assert pacer.rested_s == pytest.approx(elapsed - worked)
+
+
+def test_a_floor_above_the_share_is_refused() -> None:
+    with pytest.raises(ValueError, match="floor"):
+        Pacer(0.25, floor=0.5)
+
+
+def test_a_wait_for_the_foreground_ends_when_it_goes_idle() -> None:
+    foreground = Foreground()
+    assert foreground.wait_idle(60.0) == 0.0  # a process without a host: never waits
+    foreground.busy()
+    assert foreground.wait_idle(0.0) == pytest.approx(0.0, abs=0.05)  # busy, but no time to wait
+    waited: list[float] = []
+    waiter = threading.Thread(target=lambda: waited.append(foreground.wait_idle(60.0)))
+    waiter.start()
+    foreground.idle()
+    waiter.join(timeout=30.0)
+    assert not waiter.is_alive() and waited and waited[0] < 30.0
