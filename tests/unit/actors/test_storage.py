@@ -5,10 +5,14 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
 
+import pyarrow as pa
 import pyarrow.fs as pafs
+import pyarrow.ipc  # noqa: F401  (pa.ipc)
 import pytest
 
+from chiray.actors.runtime import storage as storage_module
 from chiray.actors.runtime.storage import MANIFEST, CheckpointError, CheckpointStorage
 
 
@@ -96,3 +100,19 @@ def test_directories_are_private_and_a_torn_state_file_fails_verification(tmp_pa
     with pytest.raises(CheckpointError, match=r"checkpoint 1 .* is corrupt: its state file .* is unreadable"):
         storage.verify(storage.load(1))
     assert storage.has_manifest(1) and not storage.has_manifest(2)
+
+
+def test_a_state_file_larger_than_a_batch_reads_back_every_bin_and_whether_it_holds_changes(tmp_path, monkeypatch):
+    """The bins go to the file in record batches of about ``WRITE_BATCH_BYTES`` (converting them all at once held
+    the interpreter lock for the whole copy); a bin larger than a batch gets one of its own."""
+    monkeypatch.setattr(storage_module, "WRITE_BATCH_BYTES", 1000)
+    rng = random.Random(3)
+    full = {b: rng.randbytes(rng.choice([10, 300, 2500])) for b in range(0, 40, 2)}
+    changes = {b: rng.randbytes(rng.choice([0, 50, 1200])) for b in range(1, 40, 4)}
+    s = CheckpointStorage(str(tmp_path / "chk"))
+    rel = s.write_state(1, "agg", 0, full, changes)
+    with open(os.path.join(s.root, rel), "rb") as f:
+        batches = pa.ipc.open_file(f).num_record_batches
+    assert batches > 10  # about 30 KB in batches of about 1 KB
+    assert s.read_parts(rel) == {**{b: (d, False) for b, d in full.items()}, **{b: (d, True) for b, d in changes.items()}}
+    assert s.read_state(rel, {2, 4, 5}) == {2: full[2], 4: full[4], 5: changes[5]}
