@@ -39,8 +39,18 @@ K = TypeVar("K")
 
 
 def when_returned(ref: ObjectRef, callback: Callable[[asyncio.Future], None]) -> None:
-    """Call ``callback(future)`` on this event loop once the Ray call ``ref`` has returned or failed."""
-    asyncio.wrap_future(ref.future()).add_done_callback(callback)
+    """Call ``callback(future)`` on this event loop once the Ray call ``ref`` has returned or failed.
+
+    The call's failure counts as seen even if ``callback`` ignores it (a closed transport, a host that was
+    forgotten): otherwise asyncio logs every such failure, e.g. each call to a peer that a cancel killed,
+    as an exception never retrieved."""
+
+    def done(future: asyncio.Future) -> None:
+        if not future.cancelled():
+            future.exception()
+        callback(future)
+
+    asyncio.wrap_future(ref.future()).add_done_callback(done)
 
 
 def _fold(queued: Parcel, parcel: Parcel) -> Parcel:

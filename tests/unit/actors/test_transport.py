@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import gc
 from typing import Any
 
 import pytest
@@ -154,3 +155,26 @@ def test_outbox_parcels_carry_every_kind_for_each_host(kinds: tuple[str, ...]) -
     for i, kind in enumerate(kinds):
         assert getattr(parcels[4], kind) == [("item", i)] and getattr(parcels[5], kind) == [("other", i)]
     assert all(not getattr(parcels[4], k) for k in tables if k not in kinds)
+
+
+def test_a_call_that_fails_after_the_transport_closed_is_not_logged_as_never_retrieved() -> None:
+    """A cancel kills every host: the calls still in flight to them fail after the sender closed its transport.
+    Nobody acts on those failures, and asyncio logged each as 'Future exception was never retrieved'."""
+    unseen: list[dict] = []
+
+    async def go() -> None:
+        asyncio.get_running_loop().set_exception_handler(lambda loop, context: unseen.append(context))
+        peers = {1: FakeActor()}
+        t = Transport(peers, lambda h, e: None)
+        t.send(outbox(1, 0))
+        (_, ref), = peers[1].calls
+        t.close()
+        ref.finish(RuntimeError("the peer was killed"))
+        await settle()
+        peers[1].calls.clear()
+        del ref
+        gc.collect()
+        await settle()
+
+    run(go())
+    assert not [c for c in unseen if "never retrieved" in str(c.get("message", ""))]
