@@ -38,6 +38,7 @@ import urllib.parse
 import uuid
 from typing import Any, Collection, TypeAlias
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.ipc as ipc
@@ -75,7 +76,7 @@ def _bin_batches(bins: list[int], payloads: list[bytes], full: int) -> list[pa.R
             hi += 1
         batches.append(pa.record_batch([pa.array(bins[lo:hi], pa.int32()),
                                         pa.array(payloads[lo:hi], pa.large_binary()),
-                                        pa.array([i >= full for i in range(lo, hi)], pa.bool_())],
+                                        pa.array(np.arange(lo, hi) >= full, pa.bool_())],
                                        schema=_BINS_SCHEMA))
         lo = hi
     return batches
