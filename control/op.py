@@ -29,7 +29,10 @@ A *blocking* op holds back each input channel it arrived on until
 *safe* blocking op touches operator state only in ``on_complete`` and is then
 equivalent to freezing the world. A blocking op's handler may leave an
 instance's inputs free (``InstanceHandler.holds_inputs = False``) where the op
-touches no state: there it is tracked like a non-blocking op.
+touches no state: there it is tracked like a non-blocking op. At a sink it may
+instead keep apart what arrives after it on each channel until ``on_complete``
+(``keeps_input_apart``): a checkpoint does, so a sink never holds back an
+upstream instance while it waits for the barrier on its other inputs.
 """
 
 from __future__ import annotations
@@ -99,6 +102,10 @@ class InstanceContext(Protocol):
         """A sink: stage the output written since the last epoch as epoch ``epoch``; returns what every
         epoch after checkpoint ``durable`` (the newest the controller knows durable) staged, oldest first,
         so a checkpoint commits the output of the failed checkpoints before it too."""
+
+    def take_in_kept(self) -> None:
+        """A sink, after ``on_complete`` of an op that kept input apart here (``keeps_input_apart``): hand
+        the operator the data that arrived after that op and no later one, in arrival order."""
 
     # What the built-in ops (``control.ops``) ask of a keyed instance while bins move:
 
@@ -184,10 +191,17 @@ class InstanceHandler:
         op: the op object.
         config: the configuration the controller injected for this instance.
         holds_inputs: whether a blocking op holds this instance's inputs (set it
-            in ``__init__``; read once, when the op first arrives).
+            in ``__init__`` or ``on_begin``; read once, after ``on_begin``).
+        keeps_input_apart: where a blocking op holds no inputs, whether the instance keeps
+            apart the data that arrives on a channel after the op: it takes that data in
+            (its sender goes on) but hands it to the operator only once ``on_complete`` has
+            run here (``InstanceContext.take_in_kept``). Only a sink can: its output is
+            staged by epoch, so what comes after a checkpoint's barrier belongs to the next
+            epoch whether or not the barrier has come on every input yet.
     """
 
     holds_inputs: bool = True
+    keeps_input_apart: bool = False
 
     def __init__(self, op: "ControlOp", config: Any):
         self.op = op

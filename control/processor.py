@@ -88,6 +88,7 @@ class _Pending:
     handler: Any  # None: the op handles nothing here (``handles_nothing``)
     state: AlignmentState
     holds: bool  # a blocking op that holds this instance's inputs
+    apart: bool = False  # a blocking op that keeps apart what comes after it (``keeps_input_apart``)
 
 
 class ControlProcessor:
@@ -109,6 +110,7 @@ class ControlProcessor:
         # Instances that finished (shared by the host) -> the ops they sent along extra edges before.
         self.ended_senders: dict[InstanceId, frozenset] = {}
         self._blocking: dict[Hashable, int] = {}  # input -> pending blocking ops that hold it
+        self._apart: dict[Hashable, int] = {}  # input -> pending ops that keep apart what it brings now
         self._changes: list[tuple[Hashable, bool]] = []
         self._joins: dict[str, list[Hashable]] = {}
         self._joined: dict[Hashable, int] = {}  # joined input -> seq of the op that activated it
@@ -150,12 +152,13 @@ class ControlProcessor:
                     handler.on_begin(ctx)
                     handler.on_next(ctx, message.payload, message.sender)
                 return [self._complete(message, handler, ctx)]
-            holds = message.blocking and (handler.holds_inputs if handler is not None else op.Instance.holds_inputs)
-            kind = WaitingForFirst if holds else Tracking
-            pending = _Pending(message, handler, kind(expected), holds)
-            self._pending[message.op_id] = pending
             if handler is not None:
-                handler.on_begin(ctx)
+                handler.on_begin(ctx)  # it may decide there whether it holds the inputs
+            holds = message.blocking and (handler.holds_inputs if handler is not None else op.Instance.holds_inputs)
+            apart = message.blocking and not holds and handler is not None and handler.keeps_input_apart
+            kind = WaitingForFirst if holds else Tracking
+            pending = _Pending(message, handler, kind(expected), holds, apart)
+            self._pending[message.op_id] = pending
         if pending.handler is not None:
             pending.handler.on_next(ctx, message.payload, message.sender)
         if source not in pending.state.expected and (
@@ -165,6 +168,8 @@ class ControlProcessor:
         pending.state = pending.state.arrive(source)
         if pending.holds:
             self._hold(source)
+        elif pending.apart:
+            self._apart[source] = self._apart.get(source, 0) + 1
         if not pending.state.complete:
             return []  # nothing else changed: no op can be released
         return self._release(ctx)
@@ -191,6 +196,9 @@ class ControlProcessor:
         if pending.holds:
             for source in rest:
                 self._hold(source)
+        elif pending.apart:
+            for source in rest:
+                self._apart[source] = self._apart.get(source, 0) + 1
         return (done + self._release(ctx)) if pending.state.complete else done
 
     def _hold(self, source: Hashable) -> None:
@@ -233,11 +241,17 @@ class ControlProcessor:
             if first.holds:
                 for source in first.state.arrived:
                     self._let_go(source)
-            done.append(self._complete(first.message, first.handler, ctx))
+            elif first.apart:
+                for source in first.state.arrived:
+                    self._apart[source] -= 1
+                    if not self._apart[source]:
+                        del self._apart[source]
+            done.append(self._complete(first.message, first.handler, ctx, first.apart))
         return done
 
-    def _complete(self, message: ControlMessage, handler: Any, ctx: Any) -> Completion:
-        """Run ``on_complete`` and ``on_dispose`` (none for an op that handles nothing here)."""
+    def _complete(self, message: ControlMessage, handler: Any, ctx: Any, apart: bool = False) -> Completion:
+        """Run ``on_complete`` and ``on_dispose`` (none for an op that handles nothing here); then, for an op
+        that kept input apart here, hand the operator what it kept."""
         self.completed += 1
         if self._joined:  # every earlier op has arrived here on the old inputs, before this one
             self._joined = {ch: seq for ch, seq in self._joined.items() if seq > message.seq}
@@ -248,6 +262,8 @@ class ControlProcessor:
         if returned is not None and attaching.default is None:
             attaching.default = returned
         handler.on_dispose(ctx)
+        if apart:
+            ctx.take_in_kept()
         return Completion(message, attaching.attachments, attaching.default)
 
     def blocked(self) -> frozenset:
@@ -258,6 +274,16 @@ class ControlProcessor:
         earlier op (completions are released in global order).
         """
         return frozenset(self._blocking)
+
+    def apart(self, source: Hashable) -> int:
+        """How many pending ops keep apart what input ``source`` brings now (``keeps_input_apart``): 0 for
+        none; ``k`` when it came after ``k`` of them, so it goes to the operator once the k-th oldest of
+        those has completed."""
+        return self._apart.get(source, 0) if self._apart else 0
+
+    def kept_apart(self) -> frozenset:
+        """The inputs whose data pending ops keep apart now."""
+        return frozenset(self._apart)
 
     @property
     def pending_ops(self) -> list[str]:

@@ -156,6 +156,9 @@ class InstanceControlContext:
             raise TypeError(f"{self._instance.info}: sink_prepare() is only for sink instances")
         return logic.stage(epoch, durable)
 
+    def take_in_kept(self) -> None:
+        self._instance.take_in_kept()
+
     def statistics(self) -> InstanceStatistics:
         return self._instance.statistics()
 

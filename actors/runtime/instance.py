@@ -46,6 +46,7 @@ from .failure import OperatorFailure, guarded
 from .held import HeldRecords
 from .inputs import InstanceInputs
 from .instanceview import Migration
+from .keptapart import KeptApart
 from .lifecycle import InstanceLifecycle
 from .messages import ControlRun, Data, End, Envelope, Grant, Watermark
 from .outputs import InstanceOutputs
@@ -104,6 +105,8 @@ class OperatorInstance:
         self.control = ControlPort(info, self.inputs.ids(), self.is_source, ctx)
         self.replicas = BinReplicas(info)  # copies of other instances' bins kept here
         self._held = HeldRecords(info.num_bins)  # records of bins whose state is on its way (migration)
+        self._kept = KeptApart()  # a sink's data that came after a pending checkpoint's barrier
+        self._kept_blocked: frozenset = frozenset()  # channels held back while ``_kept`` is full
         self.code: CodeChange | None = None  # the code an upgrade put in place of the submitted one
         self._trial: CanaryTrial | None = None  # new code on trial here (``start_trial``)
         self._call(self.logic.open, info)
@@ -237,9 +240,11 @@ class OperatorInstance:
         message = env.message
         if isinstance(message, Data):
             self.inputs.took_data(ich, message.batch)
-            batch = self._held.split(message.batch, ich.input_index) if self._held.active else message.batch
-            if batch is not None:
-                self._process(batch, ich.input_index)
+            depth = self.control.processor.apart(ich.channel)
+            if depth:
+                self._keep_apart(depth, message.batch, ich.input_index)
+            else:
+                self._take_in(message.batch, ich.input_index)
             return NO_SENDS
         if isinstance(message, Watermark):
             self._advance(self.inputs.on_watermark(ich, message))
@@ -254,6 +259,34 @@ class OperatorInstance:
             self._advance(self.inputs.on_end(ich))
             return sends
         raise TypeError(f"bug: {self.info} received an unknown message {type(message).__name__}")
+
+    def _take_in(self, batch: pa.RecordBatch, input_index: int) -> None:
+        batch = self._held.split(batch, input_index) if self._held.active else batch
+        if batch is not None:
+            self._process(batch, input_index)
+
+    def _keep_apart(self, depth: int, batch: pa.RecordBatch, input_index: int) -> None:
+        """A sink: ``batch`` came after ``depth`` pending checkpoints (``keptapart``); keep it until they pass."""
+        self._kept.add(depth, batch, input_index)
+        if self._kept.full:
+            self._hold_kept()
+
+    def take_in_kept(self) -> None:
+        """The oldest pending op that kept data apart here completed: take in what came after it."""
+        for batch, input_index in self._kept.take():
+            self._take_in(batch, input_index)
+
+    def _hold_kept(self) -> None:
+        """Hold back the channels whose data is kept apart while that is over its bound; let them go after."""
+        processor = self.control.processor
+        want = frozenset(ch for ch in processor.kept_apart() if isinstance(ch, int)) if self._kept.full \
+            else frozenset()
+        held = processor.blocked()
+        for channel in want - self._kept_blocked:
+            self.inputs.set_blocked(channel, True)
+        for channel in self._kept_blocked - want:
+            self.inputs.set_blocked(channel, channel in held)
+        self._kept_blocked = want
 
     def _process(self, batch: pa.RecordBatch, input_index: int) -> None:
         self.counters.took(batch.num_rows)
@@ -363,7 +396,9 @@ class OperatorInstance:
             sends += sent
         for source, blocked in self.control.take_block_changes():
             if isinstance(source, int):
-                self.inputs.set_blocked(source, blocked)
+                self.inputs.set_blocked(source, blocked or source in self._kept_blocked)
+        if self._kept_blocked:
+            self._hold_kept()
         if completions and self.lifecycle is InstanceLifecycle.FINISHING:
             sends += self._maybe_finish()  # its input had ended; it waited for these ops
         return sends
@@ -409,6 +444,8 @@ class OperatorInstance:
         return self._finish()
 
     def _finish(self) -> Sends:
+        if self._kept:
+            raise RuntimeError(f"bug: {self.info} finishes with data kept apart for an op that never completed")
         self._settle_trial("its input ended")
         self.outputs.emit(self._call(self.logic.finish))  # type: ignore[union-attr]
         return self._close_outputs()

@@ -57,6 +57,8 @@ class InstanceView(Protocol):
 
     def statistics(self) -> InstanceStatistics: ...
 
+    def take_in_kept(self) -> None: ...  # after an op that kept a sink's input apart (``keptapart``)
+
     # an upgrade of the operator's code (``instance.py``, "upgrades")
     code: CodeChange | None
 

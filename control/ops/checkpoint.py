@@ -13,7 +13,11 @@ and the instance's state reflects exactly the records before it):
 * a sink closes its output of this epoch as staged files and acknowledges them,
   with what it staged in earlier epochs whose checkpoint the controller has not
   seen durable (``durable``: a checkpoint that failed after the sinks staged
-  commits nothing, so the next one lists and commits that output too);
+  commits nothing, so the next one lists and commits that output too). A sink
+  holds back none of its inputs while the barrier is on its way on the others:
+  it keeps apart what comes after the barrier on a channel and writes it once
+  it has staged the epoch, as the next epoch's output (``keeps_input_apart``),
+  so no upstream instance waits on it;
 * any other instance acknowledges at once.
 
 The controller commits the manifest (atomically, written last) when every sink
@@ -159,6 +163,11 @@ class Checkpoint(ControlOp):
         return set(map(tuple, ctx.instances))
 
     class Instance(InstanceHandler):
+        def on_begin(self, ctx: Any) -> None:
+            if ctx.kind == "sink":  # its output is staged by epoch: what comes after the barrier is the next's
+                self.holds_inputs = False
+                self.keeps_input_apart = True
+
         def on_complete(self, ctx: Any) -> None:
             op: Checkpoint = self.op  # type: ignore[assignment]
             if ctx.kind == "source":

@@ -329,6 +329,63 @@ def test_a_blocking_op_may_leave_an_instances_inputs_free():
     assert proc.blocked() == frozenset()
 
 
+class KeepsApartHere(Logged):
+    """A blocking op that holds no input here and keeps apart what comes after it (a checkpoint at a sink)."""
+
+    class Instance(Logged.Instance):
+        def on_begin(self, ctx: Any) -> None:
+            super().on_begin(ctx)
+            self.holds_inputs = False
+            self.keeps_input_apart = True
+
+
+class KeepingContext(FakeContext):
+    """Logs each ``take_in_kept`` with the ops that completed before it."""
+
+    def __init__(self, log: list) -> None:
+        super().__init__()
+        self.log = log
+
+    def take_in_kept(self) -> None:
+        self.log.append(("ctx", "take_in_kept", None))
+
+
+@pytest.mark.parametrize("many", [False, True])
+def test_ops_that_keep_input_apart_count_how_many_each_input_came_after(many):
+    """``apart(input)`` is how many pending keeping ops have arrived on it; the oldest one's completion hands
+    the kept data over right after its ``on_complete`` and before any later op's."""
+    log: list = []
+    proc = ControlProcessor(ME, [0, 1, 2], is_source=False)
+    ctx = KeepingContext(log)
+    first, second = KeepsApartHere(log, "a"), KeepsApartHere(log, "b")
+    m1, m2 = message(first, 0), message(second, 1)
+    if many:
+        assert proc.arrive_many(m1, [0, 1], [CONTROLLER, CONTROLLER], ctx) == []
+    else:
+        assert proc.arrive(m1, 0, ctx) == [] and proc.arrive(m1, 1, ctx) == []
+    assert proc.arrive(m2, 0, ctx) == []
+    assert proc.blocked() == frozenset(), "no input is held"
+    assert [proc.apart(i) for i in (0, 1, 2)] == [2, 1, 0]
+    assert proc.kept_apart() == frozenset({0, 1})
+    done = proc.arrive(m1, 2, ctx)
+    assert [c.message.op_id for c in done] == [m1.op_id]
+    assert [proc.apart(i) for i in (0, 1, 2)] == [1, 0, 0]
+    assert [(t, e) for t, e, _ in log if e in ("complete", "take_in_kept")] == [("a", "complete"),
+                                                                                 ("ctx", "take_in_kept")]
+    done = proc.arrive(m2, 1, ctx) + proc.arrive(m2, 2, ctx)
+    assert [c.message.op_id for c in done] == [m2.op_id]
+    assert proc.kept_apart() == frozenset() and [proc.apart(i) for i in (0, 1, 2)] == [0, 0, 0]
+    assert [(t, e) for t, e, _ in log if e in ("complete", "take_in_kept")][2:] == [("b", "complete"),
+                                                                                     ("ctx", "take_in_kept")]
+
+
+def test_an_op_that_completes_on_its_only_input_hands_nothing_over():
+    log: list = []
+    proc = ControlProcessor(ME, [0], is_source=False)
+    done = proc.arrive(message(KeepsApartHere(log, "alone"), 0), 0, KeepingContext(log))
+    assert len(done) == 1 and ("ctx", "take_in_kept", None) not in log
+
+
 # --------------------------------------------------------------------------- ops that handle nothing here
 
 
