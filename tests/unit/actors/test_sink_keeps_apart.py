@@ -97,14 +97,22 @@ def _check_epochs(out: dict, storage: Manifests, checkpoints: list[int], rows: i
     assert sorted(out["final"]) == sorted((s, q) for s in (0, 1) for q in range(before[s], rows))
 
 
-def test_a_sink_takes_in_what_follows_the_barrier_while_it_waits_for_the_barrier_on_its_other_input():
+def _checkpoint_with_host_1_stalled(limit: int | None = None) -> tuple[LocalRun, Any, Manifests, Any]:
+    """A job whose sink got checkpoint 1's barrier from host 0 only, 5,000 steps ago: (run, sink, storage, op)."""
     run = _job()
     sink = run.instance(("out", 0))
+    if limit is not None:
+        sink._kept.limit = limit
     run_until(run, lambda: sink.records_in >= 200)
     run.stalled.add(1)
     storage = Manifests()
     op = run.run_control(Checkpoint(1, storage))
     _steps(run, 5_000)
+    return run, sink, storage, op
+
+
+def test_a_sink_takes_in_what_follows_the_barrier_while_it_waits_for_the_barrier_on_its_other_input():
+    run, sink, storage, op = _checkpoint_with_host_1_stalled()
     # The barrier came from host 0 only; yet the sink took in everything host 0 had, so its map ran to the end.
     assert op.state is OpState.RUNNING
     assert run.instance(("m", 0)).records_out == ROWS
@@ -117,14 +125,7 @@ def test_a_sink_takes_in_what_follows_the_barrier_while_it_waits_for_the_barrier
 
 
 def test_above_its_bound_a_sink_holds_back_the_channels_it_keeps_data_of():
-    run = _job()
-    sink = run.instance(("out", 0))
-    sink._kept.limit = 0  # the first batch kept apart fills it
-    run_until(run, lambda: sink.records_in >= 200)
-    run.stalled.add(1)
-    storage = Manifests()
-    op = run.run_control(Checkpoint(1, storage))
-    _steps(run, 5_000)
+    run, sink, storage, op = _checkpoint_with_host_1_stalled(limit=0)  # the first batch kept apart fills it
     assert op.state is OpState.RUNNING
     assert run.instance(("m", 0)).records_out < ROWS / 2  # held back by credit, as an aligned barrier does
     assert any(ch.blocked for ch in sink.inputs._channels)
