@@ -10,7 +10,9 @@ checkpoint writes nothing: its chain stays as it was.
 :class:`BinChains` keeps one instance's chains between checkpoints and decides,
 at each cut, which bins get a full copy (a bin new here, one whose chain grew
 past its :class:`ChainBound`, every bin of a ``full`` checkpoint such as a
-savepoint's), which only their changes and which nothing. It is updated at the
+savepoint's), which only their changes and which nothing. The instances of an
+operator take their full copies in turn (:func:`lead`), so that their hosts do
+not all copy their whole state at one checkpoint. It is updated at the
 cut, with the name the checkpoint's file will have, so that the next cut builds
 on it even before that file is written; a checkpoint whose chains lean on a
 file whose write failed fails too (:meth:`BinChains.settle`), and the bins of
@@ -33,7 +35,7 @@ from typing import Any, Callable, Collection, Mapping, Sequence
 from chiray.operators.errors import ChirayError
 
 __all__ = ["BinChains", "Chain", "ChainBound", "ChainWriteError", "CutPlan", "Link", "MANIFEST_FORMAT",
-           "ManifestFormatError", "manifest_chains", "manifest_files", "check_manifest_format"]
+           "ManifestFormatError", "manifest_chains", "manifest_files", "check_manifest_format", "lead"]
 
 MANIFEST_FORMAT = 2
 """The manifest format this version writes (1: one full state file per instance, no ``format_version``)."""
@@ -132,6 +134,7 @@ class BinChains:
         self._root: str | None = None
         self._chains: dict[int, Chain] = {}
         self._sizes: dict[tuple[str, int], int] = {}  # (file, bin) -> bytes written, once known
+        self._newest: dict[int, int] = {}  # bin -> bytes of its newest changes written (for :func:`lead`)
         self._writing: dict[int, threading.Event] = {}  # checkpoint id -> set once its write ended
         self._failed: set[int] = set()
 
@@ -151,7 +154,8 @@ class BinChains:
                             for b, rels in files.items() if rels and b in versions}
 
     def cut(self, root: str, checkpoint_id: int, file: str, versions: Mapping[int, int], bound: ChainBound,
-            full: bool, can_delta: Callable[[Mapping[int, int]], Collection[int]] | None) -> CutPlan:
+            full: bool, can_delta: Callable[[Mapping[int, int]], Collection[int]] | None,
+            turn: tuple[int, int] = (0, 1)) -> CutPlan:
         """Plan checkpoint ``checkpoint_id`` of the bins held now and record the chains it leaves.
 
         Args:
@@ -164,11 +168,14 @@ class BinChains:
             can_delta: given bin -> version of a previous checkpoint, the bins whose changes since then
                 the state can write (``BinnedState.changes_since``); None: a state that tracks no
                 changes (every bin whole at every checkpoint).
+            turn: (this instance's index, the operator's parallelism): the instances of an operator take
+                their full copies in turn (:func:`lead`).
         """
         with self._lock:
             if root != self._root:
                 self._root, self._chains, self._sizes = root, {}, {}
-            kept, since = ({}, {}) if full or can_delta is None else self._builds_on(versions, bound, can_delta)
+            kept, since = ({}, {}) if full or can_delta is None else self._builds_on(
+                versions, bound, can_delta, lead(checkpoint_id, turn, bound))
             own = Link(checkpoint_id, file)
             chains = dict(kept)
             for b, v in since.items():
@@ -179,15 +186,17 @@ class BinChains:
             self._chains = chains
             live = {(link.file, b) for b, chain in chains.items() for link in chain.links}
             self._sizes = {k: n for k, n in self._sizes.items() if k in live}
+            self._newest = {b: n for b, n in self._newest.items() if b in chains}
             if whole or since:
                 self._writing[checkpoint_id] = threading.Event()
             return CutPlan(checkpoint_id, file, whole, since, chains)
 
     def _builds_on(self, versions: Mapping[int, int], bound: ChainBound,
-                   can_delta: Callable[[Mapping[int, int]], Collection[int]],
+                   can_delta: Callable[[Mapping[int, int]], Collection[int]], ahead: int = 0,
                    ) -> tuple[dict[int, Chain], dict[int, int]]:
         """What a cut that is not ``full`` builds on (under the lock): the bins whose chains stay as they are
-        (unchanged since their previous checkpoint) and bin -> the version whose changes it writes."""
+        (unchanged since their previous checkpoint) and bin -> the version whose changes it writes; a chain
+        that would pass its bound within ``ahead`` more checkpoints gets its full copy now."""
         since: dict[int, int] = {}
         kept: dict[int, Chain] = {}
         if bound.max_deltas <= 0:
@@ -198,26 +207,30 @@ class BinChains:
                 continue
             if chain.version == version:
                 kept[b] = chain  # unchanged since its previous checkpoint: nothing to write
-            elif self._within(chain, b, bound):
+            elif self._within(chain, b, bound, ahead):
                 since[b] = chain.version
         if since:
             allowed = set(can_delta(since))
             since = {b: v for b, v in since.items() if b in allowed}
         return kept, since
 
-    def _within(self, chain: Chain, b: int, bound: ChainBound) -> bool:
-        """Whether ``chain`` (of bin ``b``) may take one more change."""
-        if len(chain.links) - 1 >= bound.max_deltas:
+    def _within(self, chain: Chain, b: int, bound: ChainBound, ahead: int = 0) -> bool:
+        """Whether ``chain`` (of bin ``b``) may take one more change, and ``ahead`` more after it (each the
+        size of the bin's newest changes, in this chain or the one before)."""
+        deltas = len(chain.links) - 1
+        if deltas + ahead >= bound.max_deltas:
             return False
         full = self._sizes.get((chain.links[0].file, b))
         changes = sum(self._sizes.get((link.file, b), 0) for link in chain.links[1:])
-        return full is None or changes <= bound.max_delta_ratio * full
+        return full is None or changes + ahead * self._newest.get(b, 0) <= bound.max_delta_ratio * full
 
     def written(self, plan: CutPlan, sizes: Mapping[int, int]) -> None:
         """``plan``'s file is written; ``sizes``: bytes per bin in it (for the bound)."""
         with self._lock:
             for b, n in sizes.items():
                 self._sizes[(plan.file, b)] = n
+                if b in plan.since:
+                    self._newest[b] = n
             event = self._writing.pop(plan.checkpoint_id, None)
         if event is not None:
             event.set()
@@ -250,6 +263,27 @@ class BinChains:
                 raise ChainWriteError(f"checkpoint {plan.checkpoint_id} builds on the state file of checkpoint "
                                       f"{checkpoint_id}, whose write failed; the next checkpoint writes those bins "
                                       "whole")
+
+
+def lead(checkpoint_id: int, turn: tuple[int, int], bound: ChainBound) -> int:
+    """How many checkpoints ahead an instance looks when it decides which chains get a full copy now.
+
+    Chains reach their bound together: an instance's bins all got their full copies at its first
+    checkpoint, and take changes at the same pace after. Left alone, every instance of an operator would
+    copy its whole state at one checkpoint, and its hosts would all do that work at once. Instead each
+    checkpoint is the *turn* of one instance in ``slots`` (the parallelism, at most one more than
+    ``max_deltas``): on its turn, an instance gives a full copy to every chain that would pass its bound
+    before its next turn (``slots - 1`` ahead); off its turn it looks no further than the bound. Every
+    chain keeps within its bound, full copies come at most ``slots - 1`` checkpoints early, and the
+    instances take them on different checkpoints.
+
+    Example:
+        >>> [lead(c, (1, 2), ChainBound()) for c in range(4)]
+        [0, 1, 0, 1]
+    """
+    index, parallelism = turn
+    slots = min(parallelism, bound.max_deltas + 1)
+    return slots - 1 if slots > 1 and checkpoint_id % slots == index % slots else 0
 
 
 def _checkpoint_of(rel: str) -> int:

@@ -257,7 +257,8 @@ def _cut_state(op: Checkpoint, ctx: Any) -> Callable[[], dict[str, Any]]:
     versions = {b: state.version(b) for b in state.bins()}
     plan: CutPlan = chains.cut(op.storage.root_uri, op.checkpoint_id,
                                op.storage.state_file(op.checkpoint_id, operator, index), versions, op.bound,
-                               op.full, state.changes_since if state.tracks_changes else None)
+                               op.full, state.changes_since if state.tracks_changes else None,
+                               (index, ctx.info.parallelism))
     try:
         encode = state.snapshot_changes_later(plan.full, plan.since)  # copies now
     except BaseException:

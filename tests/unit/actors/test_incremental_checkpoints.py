@@ -30,6 +30,7 @@ from chiray.control.ops.checkpoint import Checkpoint
 from chiray.operators.hashing import bins_of
 from chiray.operators.joins import JoinLogic
 from chiray.operators.keyed import AggregateLogic, AggSpec, ProcessLogic, ReduceLogic
+from chiray.operators.logic import InstanceInfo
 from chiray.operators.processbatch import KeyedBatch, ProcessBatchLogic
 from chiray.operators.columnarstate import ColumnarAggState
 from chiray.operators.ttl import StateTTL
@@ -57,8 +58,9 @@ class Ctx:
 
     kind = "keyed"
 
-    def __init__(self, index: int, logic: Any):
+    def __init__(self, index: int, logic: Any, parallelism: int):
         self.instance = (OP, index)
+        self.info = InstanceInfo(OP, index, parallelism)
         self.logic = logic
         self.checkpoint_chains = BinChains()
         self.work: Callable[[], Any] | None = None
@@ -165,7 +167,7 @@ class Run:
         self.kind, self.rng = kind, random.Random(seed)
         self.storage = FlakyStorage(root)
         self.storage.fail = set()
-        self.ctxs = [Ctx(i, KINDS[kind]()) for i in range(parallelism)]
+        self.ctxs = [Ctx(i, KINDS[kind](), parallelism) for i in range(parallelism)]
         self.table = [b % parallelism for b in range(BINS)]
         self.oracle: dict = {}
         self.at_cut: dict[int, dict] = {}
@@ -227,7 +229,7 @@ class Run:
         info = RestoreInfo(self.storage, self.storage.load(checkpoint_id))
         parallelism = self.rng.choice([len(self.ctxs), 2, 4])
         self.table = [self.rng.randrange(parallelism) for _ in range(BINS)]
-        self.ctxs = [Ctx(i, KINDS[self.kind]()) for i in range(parallelism)]
+        self.ctxs = [Ctx(i, KINDS[self.kind](), parallelism) for i in range(parallelism)]
         for i, ctx in enumerate(self.ctxs):
             restore_keyed(ctx.state, ctx.checkpoint_chains, info, info.load_bins(OP, i, self.table))
         self.oracle = copy.deepcopy(self.at_cut[checkpoint_id])

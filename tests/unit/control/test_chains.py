@@ -49,3 +49,54 @@ def test_bounds_are_checked():
         ChainBound(max_deltas=-1)
     with pytest.raises(ValueError, match="max_delta_ratio must be positive"):
         ChainBound(max_delta_ratio=0)
+
+
+def _run_instances(parallelism: int, bound: ChainBound, full_size: int, delta_size: int, checkpoints: int,
+                   first_delta: int | None = None) -> list[list[int]]:
+    """``parallelism`` instances of 4 bins each, every bin changed between any two checkpoints, its full copy
+    ``full_size`` bytes and its changes ``delta_size`` (``first_delta`` for the first, as after a long gap);
+    per checkpoint, the instances that wrote full copies. Each checkpoint's chains are checked against the
+    bound on the way."""
+    instances = [BinChains() for _ in range(parallelism)]
+    fulls: list[list[int]] = []
+    for checkpoint_id in range(1, checkpoints + 1):
+        fulls.append([])
+        for i, chains in enumerate(instances):
+            versions = {b: checkpoint_id for b in range(4 * i, 4 * i + 4)}
+            plan = chains.cut("root", checkpoint_id, f"chk-{checkpoint_id}/s{i}", versions, bound, False,
+                              lambda since: set(since), (i, parallelism))
+            first = checkpoint_id == 2 and first_delta is not None
+            chains.written(plan, {**{b: full_size for b in plan.full},
+                                  **{b: first_delta if first else delta_size for b in plan.since}})
+            assert not plan.full or plan.full == tuple(versions), "an instance's bins keep in step"
+            if plan.full:
+                fulls[-1].append(i)
+            for chain in plan.chains.values():
+                assert len(chain.links) - 1 <= bound.max_deltas
+    return fulls
+
+
+@pytest.mark.parametrize("parallelism", [2, 3, 5, 9])
+@pytest.mark.parametrize("delta_size, first_delta", [(5, None), (14, None), (5, 60), (30, None)])
+def test_the_instances_of_an_operator_take_their_full_copies_in_turn(parallelism, delta_size, first_delta):
+    bound = ChainBound(max_deltas=8, max_delta_ratio=1.0)
+    alone = [c for c, who in enumerate(_run_instances(1, bound, 100, delta_size, 80, first_delta)) if who]
+    cycle = alone[-1] - alone[-2]  # one instance's full copies, every ``cycle`` checkpoints
+    fulls = _run_instances(parallelism, bound, 100, delta_size, 80, first_delta)
+    assert fulls[0] == list(range(parallelism))  # the first checkpoint copies everything
+    # Once each has taken a turn, the instances share out the full copies: never more at once than needed.
+    steady = fulls[2 * cycle:]
+    assert max(len(who) for who in steady) == -(-parallelism // cycle), fulls
+    for i in range(parallelism):
+        at = [c for c, who in enumerate(fulls) if i in who and c >= 2 * cycle]
+        # Never more than slots - 1 checkpoints early (after a turn that foresaw changes as large as the
+        # newest, which the first, after a long gap, may not be).
+        assert min(b - a for a, b in zip(at, at[1:])) >= cycle - (min(parallelism, 9) - 1)
+
+
+def test_an_instance_alone_or_a_bound_of_no_changes_keeps_the_plain_bound():
+    bound = ChainBound(max_deltas=8, max_delta_ratio=1.0)
+    assert [c for c, who in enumerate(_run_instances(1, bound, 100, 5, 30)) if who] == [0, 9, 18, 27]
+    assert [c for c, who in enumerate(_run_instances(1, bound, 100, 30, 30)) if who] == [0, 5, 10, 15, 20, 25]
+    every = _run_instances(3, ChainBound(max_deltas=0), 100, 5, 4)
+    assert every == [[0, 1, 2]] * 4

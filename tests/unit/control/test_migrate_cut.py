@@ -24,6 +24,7 @@ from chiray.control.ops.checkpoint import Checkpoint, bins_held_twice, instance_
 from chiray.control.ops.migrate import MigrateBins
 from chiray.control.processor import Completion, ControlProcessor, extra_input
 from chiray.operators.dictstate import DictState
+from chiray.operators.logic import InstanceInfo
 
 BINS = 16
 OLD, NEW = ("check", 1), ("check", 2)
@@ -56,6 +57,7 @@ class Owner:
 
     def __init__(self, name: InstanceId, items: dict[int, dict[str, int]]):
         self.instance = name
+        self.info = InstanceInfo(name[0], name[1], 3)
         self.state = DictState(BINS, pickled=True)
         for b, entries in items.items():
             for key, value in entries.items():
