@@ -134,7 +134,7 @@ class BinChains:
         self._root: str | None = None
         self._chains: dict[int, Chain] = {}
         self._sizes: dict[tuple[str, int], int] = {}  # (file, bin) -> bytes written, once known
-        self._newest: dict[int, int] = {}  # bin -> bytes of its newest changes written (for :func:`lead`)
+        self._newest: dict[int, tuple[int, ...]] = {}  # bin -> bytes of its two newest changes (:func:`lead`)
         self._writing: dict[int, threading.Event] = {}  # checkpoint id -> set once its write ended
         self._failed: set[int] = set()
 
@@ -215,14 +215,18 @@ class BinChains:
         return kept, since
 
     def _within(self, chain: Chain, b: int, bound: ChainBound, ahead: int = 0) -> bool:
-        """Whether ``chain`` (of bin ``b``) may take one more change, and ``ahead`` more after it (each the
-        size of the bin's newest changes, in this chain or the one before)."""
+        """Whether ``chain`` (of bin ``b``) may take one more change, and ``ahead`` more after it, each the
+        size of the smaller of the bin's two newest changes (in this chain or the one before; none known:
+        nothing): one change far larger than the rest, as after a long pause, does not bring a full copy
+        forward."""
         deltas = len(chain.links) - 1
         if deltas + ahead >= bound.max_deltas:
             return False
         full = self._sizes.get((chain.links[0].file, b))
         changes = sum(self._sizes.get((link.file, b), 0) for link in chain.links[1:])
-        return full is None or changes + ahead * self._newest.get(b, 0) <= bound.max_delta_ratio * full
+        newest = self._newest.get(b, ())
+        pace = min(newest) if len(newest) == 2 else 0
+        return full is None or changes + ahead * pace <= bound.max_delta_ratio * full
 
     def written(self, plan: CutPlan, sizes: Mapping[int, int]) -> None:
         """``plan``'s file is written; ``sizes``: bytes per bin in it (for the bound)."""
@@ -230,7 +234,7 @@ class BinChains:
             for b, n in sizes.items():
                 self._sizes[(plan.file, b)] = n
                 if b in plan.since:
-                    self._newest[b] = n
+                    self._newest[b] = (*self._newest.get(b, ())[-1:], n)
             event = self._writing.pop(plan.checkpoint_id, None)
         if event is not None:
             event.set()
