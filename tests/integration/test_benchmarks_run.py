@@ -37,7 +37,7 @@ RUNS = {
                     "--settle", "0.5", "--num-hosts", "1"],
                    ["throughput_ratio_checkpoint_1s", "checkpoint_p50_ms", "checkpoint_p99_ms", "max_stall_ms",
                     "bytes_per_checkpoint", "full_bytes", "changed_rows_per_interval", "state_bytes_per_key",
-                    "rss_mb_per_million_keys", "recovery_s", "recovered_keys"]),
+                    "rss_mb_per_million_keys", "recovery_s", "recovered_keys", "settle_s"]),
     "recovery": (["--quick", "--sizes", "5000", "--rate", "50000", "--fill", "0.5", "--steady-window", "0.5",
                   "--num-hosts", "1"],
                  ["records_replayed"]),
