@@ -39,7 +39,7 @@ class KeptApart:
         self.limit = limit
 
     def __bool__(self) -> bool:
-        return self.bytes > 0 or any(self._levels)
+        return any(self._levels)
 
     @property
     def full(self) -> bool:

@@ -173,7 +173,7 @@ class BinChains:
         """
         with self._lock:
             if root != self._root:
-                self._root, self._chains, self._sizes = root, {}, {}
+                self._root, self._chains, self._sizes, self._newest = root, {}, {}, {}
             kept, since = ({}, {}) if full or can_delta is None else self._builds_on(
                 versions, bound, can_delta, lead(checkpoint_id, turn, bound))
             own = Link(checkpoint_id, file)
