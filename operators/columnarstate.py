@@ -77,6 +77,8 @@ class ColumnarAggState(BinnedState):
     _n: int
     _bin: np.ndarray
     _stamp: np.ndarray
+    _dirty: np.ndarray
+    _dirty_since: np.ndarray
     _cols: dict[str, np.ndarray]
     _index: KeyIndex
 
@@ -176,6 +178,7 @@ class ColumnarAggState(BinnedState):
             last[slots] = np.maximum(last[slots], touched)
         self._versions += np.bincount(self._bin[slots], minlength=self._num_bins) > 0
         self._stamp[slots] = self._versions[self._bin[slots]]
+        self._dirty[slots] = True
         return slots
 
     def expire(self, cutoff: int, fill: int) -> tuple[pa.Array, dict[str, np.ndarray], int | None]:
@@ -258,6 +261,8 @@ class ColumnarAggState(BinnedState):
         self._dead = 0  # slots of extracted bins, marked with bin ``num_bins`` until the next compaction
         self._bin = np.zeros(capacity, dtype=np.int16 if self._num_bins < (1 << 15) else np.int32)  # tombstones too
         self._stamp = np.zeros(capacity, dtype=np.int64)  # per slot: its bin's version when last written
+        self._dirty = np.zeros(capacity, dtype=bool)  # per slot: written since ``_clear_dirty``
+        self._dirty_since = self._versions.copy()
         self._cols = {a.name: grown(np.zeros(0, dtype=a.dtype), capacity, 0) for a in self._accs}
         if self.tracks_touch:
             self._cols[TOUCHED] = grown(np.zeros(0, dtype=np.int64), capacity, 0)
@@ -284,6 +289,7 @@ class ColumnarAggState(BinnedState):
         its reservation, without a copy: :func:`~operators.growable.grown`)."""
         self._bin = grown(self._bin, capacity, used)
         self._stamp = grown(self._stamp, capacity, used)
+        self._dirty = grown(self._dirty, capacity, used)
         self._cols = {name: grown(col, capacity, used) for name, col in self._cols.items()}
 
     def _came_back(self, slots: np.ndarray) -> None:
@@ -320,7 +326,8 @@ class ColumnarAggState(BinnedState):
     def memory_nbytes(self) -> int:
         """Bytes this state holds in memory: its columns with their spare capacity, and the key index
         (object columns count their references only)."""
-        columns = self._bin.nbytes + self._stamp.nbytes + sum(col.nbytes for col in self._cols.values())
+        columns = self._bin.nbytes + self._stamp.nbytes + self._dirty.nbytes
+        columns += sum(col.nbytes for col in self._cols.values())
         columns += self._live.nbytes + self._slots_of.nbytes()
         return int(columns + self._index.memory_nbytes())
 
@@ -367,6 +374,7 @@ class ColumnarAggState(BinnedState):
         whole = self._check_bins(full)
         self._check_changes_known(since)
         changed, moved, deleted = self._changed_rows(since)
+        self._clear_dirty()
         parts = [self._slots_in(whole), moved]
         slots = np.concatenate(parts)
         capture = RowCapture(slots, len(self._bin), {_BIN: self._bin.dtype,
@@ -420,9 +428,29 @@ class ColumnarAggState(BinnedState):
             # 2M keys, on the processing thread at the cut). Bins not asked for, and tombstones, have
             # the base that no stamp passes. The slots come by slot, not by bin (the encoder sorts).
             n = self._n
+            if self._dirty_covers(base[:self._num_bins]):
+                # Every row stamped after ``since`` is among those written since the last cut: look at
+                # those only (a pass over one byte per slot, then the stamps of a few; at 4M keys and 6 %
+                # of them written since, 2 against 11 ms).
+                written = np.flatnonzero(self._dirty[:n])
+                return wanted, written[self._stamp[written] > base[self._bin[written]]], deleted
             return wanted, np.flatnonzero(self._stamp[:n] > base[self._bin[:n]]), deleted
         members = self._slots_in(wanted)
         return wanted, members[self._stamp[members] > base[self._bin[members]]], deleted
+
+    def _dirty_covers(self, since: np.ndarray) -> bool:
+        """Whether ``_dirty`` marks every row stamped after ``since`` (per bin; the maximum: not asked):
+        true where no bin asked for is older than it was when ``_dirty`` was last cleared (a row stamped
+        after ``since[b]`` then was either stamped before the clear, so at most ``_dirty_since[b]``, or
+        written since)."""
+        return bool((since >= self._dirty_since).all())
+
+    def _clear_dirty(self) -> None:
+        """Forget which rows were written: from now on ``_dirty`` marks the rows written after the bins'
+        present versions (a checkpoint's cut clears it, so that the next one looks at what changed
+        since)."""
+        self._dirty[:] = False
+        self._dirty_since = self._versions.copy()
 
     def extract_bins(self, bins: Iterable[int]) -> dict[int, bytes]:
         """Snapshot and remove ``bins``. The rows become tombstones (cost proportional to the
@@ -502,6 +530,7 @@ class ColumnarAggState(BinnedState):
         self._index.compact(keep)
         self._bin = self._bin[keep]
         self._stamp = self._stamp[keep]
+        self._dirty = self._dirty[keep]
         self._cols = {name: col[keep] for name, col in self._cols.items()}
         self._n = len(keep)
         self._dead = 0
@@ -601,3 +630,4 @@ class ColumnarAggState(BinnedState):
         for name, values in columns_of(filled, self._accs, self.tracks_touch):
             self._cols[name][slots] = values
         self._stamp[slots] = self._versions[self._bin[slots]]
+        self._dirty[slots] = True
