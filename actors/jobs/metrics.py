@@ -13,7 +13,7 @@ Names (Ray's exporter may add a ``ray_`` prefix and, for counters, a
 ``chiray_batches_in``, ``chiray_batches_out``,
 ``chiray_backpressured_seconds``, ``chiray_busy_seconds``,
 ``chiray_late_records``, ``chiray_expired_keys`` (counters); ``chiray_records_per_second``,
-``chiray_queued_batches``, ``chiray_queued_bytes``, ``chiray_pending_out``,
+``chiray_queued_batches``, ``chiray_queued_bytes``, ``chiray_pending_out``, ``chiray_kept_apart_records``,
 ``chiray_input_wait_seconds``, ``chiray_source_backlog``,
 ``chiray_watermark_lag_seconds`` and ``chiray_event_time_latency_seconds``
 (timestamp event time), ``chiray_watermark_lag`` (integer event time, in its
@@ -67,6 +67,8 @@ GAUGES = {
     "queued_batches": "batches buffered in an instance's input channels",
     "queued_bytes": "bytes buffered in an instance's input channels",
     "pending_out": "messages waiting for credit on an instance's outputs",
+    "kept_apart_records": "records a sink instance took in after a pending checkpoint's barrier and keeps for the "
+                          "next epoch until the barrier has come on its other inputs",
     "input_wait_seconds": "estimated seconds a batch waits in an instance's input channels: its queued batches "
                           "over the batches it consumed per second in the last interval (while it consumes none: "
                           "the time since it last did)",
@@ -180,7 +182,7 @@ class MetricsExporter:
                 self._gauges["records_per_second"].set(growth["records_in"] / interval, tags)
                 self._gauges["input_wait_seconds"].set(self._input_wait(s, growth["batches_in"], interval,
                                                                         stats.taken_at), tags)
-            for field in ("queued_batches", "queued_bytes", "pending_out"):
+            for field in ("queued_batches", "queued_bytes", "pending_out", "kept_apart_records"):
                 self._gauges[field].set(float(getattr(s, field)), tags)
             if s.operator in self.sources:
                 self._gauges["source_backlog"].set(float(s.backlog), tags)

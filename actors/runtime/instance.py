@@ -474,7 +474,8 @@ class OperatorInstance:
     def statistics(self) -> InstanceStatistics:
         """A snapshot of this instance now."""
         return instance_statistics(self.info, self.host, self.counters, self.inputs, self.outputs.channels(),
-                                   self.control.completed, self.logic, self.finished, time.monotonic())
+                                   self.control.completed, self.logic, self.finished, time.monotonic(),
+                                   self._kept.records)
 
 
 FINISHED = Sends(finished=True)

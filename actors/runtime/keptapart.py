@@ -29,13 +29,14 @@ KEEP_APART_BYTES = 64 << 20
 
 
 class KeptApart:
-    """Batches kept apart by depth (see the module docstring); ``bytes``, what they hold."""
+    """Batches kept apart by depth (see the module docstring); ``bytes`` and ``records``, what they hold."""
 
-    __slots__ = ("_levels", "bytes", "limit")
+    __slots__ = ("_levels", "bytes", "records", "limit")
 
     def __init__(self, limit: int = KEEP_APART_BYTES):
         self._levels: list[list[tuple[pa.RecordBatch, int]]] = []
         self.bytes = 0
+        self.records = 0
         self.limit = limit
 
     def __bool__(self) -> bool:
@@ -53,6 +54,7 @@ class KeptApart:
             self._levels.append([])
         self._levels[depth - 1].append((batch, input_index))
         self.bytes += batch.nbytes
+        self.records += batch.num_rows
 
     def take(self) -> list[tuple[pa.RecordBatch, int]]:
         """The oldest pending op completed: what came after it and no later one, in arrival order."""
@@ -60,4 +62,5 @@ class KeptApart:
             return []
         level = self._levels.pop(0)
         self.bytes -= sum(batch.nbytes for batch, _ in level)
+        self.records -= sum(batch.num_rows for batch, _ in level)
         return level

@@ -69,6 +69,8 @@ class InstanceStatistics:
         late_records: records its operator dropped as too late (event-time windows).
         expired_keys: keys whose state its operator dropped by its state TTL (``ttl=``).
         backlog: sources: records offered to it but not read yet, where its readers can say.
+        kept_apart_records: sinks: records that came after a pending checkpoint's barrier on some inputs
+            while the barrier is still on its way on others, kept until the checkpoint's epoch is staged.
         outputs: per output channel, its ``ChannelStatistics``.
     """
 
@@ -91,11 +93,12 @@ class InstanceStatistics:
     late_records: int = 0
     backlog: int = 0
     expired_keys: int = 0
+    kept_apart_records: int = 0
 
 
 def instance_statistics(info: InstanceInfo, host: int, counters: InstanceCounters, inputs: InstanceInputs,
                         outputs: list[OutputChannel], control_completed: int, logic: OperatorLogic | SourceLogic,
-                        finished: bool, now: float) -> InstanceStatistics:
+                        finished: bool, now: float, kept_apart_records: int = 0) -> InstanceStatistics:
     """A snapshot at ``now`` of the instance ``info`` on ``host`` with these pieces."""
     queued = [ch.buffered() for ch in inputs]
     mark = inputs.watermarks.output.timestamp
@@ -113,4 +116,5 @@ def instance_statistics(info: InstanceInfo, host: int, counters: InstanceCounter
         int(getattr(logic, "late_records", 0)),
         logic.backlog() if isinstance(logic, SourceLogic) and not finished else 0,
         int(getattr(logic, "expired_keys", 0)),
+        kept_apart_records,
     )

@@ -176,6 +176,73 @@ def test_kill_during_a_checkpoint(tmp_path):
     assert_exact(job, src)
 
 
+class HoldOne:
+    """A map that passes batches on; once the file ``shut`` exists, the first instance to take a batch claims
+    the hold (the file ``claimed``) and waits in it until ``shut`` is gone (at most 120 s): its host takes no
+    step meanwhile, so a checkpoint's barrier stops there. A job that recovered finds the hold claimed."""
+
+    def __init__(self, directory) -> None:
+        self.shut, self.claimed = str(directory / "shut"), str(directory / "claimed")
+
+    def __call__(self, batch):
+        if os.path.exists(self.shut):
+            try:
+                os.close(os.open(self.claimed, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            except FileExistsError:
+                return batch
+            deadline = time.monotonic() + 120
+            while os.path.exists(self.shut) and time.monotonic() < deadline:
+                time.sleep(0.01)
+        return batch
+
+
+@pytest.mark.parametrize("kill", ["while kept", "once written"])
+def test_a_sink_killed_around_a_checkpoint_whose_next_epoch_it_keeps_apart_recovers_exactly(tmp_path, kill):
+    """The sink has one input whose barrier came and one whose barrier cannot come (its host is held): it
+    takes in what follows the barrier and keeps it apart for the next epoch. Its host dies then ("while
+    kept"), or once the hold ended and the checkpoint is durable, with what was kept written as the next
+    epoch's output ("once written"; a recovery restores that checkpoint and replays from its cut). Either way
+    the files the job commits hold every record exactly once."""
+    src, gate = held(tmp_path, fast=0.2)
+    out_dir = str(tmp_path / "files")
+    os.makedirs(tmp_path / "hold")
+    hold = HoldOne(tmp_path / "hold")
+    flow = Dataflow("sink-kept-apart")
+    (flow.source(src, parallelism=SPLITS, name="src")
+         .map(hold, parallelism=SPLITS, name="hold")
+         .sink(to_parquet(out_dir), parallelism=1, name="files"))
+    storage = CheckpointStorage(str(tmp_path / "chk"))
+    job = flow.submit(poll_interval_s=0.2, checkpoint_dir=storage.root_uri,
+                      placement={"src": [0, 1], "hold": [0, 1], "files": [2]})
+    try:
+        wait_for(progressed(job, 0.2), 60, "20 % of the input emitted")
+        first = job.checkpoint(timeout=60)
+        open(hold.shut, "w").close()
+        wait_for(lambda: os.path.exists(hold.claimed), 60, "one host held in the map")
+        op_id = job._call(lambda controller: controller.checkpoint.remote())  # cannot end while the host is held
+
+        def kept() -> int:
+            return job.statistics().of("files")[0].kept_apart_records
+        wait_for(lambda: kept() >= 1_000, 60, "the sink keeping records of the next epoch apart", detail=kept)
+        assert storage.committed()[-1] == first
+        if kill == "once written":
+            os.remove(hold.shut)
+            wait_for(lambda: storage.committed()[-1] > first, 60, "the held checkpoint durable",
+                     detail=storage.committed)
+            wait_for(lambda: kept() == 0, 60, "what was kept written", detail=kept)
+        assert not any(e.startswith("recovered") for e in job.status().events)
+        ray.kill(job.actors[2], no_restart=True)  # the sink's host
+        if kill == "while kept":
+            os.remove(hold.shut)
+        gate.open()
+        job.wait(timeout=180)
+    finally:
+        job.cancel()
+    assert op_id and any(e.startswith("recovered") for e in job.status().events)
+    assert parquet_rows(job.result("files")) == rows(source_batches(src))
+    assert not [f for f in os.listdir(out_dir) if f.startswith(".")], "staged files left behind"
+
+
 def test_a_failed_checkpoint_s_output_is_committed_by_the_next_and_an_unreadable_one_is_skipped(tmp_path):
     """Checkpoint 2 cannot be written (a file stands where its directory goes) after every sink staged its
     epoch: checkpoint 3 lists and commits epoch 2's output too. Checkpoint 4's state file is then emptied:

@@ -102,9 +102,10 @@ class _Metric:
         self.values[self._key(tags)] = self.values.get(self._key(tags), 0) + value
 
 
-def _stat(operator, index, watermark=None, batches_in=0, queued=0, backlog=0, late=0):
+def _stat(operator, index, watermark=None, batches_in=0, queued=0, backlog=0, late=0, kept=0):
     return InstanceStatistics(operator, index, 0, 10 * batches_in, 0, batches_in, 0, queued, 100 * queued, 0,
-                              0.0, 0.0, False, watermark=watermark, late_records=late, backlog=backlog)
+                              0.0, 0.0, False, watermark=watermark, late_records=late, backlog=backlog,
+                              kept_apart_records=kept)
 
 
 @pytest.fixture
@@ -151,6 +152,8 @@ def test_input_wait_source_backlog_late_records_and_job_state(exporter):
     waits = _gauge(ex, "input_wait_seconds")  # stalled: the time since each last consumed (or appeared)
     assert (waits[("w", 0)], waits[("w", 1)]) == pytest.approx((105.0 - 102.0, 105.0 - 100.0))
     assert _gauge(ex, "source_backlog") == {("s0", 0): 0.0}  # sources only
+    ex.export(JobStatistics((_stat("s0", 0), _stat("w", 0, kept=250)), 106.0))
+    assert _gauge(ex, "kept_apart_records") == {("s0", 0): 0.0, ("w", 0): 250.0, ("w", 1): 0.0}
     assert _gauge(ex, "records_per_second")[("w", 0)] == pytest.approx(0.0)
     assert ex._counters["late_records"].values == {("wc", "w", "0"): 9}
     ex.job_state(JobState.RECOVERING)

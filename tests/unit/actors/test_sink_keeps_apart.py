@@ -117,11 +117,14 @@ def test_a_sink_takes_in_what_follows_the_barrier_while_it_waits_for_the_barrier
     assert op.state is OpState.RUNNING
     assert run.instance(("m", 0)).records_out == ROWS
     assert not any(ch.blocked for ch in sink.inputs._channels)
+    kept = sink.statistics().kept_apart_records
     run.stalled.clear()
     run.wait_op(op)
+    assert sink.statistics().kept_apart_records == 0  # written once the epoch was staged
     out = run.run()["out"][0]
     _check_epochs(out, storage, [1])
     assert len(out["final"]) > ROWS - 200  # split 0's rows after the barrier went to the next epoch
+    assert kept == ROWS - storage.offsets(1)[0]  # the statistics counted exactly those, while it kept them
 
 
 def test_above_its_bound_a_sink_holds_back_the_channels_it_keeps_data_of():
