@@ -157,6 +157,17 @@ class SinkLogic(OperatorLogic):
             self.recent.add(batch)
         return ()
 
+    def write_ahead(self, batch: pa.RecordBatch, epochs: int) -> bool:
+        """Write ``batch`` into the output ``epochs`` epochs ahead where the writer can
+        (``SinkWriter.write_ahead``); whether it did."""
+        assert self.writer is not None, "bug in SinkLogic: write_ahead() before open()"
+        if not batch.num_rows:
+            return True
+        if not self.writer.write_ahead(batch, epochs):
+            return False
+        self.recent.add(batch)
+        return True
+
     def stage(self, epoch: int, durable: int) -> list[Any]:
         """Stage epoch ``epoch`` (``prepare_commit``); returns what each epoch after checkpoint ``durable``
         staged, oldest first. A checkpoint that failed after this instance staged its epoch never committed

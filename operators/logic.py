@@ -279,6 +279,17 @@ class SinkWriter(abc.ABC):
     def write(self, batch: pa.RecordBatch) -> None:
         """Accept one batch."""
 
+    def write_ahead(self, batch: pa.RecordBatch, epochs: int) -> bool:
+        """Accept a batch of the output ``epochs`` epochs after the one being written (it came after the
+        barriers of that many checkpoints whose epochs are not staged yet, while their barriers are still on
+        their way on other inputs); return True. Each ``prepare_commit`` stages one epoch, the oldest first:
+        what ``write`` wrote, then what came ``epochs=1`` ahead, and so on.
+
+        Default: False, the writer cannot; the sink keeps the batch in memory and ``write``s it once the
+        epochs before it are staged (above a bound it holds back those inputs instead).
+        """
+        return False
+
     def prepare_commit(self, epoch: int) -> Any:
         """Checkpoint barrier ``epoch``: stage the output written since the last one.
 

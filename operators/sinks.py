@@ -240,13 +240,36 @@ def _safe_name(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", name)
 
 
+class _EpochFiles:
+    """The in-progress files of one epoch of a :class:`ParquetWriter`: one open, the rest closed."""
+
+    __slots__ = ("writer", "open", "rows", "closed")
+
+    def __init__(self) -> None:
+        self.writer: pq.ParquetWriter | None = None
+        self.open: str | None = None
+        self.rows = 0  # in the open file
+        self.closed: list[str] = []
+
+    def close(self) -> None:
+        if self.writer is None:
+            return
+        self.writer.close()
+        assert self.open is not None
+        self.closed.append(self.open)
+        self.writer, self.open, self.rows = None, None, 0
+
+
 class ParquetWriter(SinkWriter):
     """Writes one instance's batches to hidden Parquet files, staged per epoch.
 
     Open files are ``.{op}-{index}-w{k}.inprogress``; ``prepare_commit(epoch)``
     closes them and renames them to staged names carrying the epoch; a new file
-    starts every ``max_rows_per_file`` rows. Only the owning sink instance
-    touches a writer; ``abort()`` is idempotent and deletes hidden files only.
+    starts every ``max_rows_per_file`` rows. Batches of later epochs (those that
+    came after a pending checkpoint's barrier: ``write_ahead``) go to files of
+    their own, staged by the ``prepare_commit`` of their epoch. Only the owning
+    sink instance touches a writer; ``abort()`` is idempotent and deletes hidden
+    files only.
     """
 
     def __init__(self, sink: "ParquetSink", info: InstanceInfo) -> None:
@@ -255,53 +278,49 @@ class ParquetWriter(SinkWriter):
         self._where = f"parquet sink {info}"
         self._prefix = f"{_prefix(info.operator, sink.run)}-{info.index}"
         self._schema: pa.Schema | None = None
-        self._writer: pq.ParquetWriter | None = None
-        self._rows_in_file = 0
         self._next_file = 0
-        self._closed: list[str] = []  # closed in-progress files of the current epoch
-        self._open: str | None = None
+        self._epochs: list[_EpochFiles] = [_EpochFiles()]  # the epoch being written, then those ahead
         self._staged: list[str] = []  # everything staged by this writer (committed or not)
         self._area.makedirs()
 
     def write(self, batch: pa.RecordBatch) -> None:
+        self._write(self._epochs[0], batch)
+
+    def write_ahead(self, batch: pa.RecordBatch, epochs: int) -> bool:
+        while len(self._epochs) <= epochs:
+            self._epochs.append(_EpochFiles())
+        self._write(self._epochs[epochs], batch)
+        return True
+
+    def _write(self, files: _EpochFiles, batch: pa.RecordBatch) -> None:
         self._schema = _check_schema(self._where, self._schema, batch)
         limit = self._sink.max_rows_per_file
         start = 0
         while start < batch.num_rows:
-            if self._writer is None:
-                self._open_file()
-            take = min(batch.num_rows - start, limit - self._rows_in_file)
-            assert self._writer is not None
-            self._writer.write_batch(batch.slice(start, take))
-            self._rows_in_file += take
+            if files.writer is None:
+                files.open = self._area.path(f".{self._prefix}-w{self._next_file}.inprogress")
+                self._next_file += 1
+                files.writer = pq.ParquetWriter(files.open, self._schema, filesystem=self._sink.filesystem)
+            take = min(batch.num_rows - start, limit - files.rows)
+            files.writer.write_batch(batch.slice(start, take))
+            files.rows += take
             start += take
-            if self._rows_in_file >= limit:
-                self._close_file()
-
-    def _open_file(self) -> None:
-        self._open = self._area.path(f".{self._prefix}-w{self._next_file}.inprogress")
-        self._next_file += 1
-        self._writer = pq.ParquetWriter(self._open, self._schema, filesystem=self._sink.filesystem)
-        self._rows_in_file = 0
-
-    def _close_file(self) -> None:
-        if self._writer is None:
-            return
-        self._writer.close()
-        assert self._open is not None
-        self._closed.append(self._open)
-        self._writer, self._open, self._rows_in_file = None, None, 0
+            if files.rows >= limit:
+                files.close()
 
     def prepare_commit(self, epoch: int | str) -> list[str]:
-        """Close this epoch's files and give them staged names; returns the staged paths."""
-        self._close_file()
+        """Close this epoch's files and give them staged names; returns the staged paths. The next epoch's
+        files (written ahead) are the ones written from now on."""
+        files = self._epochs.pop(0)
+        if not self._epochs:
+            self._epochs.append(_EpochFiles())
+        files.close()
         staged = []
-        for n, path in enumerate(self._closed):
+        for n, path in enumerate(files.closed):
             target = self._area.path(StagingArea.staged_name(self._prefix, epoch, n, ".parquet"))
             self._area.flush(path)
             self._area.rename(path, target)
             staged.append(target)
-        self._closed.clear()
         self._staged.extend(staged)
         return staged
 
@@ -312,14 +331,20 @@ class ParquetWriter(SinkWriter):
         the whole output of this run is final, including epochs whose
         checkpoint never completed (committing twice is harmless).
         """
+        rest = _EpochFiles()
+        for files in self._epochs:  # (only one: every checkpoint completes before the input ends)
+            files.close()
+            rest.closed.extend(files.closed)
+        self._epochs = [rest]
         self.prepare_commit("final")
         return list(self._staged)
 
     def abort(self) -> None:
-        self._close_file()
-        for path in self._closed:
-            self._area.delete(path)
-        self._closed.clear()
+        for files in self._epochs:
+            files.close()
+            for path in files.closed:
+                self._area.delete(path)
+        self._epochs = [_EpochFiles()]
 
 
 class ParquetSink(Sink):

@@ -266,10 +266,24 @@ class OperatorInstance:
             self._process(batch, input_index)
 
     def _keep_apart(self, depth: int, batch: pa.RecordBatch, input_index: int) -> None:
-        """A sink: ``batch`` came after ``depth`` pending checkpoints (``keptapart``); keep it until they pass."""
+        """A sink: ``batch`` came after ``depth`` pending checkpoints (``keptapart``). Its writer writes it into
+        that epoch's output now where it can (and keeps nothing in memory before it); else it waits here until
+        they pass."""
+        if not self._kept and self._write_ahead(depth, batch, input_index):
+            self._kept.note_ahead(depth, batch.num_rows)
+            return
         self._kept.add(depth, batch, input_index)
         if self._kept.full:
             self._hold_kept()
+
+    def _write_ahead(self, depth: int, batch: pa.RecordBatch, input_index: int) -> bool:
+        if self._trial is not None or not isinstance(self.logic, SinkLogic):
+            return False
+        if not self._call(self.logic.write_ahead, batch, depth):
+            return False
+        self.counters.took(batch.num_rows)
+        self.inputs.remember(batch, input_index)
+        return True
 
     def take_in_kept(self) -> None:
         """The oldest pending op that kept data apart here completed: take in what came after it."""

@@ -8,7 +8,9 @@ Data is kept by *depth*, the number of pending checkpoints it came after (``Cont
 depth 1 goes to the writer when the oldest pending one completes, depth 2 with the next, and so on.
 
 Memory is bounded by ``limit`` bytes: above it, the instance holds back the channels it keeps data of (as an
-aligned barrier would) until a completion takes some in.
+aligned barrier would) until a completion takes some in. A writer that can write into later epochs at once
+(``SinkWriter.write_ahead``) gets the data then instead; only its rows are counted here (``note_ahead``), so
+that ``records`` says what waits for a checkpoint either way.
 
 Example:
     >>> import pyarrow as pa
@@ -29,12 +31,14 @@ KEEP_APART_BYTES = 64 << 20
 
 
 class KeptApart:
-    """Batches kept apart by depth (see the module docstring); ``bytes`` and ``records``, what they hold."""
+    """Batches kept apart by depth (see the module docstring); ``bytes``, what they hold; ``records``, their rows
+    and those written ahead."""
 
-    __slots__ = ("_levels", "bytes", "records", "limit")
+    __slots__ = ("_levels", "_ahead", "bytes", "records", "limit")
 
     def __init__(self, limit: int = KEEP_APART_BYTES):
         self._levels: list[list[tuple[pa.RecordBatch, int]]] = []
+        self._ahead: list[int] = []  # per depth, rows the writer took ahead
         self.bytes = 0
         self.records = 0
         self.limit = limit
@@ -48,13 +52,23 @@ class KeptApart:
 
     def add(self, depth: int, batch: pa.RecordBatch, input_index: int) -> None:
         """Keep ``batch`` (of input ``input_index``), which came after ``depth`` pending ops."""
+        self._level(depth).append((batch, input_index))
+        self.bytes += batch.nbytes
+        self.records += batch.num_rows
+
+    def note_ahead(self, depth: int, rows: int) -> None:
+        """The writer took ``rows`` that came after ``depth`` pending ops into that epoch's output at once."""
+        self._level(depth)
+        self._ahead[depth - 1] += rows
+        self.records += rows
+
+    def _level(self, depth: int) -> list[tuple[pa.RecordBatch, int]]:
         if depth < 1:
             raise ValueError(f"bug: data kept apart at depth {depth}")
         while len(self._levels) < depth:
             self._levels.append([])
-        self._levels[depth - 1].append((batch, input_index))
-        self.bytes += batch.nbytes
-        self.records += batch.num_rows
+            self._ahead.append(0)
+        return self._levels[depth - 1]
 
     def take(self) -> list[tuple[pa.RecordBatch, int]]:
         """The oldest pending op completed: what came after it and no later one, in arrival order."""
@@ -62,5 +76,5 @@ class KeptApart:
             return []
         level = self._levels.pop(0)
         self.bytes -= sum(batch.nbytes for batch, _ in level)
-        self.records -= sum(batch.num_rows for batch, _ in level)
+        self.records -= sum(batch.num_rows for batch, _ in level) + self._ahead.pop(0)
         return level

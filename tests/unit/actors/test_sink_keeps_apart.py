@@ -44,9 +44,32 @@ class EpochWriter(SinkWriter):
         return {"epochs": self.epochs, "final": self.current}
 
 
+class AheadWriter(EpochWriter):
+    """An ``EpochWriter`` that takes batches of later epochs at once (``write_ahead``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ahead: list[list[tuple[int, int]]] = []
+
+    def write_ahead(self, batch: pa.RecordBatch, epochs: int) -> bool:
+        while len(self.ahead) < epochs:
+            self.ahead.append([])
+        self.ahead[epochs - 1].extend(zip(batch.column("split").to_pylist(), batch.column("seq").to_pylist()))
+        return True
+
+    def prepare_commit(self, epoch: int) -> list[int]:
+        staged = super().prepare_commit(epoch)
+        if self.ahead:
+            self.current = self.ahead.pop(0) + self.current
+        return staged
+
+
 class EpochSink(Sink):
+    def __init__(self, ahead: bool = False) -> None:
+        self.ahead = ahead
+
     def create_writer(self, info: InstanceInfo) -> SinkWriter:
-        return EpochWriter()
+        return AheadWriter() if self.ahead else EpochWriter()
 
 
 class Manifests:
@@ -71,11 +94,11 @@ class Manifests:
         return {int(split.rsplit("-", 1)[1]): int(offset) for split, offset in merged.items()}
 
 
-def _job(seed: int | None = None, rows: int = ROWS) -> LocalRun:
+def _job(seed: int | None = None, rows: int = ROWS, ahead: bool = False) -> LocalRun:
     flow = Dataflow("apart")
     (flow.source(SeqSource([rows, rows], batch_size=BATCH), parallelism=2, name="src")
          .map(lambda b: b, name="m", parallelism=2)
-         .sink(EpochSink(), name="out", parallelism=1))
+         .sink(EpochSink(ahead), name="out", parallelism=1))
     config = JobConfig(num_hosts=2, channel_capacity=2,
                        placement={"src": [0, 1], "m": [0, 1], "out": [0]})
     return LocalRun(flow, config, seed=seed)
@@ -97,9 +120,10 @@ def _check_epochs(out: dict, storage: Manifests, checkpoints: list[int], rows: i
     assert sorted(out["final"]) == sorted((s, q) for s in (0, 1) for q in range(before[s], rows))
 
 
-def _checkpoint_with_host_1_stalled(limit: int | None = None) -> tuple[LocalRun, Any, Manifests, Any]:
+def _checkpoint_with_host_1_stalled(limit: int | None = None, ahead: bool = False,
+                                    ) -> tuple[LocalRun, Any, Manifests, Any]:
     """A job whose sink got checkpoint 1's barrier from host 0 only, 5,000 steps ago: (run, sink, storage, op)."""
-    run = _job()
+    run = _job(ahead=ahead)
     sink = run.instance(("out", 0))
     if limit is not None:
         sink._kept.limit = limit
@@ -111,13 +135,18 @@ def _checkpoint_with_host_1_stalled(limit: int | None = None) -> tuple[LocalRun,
     return run, sink, storage, op
 
 
-def test_a_sink_takes_in_what_follows_the_barrier_while_it_waits_for_the_barrier_on_its_other_input():
-    run, sink, storage, op = _checkpoint_with_host_1_stalled()
+@pytest.mark.parametrize("ahead", [False, True], ids=["kept", "written ahead"])
+def test_a_sink_takes_in_what_follows_the_barrier_while_it_waits_for_the_barrier_on_its_other_input(ahead):
+    """Kept in memory, or written at once by a writer that can write later epochs (nothing kept then)."""
+    run, sink, storage, op = _checkpoint_with_host_1_stalled(ahead=ahead)
     # The barrier came from host 0 only; yet the sink took in everything host 0 had, so its map ran to the end.
     assert op.state is OpState.RUNNING
     assert run.instance(("m", 0)).records_out == ROWS
     assert not any(ch.blocked for ch in sink.inputs._channels)
     kept = sink.statistics().kept_apart_records
+    assert bool(sink._kept) != ahead and (sink._kept.bytes == 0) == ahead  # in memory only where not written
+    in_memory = sink._kept.records if not ahead else 0
+    assert sink.records_in + in_memory == ROWS + run.instance(("m", 1)).records_out  # all of host 0's rows
     run.stalled.clear()
     run.wait_op(op)
     assert sink.statistics().kept_apart_records == 0  # written once the epoch was staged
@@ -139,12 +168,13 @@ def test_above_its_bound_a_sink_holds_back_the_channels_it_keeps_data_of():
     _check_epochs(out, storage, [1])
 
 
+@pytest.mark.parametrize("ahead", [False, True], ids=["kept", "written ahead"])
 @pytest.mark.parametrize("seed", range(6))
-def test_overlapping_checkpoints_split_the_output_at_each_cut(seed):
-    """Two or three checkpoints pending at once (data kept apart at depth 2 and 3), deliveries shuffled and
-    duplicated: every epoch is exact, nothing lost or written twice."""
+def test_overlapping_checkpoints_split_the_output_at_each_cut(seed, ahead):
+    """Two or three checkpoints pending at once (data kept apart, or written ahead, at depth 2 and 3),
+    deliveries shuffled and duplicated: every epoch is exact, nothing lost or written twice."""
     rng, rows = random.Random(seed), 5 * ROWS
-    run = _job(seed, rows)
+    run = _job(seed, rows, ahead)
     sink = run.instance(("out", 0))
     storage = Manifests()
     checkpoints: list[int] = []

@@ -156,6 +156,34 @@ def test_parquet_epochs_commit_separately_and_recover_discards_the_rest(tmp_path
     assert pq.read_table(files[0]).to_pandas().equals(batch(0, 3).to_pandas())
 
 
+def test_parquet_writes_later_epochs_ahead_and_stages_each_with_its_own_epoch(tmp_path):
+    """What came after one or two pending barriers goes to files of its own at once; each prepare_commit
+    stages exactly one epoch's rows, and an abort deletes the files of every epoch not staged."""
+    sink = to_parquet(str(tmp_path / "out"), max_rows_per_file=4)
+    w = writer(sink)
+    w.write(batch(0, 3))
+    assert w.write_ahead(batch(100, 5), 1) and w.write_ahead(batch(200, 2), 2)
+    w.write(batch(3, 3))
+    assert w.write_ahead(batch(105, 1), 1)
+    epoch1 = w.prepare_commit(1)
+    w.write(batch(106, 2))  # epoch 2 is now the one written
+    assert w.write_ahead(batch(202, 1), 1)
+    epoch2 = w.prepare_commit(2)
+    assert w.write_ahead(batch(300, 2), 1)  # epoch 4, ahead of 3
+    epoch3 = w.prepare_commit(3)
+    assert rows_of(epoch1) == list(range(0, 6))
+    assert rows_of(epoch2) == list(range(100, 108))
+    assert rows_of(epoch3) == list(range(200, 203))
+    assert len(epoch2) == 2  # a new file every 4 rows, ahead as well
+    inprogress = [f for f in os.listdir(tmp_path / "out") if f.endswith(".inprogress")]
+    assert len(inprogress) == 1  # epoch 4's
+    w.abort()
+    assert not [f for f in os.listdir(tmp_path / "out") if f.endswith(".inprogress")]
+    assert sorted(sink.commit([epoch1, epoch2, epoch3])) and rows_of(
+        [os.path.join(tmp_path / "out", f) for f in visible_parquet(tmp_path / "out")]) == sorted(
+        list(range(0, 6)) + list(range(100, 108)) + list(range(200, 203)))
+
+
 def test_parquet_schema_mismatch(tmp_path):
     w = writer(to_parquet(str(tmp_path)))
     w.write(batch(0, 1))
