@@ -311,9 +311,7 @@ class ParquetWriter(SinkWriter):
     def prepare_commit(self, epoch: int | str) -> list[str]:
         """Close this epoch's files and give them staged names; returns the staged paths. The next epoch's
         files (written ahead) are the ones written from now on."""
-        files = self._epochs.pop(0)
-        if not self._epochs:
-            self._epochs.append(_EpochFiles())
+        files = self._epochs[0]
         files.close()
         staged = []
         for n, path in enumerate(files.closed):
@@ -321,6 +319,9 @@ class ParquetWriter(SinkWriter):
             self._area.flush(path)
             self._area.rename(path, target)
             staged.append(target)
+        self._epochs.pop(0)  # (only now: until every file is staged, an abort still deletes them)
+        if not self._epochs:
+            self._epochs.append(_EpochFiles())
         self._staged.extend(staged)
         return staged
 

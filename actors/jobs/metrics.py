@@ -67,8 +67,8 @@ GAUGES = {
     "queued_batches": "batches buffered in an instance's input channels",
     "queued_bytes": "bytes buffered in an instance's input channels",
     "pending_out": "messages waiting for credit on an instance's outputs",
-    "kept_apart_records": "records a sink instance took in after a pending checkpoint's barrier and keeps for the "
-                          "next epoch until the barrier has come on its other inputs",
+    "kept_apart_records": "records a sink instance took in after a pending checkpoint's barrier, for the next "
+                          "epoch (kept in memory or written ahead), until the barrier has come on its other inputs",
     "input_wait_seconds": "estimated seconds a batch waits in an instance's input channels: its queued batches "
                           "over the batches it consumed per second in the last interval (while it consumes none: "
                           "the time since it last did)",

@@ -281,9 +281,12 @@ class OperatorInstance:
             return False
         if not self._call(self.logic.write_ahead, batch, depth):
             return False
+        self._count_in(batch, input_index)
+        return True
+
+    def _count_in(self, batch: pa.RecordBatch, input_index: int) -> None:
         self.counters.took(batch.num_rows)
         self.inputs.remember(batch, input_index)
-        return True
 
     def take_in_kept(self) -> None:
         """The oldest pending op that kept data apart here completed: take in what came after it."""
@@ -303,8 +306,7 @@ class OperatorInstance:
         self._kept_blocked = want
 
     def _process(self, batch: pa.RecordBatch, input_index: int) -> None:
-        self.counters.took(batch.num_rows)
-        self.inputs.remember(batch, input_index)
+        self._count_in(batch, input_index)
         if self._trial is not None:
             self.outputs.emit(self._call(self._trial.process, batch, input_index))
             if self._trial.verdict is not None:

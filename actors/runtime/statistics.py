@@ -70,7 +70,8 @@ class InstanceStatistics:
         expired_keys: keys whose state its operator dropped by its state TTL (``ttl=``).
         backlog: sources: records offered to it but not read yet, where its readers can say.
         kept_apart_records: sinks: records that came after a pending checkpoint's barrier on some inputs
-            while the barrier is still on its way on others, kept until the checkpoint's epoch is staged.
+            while the barrier is still on its way on others, kept in memory or written ahead into the next
+            epoch's output (``SinkWriter.write_ahead``), until the checkpoint's epoch is staged.
         outputs: per output channel, its ``ChannelStatistics``.
     """
 

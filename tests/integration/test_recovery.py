@@ -26,7 +26,7 @@ from chiray.actors.errors import JobFailedError
 from chiray.actors.runtime.storage import CheckpointError, CheckpointStorage
 from chiray.control.ops.chains import manifest_chains
 from chiray.control.ops.checkpoint import decode_offsets
-from chiray.operators import Dataflow, Source, generate, to_parquet
+from chiray.operators import Dataflow, Source, collect, generate, to_parquet
 from chiray.operators.staging import OutputInUseError
 from tests.gate import Gate, Gated, gated
 from tests.oracles import assert_counts_equal, key_counts, output_counts, source_batches
@@ -197,12 +197,14 @@ class HoldOne:
 
 
 @pytest.mark.parametrize("kill", ["while kept", "once written"])
-def test_a_sink_killed_around_a_checkpoint_whose_next_epoch_it_keeps_apart_recovers_exactly(tmp_path, kill):
+@pytest.mark.parametrize("sink", ["parquet", "collect"])
+def test_a_sink_killed_around_a_checkpoint_whose_next_epoch_it_keeps_apart_recovers_exactly(tmp_path, kill, sink):
     """The sink has one input whose barrier came and one whose barrier cannot come (its host is held): it
-    takes in what follows the barrier and keeps it apart for the next epoch. Its host dies then ("while
-    kept"), or once the hold ended and the checkpoint is durable, with what was kept written as the next
-    epoch's output ("once written"; a recovery restores that checkpoint and replays from its cut). Either way
-    the files the job commits hold every record exactly once."""
+    takes in what follows the barrier for the next epoch (Parquet writes it into that epoch's files at once,
+    collect keeps it in memory). Its host dies then ("while kept"), or once the hold ended and the checkpoint
+    is durable, with what was kept written as the next epoch's output ("once written"; a recovery restores
+    that checkpoint and replays from its cut). Either way the output the job commits holds every record
+    exactly once."""
     src, gate = held(tmp_path, fast=0.2)
     out_dir = str(tmp_path / "files")
     os.makedirs(tmp_path / "hold")
@@ -210,7 +212,7 @@ def test_a_sink_killed_around_a_checkpoint_whose_next_epoch_it_keeps_apart_recov
     flow = Dataflow("sink-kept-apart")
     (flow.source(src, parallelism=SPLITS, name="src")
          .map(hold, parallelism=SPLITS, name="hold")
-         .sink(to_parquet(out_dir), parallelism=1, name="files"))
+         .sink(to_parquet(out_dir) if sink == "parquet" else collect(), parallelism=1, name="files"))
     storage = CheckpointStorage(str(tmp_path / "chk"))
     job = flow.submit(poll_interval_s=0.2, checkpoint_dir=storage.root_uri,
                       placement={"src": [0, 1], "hold": [0, 1], "files": [2]})
@@ -239,6 +241,9 @@ def test_a_sink_killed_around_a_checkpoint_whose_next_epoch_it_keeps_apart_recov
     finally:
         job.cancel()
     assert op_id and any(e.startswith("recovered") for e in job.status().events)
+    if sink == "collect":
+        assert rows(job.result("files").to_batches()) == rows(source_batches(src))
+        return
     assert parquet_rows(job.result("files")) == rows(source_batches(src))
     assert not [f for f in os.listdir(out_dir) if f.startswith(".")], "staged files left behind"
 
