@@ -241,6 +241,10 @@ class ColumnarAggState(BinnedState):
         """The keys at ``slots``."""
         return self._index.keys_at(slots)
 
+    def _keys_reader(self) -> Callable[[np.ndarray], pa.Array]:
+        """What a capture reads its rows' keys with (``RowCapture.copy_some``): the keys as they are now."""
+        return self._index.keys_reader()
+
     def _grow(self, new_slots: np.ndarray) -> None:
         """Make room for consecutive new slots; set their bin and identity values."""
         start, end = self._n, self._n + len(new_slots)
@@ -339,7 +343,7 @@ class ColumnarAggState(BinnedState):
         buries or replaces slots (a write of values only copies the rows it writes: ``RowCapture``)."""
         capture, self._capture = self._capture, None
         if capture is not None and not capture.done:
-            capture.finish(self._captured_columns, self.keys_at if self.configured else None)
+            capture.finish(self._captured_columns, self._keys_reader if self.configured else None)
 
     def _captured_columns(self) -> dict[str, np.ndarray]:
         """What a checkpoint captures of each row: its bin and its columns (``RowCapture``)."""
@@ -386,7 +390,7 @@ class ColumnarAggState(BinnedState):
         split = len(parts[0])
 
         def encode() -> tuple[dict[int, bytes], dict[int, bytes]]:
-            capture.copy_all(self._captured_columns, self.keys_at if configured else None,
+            capture.copy_all(self._captured_columns, self._keys_reader if configured else None,
                              ENCODE_SHARE, BUSY_FLOOR)
             keys, values = capture.values()
             bins_of = values.pop(_BIN)

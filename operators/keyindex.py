@@ -162,6 +162,11 @@ class KeyIndex:
         """The keys at ``slots``."""
         return self._keys.take(slots)
 
+    def keys_reader(self) -> Callable[[np.ndarray], pa.Array]:
+        """A function that gives the keys at slots as they are now, from any thread, whatever this index
+        does meanwhile (adds, compactions: it reads a view that nothing changes)."""
+        return self._keys.view().take
+
     def keys_nbytes(self) -> int:
         """Bytes the stored keys occupy."""
         return self._keys.nbytes()
@@ -363,44 +368,70 @@ class _KeyStore:
     copied every key it held whenever a batch brought a new key (and a migration's new owner, once
     per step): a stall that grew with the state. A lookup gathers from each chunk it hits: about
     ``n / MERGE_LIMIT + log2(MERGE_LIMIT)`` of them at most.
+
+    The chunks are held as an immutable :class:`_KeyView`, replaced (not changed) by an append: a view
+    taken once (:meth:`view`) reads the keys as they were then from another thread, whatever the store
+    does meanwhile (a checkpoint's copier takes the keys of the rows it captured without a lock).
     """
 
     def __init__(self, key_type: pa.DataType) -> None:
-        self._type = key_type
-        self._chunks: list[pa.Array] = []
-        self._starts = np.zeros(1, dtype=np.int64)  # each chunk's first slot, then the end
+        self._view = _KeyView(key_type, (), np.zeros(1, dtype=np.int64))
 
     def __len__(self) -> int:
-        return int(self._starts[-1])
+        return len(self._view)
+
+    @property
+    def _chunks(self) -> tuple[pa.Array, ...]:
+        return self._view.chunks
+
+    def view(self) -> "_KeyView":
+        """The keys as they are now (never changed later)."""
+        return self._view
 
     def append(self, keys: pa.Array) -> None:
         if not len(keys):
             return
-        chunks = self._chunks
-        chunks.append(keys)
+        chunks = [*self._view.chunks, keys]
         while (len(chunks) > 1 and len(chunks[-2]) < 2 * len(chunks[-1])
                and len(chunks[-2]) + len(chunks[-1]) <= MERGE_LIMIT):
             last = chunks.pop()
             chunks[-1] = pa.concat_arrays([chunks[-1], last])
-        self._starts = np.concatenate([[0], np.cumsum([len(c) for c in chunks], dtype=np.int64)])
+        starts = np.concatenate([[0], np.cumsum([len(c) for c in chunks], dtype=np.int64)])
+        self._view = _KeyView(self._view.type, tuple(chunks), starts)
 
     def take(self, slots: np.ndarray) -> pa.Array:
+        return self._view.take(slots)
+
+    def nbytes(self) -> int:
+        return sum(chunk.nbytes for chunk in self._chunks)
+
+
+class _KeyView:
+    """A store's chunks at one moment (``_KeyStore``): never changed."""
+
+    __slots__ = ("type", "chunks", "starts")
+
+    def __init__(self, key_type: pa.DataType, chunks: tuple[pa.Array, ...], starts: np.ndarray) -> None:
+        self.type, self.chunks, self.starts = key_type, chunks, starts
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    def take(self, slots: np.ndarray) -> pa.Array:
+        """The keys at ``slots``."""
         slots = np.asarray(slots, dtype=np.int64)
-        chunks = self._chunks
-        if len(chunks) <= 1 or not len(slots) or int(slots.max()) < self._starts[1]:
-            return (chunks[0] if chunks else pa.array([], type=self._type)).take(slots)
+        chunks, starts = self.chunks, self.starts
+        if len(chunks) <= 1 or not len(slots) or int(slots.max()) < starts[1]:
+            return (chunks[0] if chunks else pa.array([], type=self.type)).take(slots)
         if int(slots.min()) < 0 or int(slots.max()) >= len(self):
             raise IndexError(f"slots out of range 0..{len(self) - 1}")
-        which = np.searchsorted(self._starts, slots, side="right") - 1
+        which = np.searchsorted(starts, slots, side="right") - 1
         small = np.int16 if len(chunks) < 1 << 15 else np.int64
         order = np.argsort(which.astype(small), kind="stable")  # a radix sort of small integers
-        local = (slots - self._starts[which])[order]  # each slot within its chunk, grouped by chunk
+        local = (slots - starts[which])[order]  # each slot within its chunk, grouped by chunk
         bounds = np.searchsorted(which[order], np.arange(len(chunks) + 1)).tolist()
         parts = [pc.take(chunk, local[lo:hi], boundscheck=False)
                  for chunk, lo, hi in zip(chunks, bounds[:-1], bounds[1:]) if hi > lo]
         inverse = np.empty_like(order)
         inverse[order] = np.arange(len(order))
         return pc.take(pa.concat_arrays(parts), inverse, boundscheck=False)
-
-    def nbytes(self) -> int:
-        return sum(chunk.nbytes for chunk in self._chunks)

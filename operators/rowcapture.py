@@ -25,6 +25,9 @@ import pyarrow as pa
 
 __all__ = ["RowCapture", "CHUNK_ROWS", "Pacer", "Foreground", "FOREGROUND"]
 
+KeysReader = Callable[[], Callable[[np.ndarray], pa.Array]]
+"""Gives, when called, a function that reads the keys at slots as they are then (``KeyIndex.keys_reader``)."""
+
 CHUNK_ROWS = 1 << 17
 """Rows the copier copies under the lock at once (a few milliseconds)."""
 
@@ -49,7 +52,9 @@ class RowCapture:
         self._pending = np.zeros(capacity, dtype=bool)
         self._pending[slots] = True
         self._values = {name: np.empty(len(slots), dtype=dtype) for name, dtype in dtypes.items()}
-        self._keys: list[pa.Array] = []
+        self._keys: dict[int, pa.Array] = {}  # first row of a chunk -> its keys
+        self._taking = 0  # chunks whose keys are being taken (outside the lock)
+        self._keys_taken = threading.Condition(self.lock)
         self._saved: list[tuple[np.ndarray, dict[str, np.ndarray]]] = []  # rows a write copied first
         self._copied = 0  # rows [0, _copied) have been copied (those saved are taken from _saved)
 
@@ -72,13 +77,17 @@ class RowCapture:
             self._saved.append((hit, {name: cols[name][hit] for name in self._values}))
             self._pending[hit] = False
 
-    def copy_some(self, cols: Callable[[], Mapping[str, np.ndarray]],
-                  keys_at: Callable[[np.ndarray], pa.Array] | None, rows: int = CHUNK_ROWS) -> bool:
-        """Copy the next ``rows`` rows (their keys too, with ``keys_at``); whether all are done.
+    def copy_some(self, cols: Callable[[], Mapping[str, np.ndarray]], keys: KeysReader | None,
+                  rows: int | None = None) -> bool:
+        """Copy the next ``rows`` rows (default ``CHUNK_ROWS``; their keys too, with ``keys``); whether all
+        are done.
 
         ``cols`` gives the state's columns as they are once the lock is held (a write may have replaced
         them with larger ones). A row a write saved first is copied too, and replaced by the saved one
-        in :meth:`values`."""
+        in :meth:`values`. ``keys()``, called under the lock, gives a function that reads the keys at
+        slots as they are then, whatever the state does later: the keys are taken after the lock is let
+        go (most of a chunk's time, for string keys), so a write waits only for the values' copy."""
+        rows = CHUNK_ROWS if rows is None else rows  # (read now: a test makes chunks small)
         with self.lock:
             lo, hi = self._copied, min(self._copied + rows, len(self.slots))
             chunk = self.slots[lo:hi]
@@ -86,30 +95,40 @@ class RowCapture:
             for name, out in self._values.items():
                 np.take(columns[name], chunk, out=out[lo:hi])
             self._pending[chunk] = False
-            if keys_at is not None and hi > lo:  # keys never change under a capture: the slots stay put
-                self._keys.append(keys_at(chunk))
+            reader = keys() if keys is not None and hi > lo else None
             self._copied = hi
-            return self.done
+            done = self.done
+            if reader is not None:
+                self._taking += 1
+        if reader is not None:
+            try:
+                taken = reader(chunk)
+            finally:
+                with self.lock:
+                    self._taking -= 1
+                    self._keys_taken.notify_all()
+            self._keys[lo] = taken
+        return done
 
-    def finish(self, cols: Callable[[], Mapping[str, np.ndarray]],
-               keys_at: Callable[[np.ndarray], pa.Array] | None) -> None:
+    def finish(self, cols: Callable[[], Mapping[str, np.ndarray]], keys: KeysReader | None) -> None:
         """Copy every row not copied yet now."""
-        self.copy_some(cols, keys_at, len(self.slots))
+        self.copy_some(cols, keys, len(self.slots))
 
-    def copy_all(self, cols: Callable[[], Mapping[str, np.ndarray]],
-                 keys_at: Callable[[np.ndarray], pa.Array] | None, share: float = 0.5,
-                 floor: float | None = None) -> None:
+    def copy_all(self, cols: Callable[[], Mapping[str, np.ndarray]], keys: KeysReader | None,
+                 share: float = 0.5, floor: float | None = None) -> None:
         """Copy every row, a chunk at a time; between chunks, rest so that copying takes at most ``share`` of
         this thread's time, down to ``floor`` while the processing thread is busy (:class:`Pacer`; the
         processing thread gets the interpreter and the lock in between)."""
         pacer = Pacer(share, min_s=0.0, floor=floor)
-        while not self.copy_some(cols, keys_at):
+        while not self.copy_some(cols, keys):
             pacer.rest()
 
     def values(self) -> tuple[pa.ChunkedArray | None, dict[str, np.ndarray]]:
         """Once :attr:`done`: the keys (``None`` if none were copied) and the values of the captured rows,
         in the order of ``slots``, as they were at the capture."""
         assert self.done, "bug: RowCapture.values() before every row was copied"
+        with self.lock:  # keys another thread is still taking (it copied their rows' values)
+            self._keys_taken.wait_for(lambda: not self._taking)
         if self._saved:
             where = np.empty(len(self._pending), dtype=np.int64)
             where[self.slots] = np.arange(len(self.slots))
@@ -117,7 +136,8 @@ class RowCapture:
                 at = where[slots]
                 for name, out in self._values.items():
                     out[at] = saved[name]
-        keys = pa.chunked_array(self._keys) if self._keys else None  # (not concatenated: a copy of them all)
+        keys = pa.chunked_array([self._keys[lo] for lo in sorted(self._keys)]) if self._keys else None
+        # (not concatenated: a copy of them all)
         return keys, self._values
 
 

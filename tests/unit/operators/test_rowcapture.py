@@ -15,8 +15,8 @@ import pyarrow as pa
 import pytest
 
 from chiray.operators.accumulators import Accumulator
+from chiray.operators import columnarstate, rowcapture
 from chiray.operators.columnarstate import ColumnarAggState
-from chiray.operators import rowcapture
 from chiray.operators.statecodec import TOUCHED
 
 BINS = 16
@@ -63,7 +63,7 @@ def test_writes_between_the_cut_and_the_copy_do_not_reach_the_checkpoint() -> No
     encode = state.snapshot_changes_later(state.bins(), {})
     capture = state._capture
     assert capture is not None and not capture.done  # nothing copied at the cut
-    capture.copy_some(state._captured_columns, state.keys_at, 40)  # the copier is part way
+    capture.copy_some(state._captured_columns, state._keys_reader, 40)  # the copier is part way
     _write(state, oracle, keys[::3] + [f"new{i}" for i in range(50)], 9)  # before and after its place
     _write(state, oracle, keys[::3], 11)  # a row written twice is copied once, before the first write
     full, changes = encode()
@@ -125,3 +125,59 @@ def test_a_cut_of_an_empty_or_unconfigured_state_captures_nothing() -> None:
     state = ColumnarAggState(BINS)
     assert state.snapshot_changes_later([], {})() == ({}, {})
     assert state._capture is None
+
+
+def test_a_write_does_not_wait_for_the_copier_to_take_keys_and_what_it_took_stays_right(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The copier takes a chunk's keys after it lets the lock go (for string keys most of a chunk's time):
+    while it is held inside that take, the processing thread writes captured rows, adds keys and compacts
+    its slots (which finishes the capture), and the copy still holds the state at the cut. With the take
+    under the lock, the first write waited for it (this test's write would time out)."""
+    monkeypatch.setattr(rowcapture, "CHUNK_ROWS", 64)
+    state, oracle = _state(), {}
+    keys = [f"k{i}" for i in range(400)]
+    _write(state, oracle, keys, 1)
+    at_cut = dict(oracle)
+    encode = state.snapshot_changes_later(state.bins(), {})
+    inside, go_on = threading.Event(), threading.Event()
+    real_reader = state._keys_reader
+
+    def held_reader():
+        read = real_reader()
+
+        def take(slots):
+            if not inside.is_set():  # the first chunk's take waits for the test
+                inside.set()
+                assert go_on.wait(30), "the test never let the copier go on"
+            return read(slots)
+
+        return take
+
+    monkeypatch.setattr(state, "_keys_reader", held_reader)
+    result: list = []
+    copier = threading.Thread(target=lambda: result.append(encode()))
+    copier.start()
+    try:
+        assert inside.wait(30), "the copier never took keys"
+        wrote = threading.Event()
+
+        def processing() -> None:
+            _write(state, oracle, keys[:100] + [f"new{i}" for i in range(300)], 5)  # captured rows, new keys
+            wrote.set()
+
+        writer = threading.Thread(target=processing)
+        writer.start()
+        assert wrote.wait(10), "a write waited for the copier's take of keys"
+        writer.join()
+        monkeypatch.setattr(columnarstate, "COMPACT_LIVE", 0.9)
+        slots_before = state._n
+        moved = state.extract_bins(state.bins()[2:])  # most rows leave: the slots are compacted
+        assert state._n < slots_before and state._capture is None
+        state.install_bins(moved)
+        assert _contents(state) == oracle
+    finally:
+        go_on.set()
+        copier.join(30)
+    full, changes = result[0]
+    assert not changes
+    assert _restored(full, []) == at_cut
