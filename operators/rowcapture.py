@@ -6,8 +6,9 @@ processing thread, every row it writes: the keys (a ``take`` of strings) and eac
 slots the checkpoint holds (``pending``), and a copier (the checkpoint's background thread) copies them in
 chunks afterwards. A write to a slot still pending copies that slot's values first (copy-on-write by row),
 so the capture holds each row as it was at the cut whatever the processing thread did since. One lock,
-taken by the copier for a chunk and by the state for a write, keeps the two apart; the processing thread
-waits at most one chunk.
+taken by the copier for a chunk's values and by the state for a write, keeps the two apart; the processing
+thread waits at most for one chunk's values. The copier takes the chunk's keys after it lets the lock go,
+from a view of the key store that nothing changes (``KeyIndex.keys_reader``).
 
 Only the state's own writes of values (``update``) are copy-on-write; anything that moves, buries or
 replaces slots (expiry, installs, moves, compaction, the next cut) first finishes the capture
@@ -101,13 +102,15 @@ class RowCapture:
             if reader is not None:
                 self._taking += 1
         if reader is not None:
+            taken = None
             try:
                 taken = reader(chunk)
             finally:
-                with self.lock:
+                with self.lock:  # (stored before the count drops: values() waits for the count)
+                    if taken is not None:
+                        self._keys[lo] = taken
                     self._taking -= 1
                     self._keys_taken.notify_all()
-            self._keys[lo] = taken
         return done
 
     def finish(self, cols: Callable[[], Mapping[str, np.ndarray]], keys: KeysReader | None) -> None:
