@@ -181,3 +181,58 @@ def test_a_write_does_not_wait_for_the_copier_to_take_keys_and_what_it_took_stay
     full, changes = result[0]
     assert not changes
     assert _restored(full, []) == at_cut
+
+
+def test_the_copier_waits_for_keys_a_finish_in_the_processing_thread_is_still_taking(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A move finishes the capture from the processing thread, which takes the rest of the keys outside the
+    lock; the copier, finding every row copied, must wait for those keys before it hands the rows on."""
+    monkeypatch.setattr(rowcapture, "CHUNK_ROWS", 64)
+    monkeypatch.setattr(columnarstate, "COMPACT_LIVE", 0.9)
+    state, oracle = _state(), {}
+    _write(state, oracle, [f"k{i}" for i in range(400)], 1)
+    at_cut = dict(oracle)
+    encode = state.snapshot_changes_later(state.bins(), {})
+    copier_in, copier_go = threading.Event(), threading.Event()
+    finish_in, finish_go = threading.Event(), threading.Event()
+    real_reader = state._keys_reader
+    copier_thread: list[threading.Thread] = []
+
+    def held_reader():
+        read = real_reader()
+
+        def take(slots):
+            mine = threading.current_thread() is copier_thread[0]
+            entered, go = (copier_in, copier_go) if mine else (finish_in, finish_go)
+            if not entered.is_set():
+                entered.set()
+                assert go.wait(30), "the test never let the take go on"
+            return read(slots)
+
+        return take
+
+    monkeypatch.setattr(state, "_keys_reader", held_reader)
+    result: list = []
+    copied = threading.Event()
+    copier_thread.append(threading.Thread(target=lambda: (result.append(encode()), copied.set())))
+    copier_thread[0].start()
+    mover = None
+    try:
+        assert copier_in.wait(30), "the copier never took keys"
+        moved: list = []
+        mover = threading.Thread(target=lambda: moved.append(state.extract_bins(state.bins()[2:])))
+        mover.start()  # the processing thread's move finishes the capture: its take of the rest is held
+        assert finish_in.wait(30), "the move never finished the capture"
+        copier_go.set()  # the copier stores its chunk's keys, finds every row copied ...
+        assert not copied.wait(0.5), "the copier handed its rows on while keys were still being taken"
+    finally:
+        copier_go.set()
+        finish_go.set()
+        copier_thread[0].join(30)
+        if mover is not None:
+            mover.join(30)
+    state.install_bins(moved[0])
+    full, changes = result[0]
+    assert not changes
+    assert _restored(full, []) == at_cut
+    assert _contents(state) == oracle
