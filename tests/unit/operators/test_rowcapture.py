@@ -127,6 +127,36 @@ def test_a_cut_of_an_empty_or_unconfigured_state_captures_nothing() -> None:
     assert state._capture is None
 
 
+class HeldTakes:
+    """Holds the first take of keys of each thread role in ``hold`` ("copier": the ``copier`` thread;
+    "other": any other) until the test lets it go (``go[role]``): a thread held there is outside the
+    capture's lock (``RowCapture.copy_some``)."""
+
+    def __init__(self, state: ColumnarAggState, monkeypatch: pytest.MonkeyPatch, copier: threading.Thread,
+                 hold: set[str]) -> None:
+        self.entered = {role: threading.Event() for role in hold}
+        self.go = {role: threading.Event() for role in hold}
+        real_reader = state._keys_reader
+
+        def reader():
+            read = real_reader()
+
+            def take(slots):
+                role = "copier" if threading.current_thread() is copier else "other"
+                if role in self.entered and not self.entered[role].is_set():
+                    self.entered[role].set()
+                    assert self.go[role].wait(30), "the test never let the take go on"
+                return read(slots)
+
+            return take
+
+        monkeypatch.setattr(state, "_keys_reader", reader)
+
+    def release(self) -> None:
+        for go in self.go.values():
+            go.set()
+
+
 def test_a_write_does_not_wait_for_the_copier_to_take_keys_and_what_it_took_stays_right(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The copier takes a chunk's keys after it lets the lock go (for string keys most of a chunk's time):
@@ -139,26 +169,12 @@ def test_a_write_does_not_wait_for_the_copier_to_take_keys_and_what_it_took_stay
     _write(state, oracle, keys, 1)
     at_cut = dict(oracle)
     encode = state.snapshot_changes_later(state.bins(), {})
-    inside, go_on = threading.Event(), threading.Event()
-    real_reader = state._keys_reader
-
-    def held_reader():
-        read = real_reader()
-
-        def take(slots):
-            if not inside.is_set():  # the first chunk's take waits for the test
-                inside.set()
-                assert go_on.wait(30), "the test never let the copier go on"
-            return read(slots)
-
-        return take
-
-    monkeypatch.setattr(state, "_keys_reader", held_reader)
     result: list = []
     copier = threading.Thread(target=lambda: result.append(encode()))
+    held = HeldTakes(state, monkeypatch, copier, {"copier"})
     copier.start()
     try:
-        assert inside.wait(30), "the copier never took keys"
+        assert held.entered["copier"].wait(30), "the copier never took keys"
         wrote = threading.Event()
 
         def processing() -> None:
@@ -176,7 +192,7 @@ def test_a_write_does_not_wait_for_the_copier_to_take_keys_and_what_it_took_stay
         state.install_bins(moved)
         assert _contents(state) == oracle
     finally:
-        go_on.set()
+        held.release()
         copier.join(30)
     full, changes = result[0]
     assert not changes
@@ -193,42 +209,23 @@ def test_the_copier_waits_for_keys_a_finish_in_the_processing_thread_is_still_ta
     _write(state, oracle, [f"k{i}" for i in range(400)], 1)
     at_cut = dict(oracle)
     encode = state.snapshot_changes_later(state.bins(), {})
-    copier_in, copier_go = threading.Event(), threading.Event()
-    finish_in, finish_go = threading.Event(), threading.Event()
-    real_reader = state._keys_reader
-    copier_thread: list[threading.Thread] = []
-
-    def held_reader():
-        read = real_reader()
-
-        def take(slots):
-            mine = threading.current_thread() is copier_thread[0]
-            entered, go = (copier_in, copier_go) if mine else (finish_in, finish_go)
-            if not entered.is_set():
-                entered.set()
-                assert go.wait(30), "the test never let the take go on"
-            return read(slots)
-
-        return take
-
-    monkeypatch.setattr(state, "_keys_reader", held_reader)
     result: list = []
     copied = threading.Event()
-    copier_thread.append(threading.Thread(target=lambda: (result.append(encode()), copied.set())))
-    copier_thread[0].start()
+    copier = threading.Thread(target=lambda: (result.append(encode()), copied.set()))
+    held = HeldTakes(state, monkeypatch, copier, {"copier", "other"})
+    copier.start()
     mover = None
     try:
-        assert copier_in.wait(30), "the copier never took keys"
+        assert held.entered["copier"].wait(30), "the copier never took keys"
         moved: list = []
         mover = threading.Thread(target=lambda: moved.append(state.extract_bins(state.bins()[2:])))
         mover.start()  # the processing thread's move finishes the capture: its take of the rest is held
-        assert finish_in.wait(30), "the move never finished the capture"
-        copier_go.set()  # the copier stores its chunk's keys, finds every row copied ...
+        assert held.entered["other"].wait(30), "the move never finished the capture"
+        held.go["copier"].set()  # the copier stores its chunk's keys, finds every row copied ...
         assert not copied.wait(0.5), "the copier handed its rows on while keys were still being taken"
     finally:
-        copier_go.set()
-        finish_go.set()
-        copier_thread[0].join(30)
+        held.release()
+        copier.join(30)
         if mover is not None:
             mover.join(30)
     state.install_bins(moved[0])
