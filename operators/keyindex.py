@@ -380,10 +380,6 @@ class _KeyStore:
     def __len__(self) -> int:
         return len(self._view)
 
-    @property
-    def _chunks(self) -> tuple[pa.Array, ...]:
-        return self._view.chunks
-
     def view(self) -> "_KeyView":
         """The keys as they are now (never changed later)."""
         return self._view
@@ -403,7 +399,7 @@ class _KeyStore:
         return self._view.take(slots)
 
     def nbytes(self) -> int:
-        return sum(chunk.nbytes for chunk in self._chunks)
+        return sum(chunk.nbytes for chunk in self._view.chunks)
 
 
 class _KeyView:

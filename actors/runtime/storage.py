@@ -198,17 +198,30 @@ class CheckpointStorage:
         """Write ``path`` whole or not at all: ``write(out)`` writes into a temporary file beside it, which
         is then renamed into place."""
         tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-        if isinstance(self.fs, pafs.LocalFileSystem):  # durable before the rename, and the rename too
-            with open(tmp, "wb") as f:
-                write(pa.PythonFile(f, mode="w"))
-                f.flush()
-                os.fsync(f.fileno())
+        local = isinstance(self.fs, pafs.LocalFileSystem)
+        try:
+            if local:  # durable before the rename, and the rename too
+                with open(tmp, "wb") as f:
+                    write(pa.PythonFile(f, mode="w"))
+                    f.flush()
+                    os.fsync(f.fileno())
+            else:
+                with self.fs.open_output_stream(tmp) as out:
+                    write(out)
+        except BaseException:  # (a write that fails part way leaves no temporary file behind)
+            try:
+                if local:
+                    os.unlink(tmp)
+                else:
+                    self.fs.delete_file(tmp)
+            except OSError:  # (never created, or the store is what failed)
+                pass
+            raise
+        if local:
             os.replace(tmp, path)
             fsync_dir(posixpath.dirname(path))
-            return
-        with self.fs.open_output_stream(tmp) as out:
-            write(out)
-        self.fs.move(tmp, path)
+        else:
+            self.fs.move(tmp, path)
 
     # -- state files -------------------------------------------------------------
 

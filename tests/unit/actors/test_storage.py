@@ -116,3 +116,25 @@ def test_a_state_file_larger_than_a_batch_reads_back_every_bin_and_whether_it_ho
     assert batches > 10  # about 30 KB in batches of about 1 KB
     assert s.read_parts(rel) == {**{b: (d, False) for b, d in full.items()}, **{b: (d, True) for b, d in changes.items()}}
     assert s.read_state(rel, {2, 4, 5}) == {2: full[2], 4: full[4], 5: changes[5]}
+
+
+def test_a_state_file_whose_write_fails_part_way_leaves_no_file_behind(tmp_path, monkeypatch):
+    """A state file is written batch by batch straight into a temporary file: a failure after some batches
+    (a full disk, a store gone) leaves neither the state file nor the temporary one, and the next write works."""
+    monkeypatch.setattr(storage_module, "WRITE_BATCH_BYTES", 1000)
+    real = storage_module._bin_batches
+
+    def failing(*args):
+        batches = real(*args)
+        yield next(batches)
+        raise OSError("no space left on device")
+
+    monkeypatch.setattr(storage_module, "_bin_batches", failing)
+    s = CheckpointStorage(str(tmp_path / "chk"))
+    full = {b: bytes([b]) * 900 for b in range(6)}
+    with pytest.raises(OSError, match="no space left"):
+        s.write_state(1, "agg", 0, full)
+    assert os.listdir(s.chk_dir(1)) == []
+    monkeypatch.setattr(storage_module, "_bin_batches", real)
+    rel = s.write_state(1, "agg", 0, full)
+    assert s.read_state(rel) == full and os.listdir(s.chk_dir(1)) == [os.path.basename(rel)]

@@ -27,7 +27,7 @@ def test_the_store_returns_the_key_of_every_slot_across_appends_of_any_size(kind
         assert store.take(slots).to_pylist() == [oracle[s] for s in slots]  # any order, repeats
         assert store.take(np.arange(len(oracle))).to_pylist() == oracle
         assert store.take(np.zeros(0, dtype=np.int64)).to_pylist() == []
-    sizes = [len(chunk) for chunk in store._chunks]
+    sizes = [len(chunk) for chunk in store.view().chunks]
     assert all(a >= 2 * b for a, b in zip(sizes, sizes[1:]))  # each chunk at least twice the next
     assert len(sizes) <= math.log2(len(oracle)) + 1
     with pytest.raises(IndexError):
@@ -39,11 +39,11 @@ def test_the_store_returns_the_key_of_every_slot_across_appends_of_any_size(kind
 def test_a_small_append_leaves_the_keys_held_before_in_place() -> None:
     store = _KeyStore(pa.string())
     store.append(pa.array([f"k{i}" for i in range(100_000)]))
-    first = store._chunks[0]
+    first = store.view().chunks[0]
     for i in range(50):  # a batch bringing a few new keys, then the lookup of the next batch
         store.append(pa.array([f"new{i}-{j}" for j in range(5)]))
         assert store.take(np.array([0, 99_999, len(store) - 1])).to_pylist()[:2] == ["k0", "k99999"]
-    assert store._chunks[0] is first  # not copied: 50 appends cost their own keys, not the 100,000 held
+    assert store.view().chunks[0] is first  # not copied: 50 appends cost their own keys, not the 100,000 held
 
 
 @pytest.mark.parametrize("kind", ["string", "int64"])
@@ -55,19 +55,19 @@ def test_no_append_copies_more_than_the_merge_limit(monkeypatch: pytest.MonkeyPa
     store, oracle = _KeyStore(key_type), []
     store.append(pa.array([f"r{i}" for i in range(5000)] if kind == "string" else range(5000), type=key_type))
     oracle.extend([f"r{i}" for i in range(5000)] if kind == "string" else range(5000))
-    restored = store._chunks[0]  # one chunk above the limit (a restored state): kept as it is
+    restored = store.view().chunks[0]  # one chunk above the limit (a restored state): kept as it is
     rng = np.random.default_rng(3)
     for step in range(120):
         size = int(rng.integers(1, 200))
         keys = [f"s{step}-{j}" for j in range(size)] if kind == "string" else list(range(len(oracle), len(oracle) + size))
-        before = list(store._chunks)  # held, so that no id is reused
+        before = list(store.view().chunks)  # held, so that no id is reused
         store.append(pa.array(keys, type=key_type))
         oracle.extend(keys)
-        made = [c for c in store._chunks if not any(c is b for b in before)]
+        made = [c for c in store.view().chunks if not any(c is b for b in before)]
         assert sum(len(c) for c in made) <= 1024  # the keys this append copied, its own included
-        assert all(len(c) <= 1024 for c in store._chunks[1:])
-    assert store._chunks[0] is restored
-    assert len(store._chunks) <= len(oracle) // 512 + 12
+        assert all(len(c) <= 1024 for c in store.view().chunks[1:])
+    assert store.view().chunks[0] is restored
+    assert len(store.view().chunks) <= len(oracle) // 512 + 12
     slots = rng.integers(0, len(oracle), 2000)
     assert store.take(slots).to_pylist() == [oracle[s] for s in slots]
     assert store.take(np.arange(len(oracle))).to_pylist() == oracle
