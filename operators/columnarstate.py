@@ -36,6 +36,10 @@ COMPACT_LIVE = 1 / 32
 """A columnar state compacts its slots once fewer than this share of them hold live keys."""
 
 
+WRITTEN_SHARE = 8
+"""A state keeps the slots written since the last cut while they are at most 1/8 of its slots
+(``ColumnarAggState._note_written``)."""
+
 ENCODE_SHARE = 0.5
 """At most this share of its thread's time goes to encoding a checkpoint's rows, as to copying them: a thread
 that encodes without pause takes the interpreter from the processing thread at every switch interval. Measured
@@ -79,6 +83,9 @@ class ColumnarAggState(BinnedState):
     _stamp: np.ndarray
     _dirty: np.ndarray
     _dirty_since: np.ndarray
+    _dirty_by_update: bool
+    _written: list[np.ndarray] | None
+    _written_rows: int
     _cols: dict[str, np.ndarray]
     _index: KeyIndex
 
@@ -178,8 +185,20 @@ class ColumnarAggState(BinnedState):
             last[slots] = np.maximum(last[slots], touched)
         self._versions += np.bincount(self._bin[slots], minlength=self._num_bins) > 0
         self._stamp[slots] = self._versions[self._bin[slots]]
+        if self._written is not None:
+            self._note_written(slots[~self._dirty[slots]])
         self._dirty[slots] = True
         return slots
+
+    def _note_written(self, fresh: np.ndarray) -> None:
+        """Keep the slots ``update`` made dirty (``fresh``), so that a cut need not look for them among every
+        slot (at 4M keys, 3 of its 5 ms); once they are an eighth of the slots (as many bytes as ``_dirty``
+        has), a pass over ``_dirty`` costs no more than gathering them: forget them until the next clear."""
+        self._written_rows += len(fresh)
+        if self._written_rows * WRITTEN_SHARE > self._n:
+            self._written = None
+        elif fresh.size:
+            self._written.append(fresh)  # type: ignore[union-attr]
 
     def expire(self, cutoff: int, fill: int) -> tuple[pa.Array, dict[str, np.ndarray], int | None]:
         """Delete every key last touched at or before ``cutoff`` (one vectorised pass over the slots).
@@ -267,6 +286,8 @@ class ColumnarAggState(BinnedState):
         self._stamp = np.zeros(capacity, dtype=np.int64)  # per slot: its bin's version when last written
         self._dirty = np.zeros(capacity, dtype=bool)  # per slot: written since ``_clear_dirty``
         self._dirty_since = self._versions.copy()
+        self._dirty_by_update = True  # no row became dirty but by ``update``, and none died (``_dirty_exact``)
+        self._written, self._written_rows = [], 0  # the slots ``update`` made dirty, while few (``_note_written``)
         self._cols = {a.name: grown(np.zeros(0, dtype=a.dtype), capacity, 0) for a in self._accs}
         if self.tracks_touch:
             self._cols[TOUCHED] = grown(np.zeros(0, dtype=np.int64), capacity, 0)
@@ -435,8 +456,14 @@ class ColumnarAggState(BinnedState):
             if self._dirty_covers(base[:self._num_bins]):
                 # Every row stamped after ``since`` is among those written since the last cut: look at
                 # those only (a pass over one byte per slot, then the stamps of a few; at 4M keys and 6 %
-                # of them written since, 2 against 11 ms).
+                # of them written since, 2 against 11 ms), or, where they are exactly those, take them as
+                # they are (the slots kept as they were written, in that order, or the pass alone).
+                exact = self._dirty_exact(base[:self._num_bins])
+                if exact and self._written is not None:
+                    return wanted, np.concatenate([np.zeros(0, np.int64), *self._written]), deleted
                 written = np.flatnonzero(self._dirty[:n])
+                if exact:
+                    return wanted, written, deleted
                 return wanted, written[self._stamp[written] > base[self._bin[written]]], deleted
             return wanted, np.flatnonzero(self._stamp[:n] > base[self._bin[:n]]), deleted
         members = self._slots_in(wanted)
@@ -449,12 +476,26 @@ class ColumnarAggState(BinnedState):
         written since)."""
         return bool((since >= self._dirty_since).all())
 
+    def _dirty_exact(self, since: np.ndarray) -> bool:
+        """Whether the rows ``_dirty`` marks are exactly those stamped after ``since`` (where it covers
+        them): true where every row marked was written by :meth:`update`, none died since, and every bin
+        written since the clear is asked for as of the clear. Such a row's stamp is its bin's version
+        after the write, past the version at the clear. This is the usual cut (every bin's previous
+        checkpoint was the last cut): it then skips the stamps' check, a gather of a stamp and a bin for
+        each row written (at 4M keys and 212K rows written, 5 of the cut's 9 ms)."""
+        if not self._dirty_by_update:
+            return False
+        written = self._versions > self._dirty_since
+        return bool((since[written] == self._dirty_since[written]).all())
+
     def _clear_dirty(self) -> None:
         """Forget which rows were written: from now on ``_dirty`` marks the rows written after the bins'
         present versions (a checkpoint's cut clears it, so that the next one looks at what changed
         since)."""
         self._dirty[:] = False
         self._dirty_since = self._versions.copy()
+        self._dirty_by_update = True
+        self._written, self._written_rows = [], 0
 
     def extract_bins(self, bins: Iterable[int]) -> dict[int, bytes]:
         """Snapshot and remove ``bins``. The rows become tombstones (cost proportional to the
@@ -496,6 +537,7 @@ class ColumnarAggState(BinnedState):
         self._deleted.forget(bins)  # what a bin that left deleted is no longer its changes here
         count = len(gone)
         if count:
+            self._dirty_by_update = False
             self._bin[gone] = self._num_bins
             self._live[np.asarray(bins, dtype=np.int64)] = 0
             self._slots_of.removed(bins, self._bin[: self._n])
@@ -518,6 +560,8 @@ class ColumnarAggState(BinnedState):
         if not len(bins):
             return np.zeros(0, dtype=np.int64)
         b = np.asarray(bins, dtype=np.int64)
+        if not self._dead and int(self._live[np.unique(b)].sum()) == self._n:  # every slot (no tombstones)
+            return np.arange(self._n, dtype=np.int64)
         if self._one_pass_pays(b):
             wanted = np.zeros(self._num_bins + 1, dtype=bool)
             wanted[b] = True
@@ -599,6 +643,7 @@ class ColumnarAggState(BinnedState):
     def _bury(self, slots: np.ndarray) -> None:
         """Make live ``slots`` tombstones one by one (keys deleted singly), then compact or reset as
         :meth:`_remove` says."""
+        self._dirty_by_update = False
         self._live -= np.bincount(self._bin[slots], minlength=self._num_bins + 1)
         self._bin[slots] = self._num_bins
         self._slots_of.invalidate()  # its runs would still list these slots
@@ -635,3 +680,4 @@ class ColumnarAggState(BinnedState):
             self._cols[name][slots] = values
         self._stamp[slots] = self._versions[self._bin[slots]]
         self._dirty[slots] = True
+        self._dirty_by_update = False  # stamped with the versions carried in, not past the clear's

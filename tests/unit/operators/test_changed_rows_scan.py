@@ -137,3 +137,57 @@ def test_a_cut_looks_only_at_the_rows_written_since_the_last_and_finds_what_a_fu
         assert _contents(replica) == oracle
         assert {bin_of[k] for k in oracle} == set(state.bins())
     assert fast >= 8 and slow >= 5  # every checkpoint took the short way; every older version the long one
+
+
+@pytest.mark.parametrize("share", [8, 10**9], ids=["slots kept", "too many to keep"])
+def test_a_cut_after_writes_alone_takes_the_rows_written_as_they_are_and_any_other_change_checks_their_stamps(
+        monkeypatch: pytest.MonkeyPatch, share: int) -> None:
+    """After writes alone (``update``) since the last cut, asked as of that cut, the rows written are the
+    changes: the state takes the slots it kept as it wrote them (in that order: no pass over the slots), or,
+    once they were too many to keep (``WRITTEN_SHARE``), the marked rows in slot order, without looking at
+    their stamps. Expiry (rows written since die), an install (rows carry their versions in) or a bin written
+    but not asked for falls back to checking the stamps. Each time the rows are those a full pass finds."""
+    monkeypatch.setattr(columnarstate, "SCAN_SHARE", ALWAYS)
+    monkeypatch.setattr(columnarstate, "WRITTEN_SHARE", share)
+    rng = np.random.default_rng(5)
+    universe = [f"key-{i}" for i in range(3000)]
+    doomed = [f"doomed-{i}" for i in range(20)]  # written once, in the expiry step, then expired (with keys
+    # written in earlier steps only)
+    state = ColumnarAggState(BINS, touched=True)
+    state.configure(pa.string(), [Accumulator("n", "sum", "int64")])
+    clock = iter(range(1, 10**6))
+
+    def write(keys: list[str], now: int) -> list[int]:
+        return state.update(pa.array(keys), {"n": np.ones(len(keys), np.int64)},
+                            np.full(len(keys), now, np.int64)).tolist()
+
+    write(universe[:2500], 10**6)  # touched late: these never expire
+    state.snapshot_changes_later(state.bins(), {})()  # the first cut: every bin whole
+    for step in ("writes", "expiry", "install", "a bin not asked for", "writes again"):
+        since = {b: state.version(b) for b in state.bins()}
+        order: list[int] = []  # the slots written since the cut, as first written
+        first = next(clock)
+        if step == "expiry":
+            order += write(doomed, first)
+        for _ in range(3):
+            picked = [universe[i] for i in rng.choice(3000, 40, replace=False)]
+            order += [s for s in write(picked, next(clock)) if s not in order]
+        if step == "expiry":  # the doomed keys die: rows written since the cut become tombstones
+            assert set(doomed) <= set(state.expire(first, 0)[0].to_pylist())
+        if step == "install":
+            moved_bin = state.bins()[0]
+            state.install_bins(state.extract_bins([moved_bin]))
+        asked = since if step != "a bin not asked for" else {b: v for b, v in since.items() if b % 2}
+        base = np.full(state.num_bins, np.iinfo(np.int64).max, dtype=np.int64)
+        base[list(asked)] = list(asked.values())
+        exact = step in ("writes", "writes again")
+        assert state._dirty_covers(base)
+        assert state._dirty_exact(base) == exact, step
+        _, moved, _ = state._changed_rows(asked)
+        expected = _scanned(state, asked)
+        assert np.array_equal(np.sort(moved), expected), step
+        if exact and share == 8:
+            assert moved.tolist() == order  # the kept slots, as written
+        elif exact:
+            assert state._written is None and moved.tolist() == sorted(order)
+        state.snapshot_changes_later([], {b: v for b, v in since.items() if b in state.changes_since(since)})()

@@ -63,6 +63,7 @@ def test_writes_between_the_cut_and_the_copy_do_not_reach_the_checkpoint() -> No
     encode = state.snapshot_changes_later(state.bins(), {})
     capture = state._capture
     assert capture is not None and not capture.done  # nothing copied at the cut
+    assert np.array_equal(capture.slots, np.arange(300))  # every slot (no tombstones): a range, not a gather
     capture.copy_some(state._captured_columns, state._keys_reader, 40)  # the copier is part way
     _write(state, oracle, keys[::3] + [f"new{i}" for i in range(50)], 9)  # before and after its place
     _write(state, oracle, keys[::3], 11)  # a row written twice is copied once, before the first write
