@@ -133,7 +133,10 @@ class BinChains:
         self._lock = threading.Lock()
         self._root: str | None = None
         self._chains: dict[int, Chain] = {}
-        self._sizes: dict[tuple[str, int], int] = {}  # (file, bin) -> bytes written, once known
+        # per bin, once its files are written: the bytes of its chain's full copy, and of its changes
+        # (summed as they are written: a cut looks at each bin's chain in constant time)
+        self._full_bytes: dict[int, int] = {}
+        self._change_bytes: dict[int, int] = {}
         self._newest: dict[int, tuple[int, ...]] = {}  # bin -> bytes of its two newest changes (:func:`lead`)
         self._writing: dict[int, threading.Event] = {}  # checkpoint id -> set once its write ended
         self._failed: set[int] = set()
@@ -173,7 +176,8 @@ class BinChains:
         """
         with self._lock:
             if root != self._root:
-                self._root, self._chains, self._sizes, self._newest = root, {}, {}, {}
+                self._root, self._chains, self._newest = root, {}, {}
+                self._full_bytes, self._change_bytes = {}, {}
             kept, since = ({}, {}) if full or can_delta is None else self._builds_on(
                 versions, bound, can_delta, lead(checkpoint_id, turn, bound))
             own = Link(checkpoint_id, file)
@@ -183,10 +187,12 @@ class BinChains:
             whole = tuple(sorted(b for b in versions if b not in chains))
             for b in whole:
                 chains[b] = Chain((own,), versions[b])
+            for b in whole + tuple(self._chains.keys() - chains.keys()):  # a chain starts again, or is gone
+                self._full_bytes.pop(b, None)
+                self._change_bytes.pop(b, None)
+            for b in self._newest.keys() - chains.keys():
+                del self._newest[b]
             self._chains = chains
-            live = {(link.file, b) for b, chain in chains.items() for link in chain.links}
-            self._sizes = {k: n for k, n in self._sizes.items() if k in live}
-            self._newest = {b: n for b, n in self._newest.items() if b in chains}
             if whole or since:
                 self._writing[checkpoint_id] = threading.Event()
             return CutPlan(checkpoint_id, file, whole, since, chains)
@@ -222,8 +228,8 @@ class BinChains:
         deltas = len(chain.links) - 1
         if deltas + ahead >= bound.max_deltas:
             return False
-        full = self._sizes.get((chain.links[0].file, b))
-        changes = sum(self._sizes.get((link.file, b), 0) for link in chain.links[1:])
+        full = self._full_bytes.get(b)
+        changes = self._change_bytes.get(b, 0)
         newest = self._newest.get(b, ())
         pace = min(newest) if len(newest) == 2 else 0
         return full is None or changes + ahead * pace <= bound.max_delta_ratio * full
@@ -232,7 +238,12 @@ class BinChains:
         """``plan``'s file is written; ``sizes``: bytes per bin in it (for the bound)."""
         with self._lock:
             for b, n in sizes.items():
-                self._sizes[(plan.file, b)] = n
+                chain = self._chains.get(b)
+                if chain is not None and chain.links[0].file == plan.file:
+                    self._full_bytes[b] = n
+                elif chain is not None and any(link.file == plan.file for link in chain.links[1:]):
+                    self._change_bytes[b] = self._change_bytes.get(b, 0) + n
+                # (else a later cut started the bin's chain again, or it is gone)
                 if b in plan.since:
                     self._newest[b] = (*self._newest.get(b, ())[-1:], n)
             event = self._writing.pop(plan.checkpoint_id, None)

@@ -102,3 +102,19 @@ def test_an_instance_alone_or_a_bound_of_no_changes_keeps_the_plain_bound():
     assert [c for c, who in enumerate(_run_instances(1, bound, 100, 30, 30)) if who] == [0, 5, 10, 15, 20, 25]
     every = _run_instances(3, ChainBound(max_deltas=0), 100, 5, 4)
     assert every == [[0, 1, 2]] * 4
+
+
+def test_a_change_written_after_its_bins_chain_started_again_does_not_count_against_the_new_chain():
+    """A bin's bytes are summed as its files are written: a write that ends after a later cut started the
+    bin's chain again (a savepoint's full copy) belongs to the old chain, not to the bound of the new one."""
+    bound = ChainBound(max_deltas=8, max_delta_ratio=1.0)
+    chains = BinChains()
+    _cut(chains, 1, {0: 1}, bound, sizes={0: 100})
+    late = chains.cut("root", 2, "chk-2/s", {0: 2}, bound, False, lambda since: set(since))
+    assert late.since == {0: 1}
+    assert _cut(chains, 3, {0: 3}, bound, full=True, sizes={0: 100}).full == (0,)
+    chains.written(late, {0: 90})
+    assert _cut(chains, 4, {0: 4}, bound, sizes={0: 60}).since == {0: 3}
+    assert _cut(chains, 5, {0: 5}, bound, sizes={0: 30}).since == {0: 4}  # 60 of 100: the late 90 not counted
+    assert _cut(chains, 6, {0: 6}, bound, sizes={0: 30}).since == {0: 5}  # 90 of 100
+    assert _cut(chains, 7, {0: 7}, bound).full == (0,)  # 120 of 100: a full copy
