@@ -116,6 +116,16 @@ class RowCapture:
                     self._keys_taken.notify_all()
         return done
 
+    def reorder(self, order: np.ndarray) -> bool:
+        """Copy the rows in the order ``slots[order]`` (``order``: a permutation) instead, if no row was
+        copied yet; whether it did (a copy already started, e.g. by :meth:`finish`, keeps its order)."""
+        slots = self.slots[order]
+        with self.lock:
+            if self._copied:
+                return False
+            self.slots = slots
+            return True
+
     def finish(self, cols: Callable[[], Mapping[str, np.ndarray]], keys: KeysReader | None) -> None:
         """Copy every row not copied yet now."""
         self.copy_some(cols, keys, len(self.slots))
