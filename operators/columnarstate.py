@@ -52,15 +52,6 @@ their thread's time (``rowcapture.Pacer``): they take the time the operators lea
 the instance is."""
 
 
-def _changes_by_bin(row_bins: np.ndarray, slots: np.ndarray, split: int) -> np.ndarray:
-    """The order in which a capture copies its rows: ``slots[:split]`` (bins written whole) as they are,
-    ``slots[split:]`` (changes) by bin, so that the encoder need not take their keys a second time to group
-    them (changes come in no order a copy gains from). Read without the state's lock: a bin that changed
-    meanwhile leaves its rows out of order, and the encoder sorts them as it did before."""
-    bins = row_bins[slots[split:]]
-    return np.concatenate([np.arange(split), split + np.argsort(bins, kind="stable")])
-
-
 class ColumnarAggState(BinnedState):
     """Columnar keyed state for built-in aggregations (the fast path).
 
@@ -420,7 +411,10 @@ class ColumnarAggState(BinnedState):
         split = len(parts[0])
 
         def encode() -> tuple[dict[int, bytes], dict[int, bytes]]:
-            capture.reorder(_changes_by_bin(self._bin, capture.slots, split))
+            # the changes (in the order they were written) copied by bin: the encoder then need not take
+            # their keys a second time to group them (a full copy's rows stay by slot: copying them by bin
+            # cost what grouping them later does)
+            capture.reorder(split, lambda changed: np.argsort(self._bin[changed], kind="stable"))
             capture.copy_all(self._captured_columns, self._keys_reader if configured else None,
                              ENCODE_SHARE, BUSY_FLOOR)
             keys, values = capture.values()

@@ -116,14 +116,17 @@ class RowCapture:
                     self._keys_taken.notify_all()
         return done
 
-    def reorder(self, order: np.ndarray) -> bool:
-        """Copy the rows in the order ``slots[order]`` (``order``: a permutation) instead, if no row was
-        copied yet; whether it did (a copy already started, e.g. by :meth:`finish`, keeps its order)."""
-        slots = self.slots[order]
+    def reorder(self, start: int, order_of: Callable[[np.ndarray], np.ndarray]) -> bool:
+        """Copy the rows from ``start`` on in another order, if no row was copied yet: ``order_of(slots)``
+        gives the permutation of those slots. Whether it did (a copy that began, e.g. a :meth:`finish`, keeps
+        its order). ``order_of`` runs under :attr:`lock`, before any copy: the state moves no slot
+        meanwhile (anything that does first finishes the copy, which waits for the lock)."""
         with self.lock:
             if self._copied:
                 return False
-            self.slots = slots
+            tail = self.slots[start:]
+            if len(tail):
+                self.slots[start:] = tail[order_of(tail)]
             return True
 
     def finish(self, cols: Callable[[], Mapping[str, np.ndarray]], keys: KeysReader | None) -> None:
