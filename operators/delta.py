@@ -38,7 +38,7 @@ import pyarrow.parquet as pq
 from chiray.operators.fspaths import resolve
 from chiray.operators.logic import InstanceInfo, Sink, SinkWriter
 from chiray.operators.sinks import _PART, _check_schema, _ours, _prefix, _safe_name
-from chiray.operators.staging import StagingArea, check_run_id
+from chiray.operators.staging import StagingArea, check_run_id, hidden_name, new_writer_token
 
 __all__ = ["to_delta", "DeltaSink", "DeltaWriter", "FINAL_VERSION"]
 
@@ -109,7 +109,7 @@ class DeltaWriter(SinkWriter):
     """Writes one sink instance's batches to hidden Parquet files in the table's directory, staged per epoch.
 
     A batch is cast to the table's types and cut by partition value; each
-    partition value has its own open file (``.{op}-{run}-{index}-w{k}.inprogress``,
+    partition value has its own open file (``.{op}-{run}-{index}-{writer}-w{k}.inprogress``,
     without the partition columns, which the Delta log carries), a new one
     every ``max_rows_per_file`` rows. ``prepare_commit(epoch)`` closes them and
     renames them to staged names carrying the epoch. Only the owning sink
@@ -122,6 +122,7 @@ class DeltaWriter(SinkWriter):
         self._area = sink.area()
         self._where = f"delta sink {info}"
         self._prefix = f"{_prefix(info.operator, sink.run)}-{info.index}"
+        self._token = new_writer_token()
         self._schema: pa.Schema | None = None  # the stream's, fixed by the first batch
         self._table_schema: pa.Schema | None = None  # the Delta types, partition columns included
         self._open: dict[tuple, tuple[str, pq.ParquetWriter, int]] = {}  # partition -> (path, writer, rows)
@@ -147,7 +148,7 @@ class DeltaWriter(SinkWriter):
                     self._close(key)
 
     def _new_file(self, schema: pa.Schema) -> tuple[str, pq.ParquetWriter, int]:
-        path = self._area.path(f".{self._prefix}-w{self._next_file}.inprogress")
+        path = self._area.path(hidden_name(self._prefix, self._token, self._next_file))
         self._next_file += 1
         return path, pq.ParquetWriter(path, schema, filesystem=self._sink.filesystem), 0
 

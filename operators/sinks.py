@@ -34,7 +34,7 @@ import pyarrow.parquet as pq
 from chiray.operators.batch import compacted
 from chiray.operators.fspaths import resolve
 from chiray.operators.logic import InstanceInfo, Sink, SinkWriter
-from chiray.operators.staging import RUN_PATTERN, StagingArea, check_run_id
+from chiray.operators.staging import RUN_PATTERN, StagingArea, check_run_id, hidden_name, new_writer_token
 
 __all__ = ["collect", "to_parquet", "CollectSink", "CollectWriter", "ParquetSink", "ParquetWriter"]
 
@@ -263,7 +263,8 @@ class _EpochFiles:
 class ParquetWriter(SinkWriter):
     """Writes one instance's batches to hidden Parquet files, staged per epoch.
 
-    Open files are ``.{op}-{index}-w{k}.inprogress``; ``prepare_commit(epoch)``
+    Open files are ``.{op}-{run}-{index}-{writer}-w{k}.inprogress`` (``staging.hidden_name``: each writer's
+    own); ``prepare_commit(epoch)``
     closes them and renames them to staged names carrying the epoch; a new file
     starts every ``max_rows_per_file`` rows. Batches of later epochs (those that
     came after a pending checkpoint's barrier: ``write_ahead``) go to files of
@@ -277,6 +278,7 @@ class ParquetWriter(SinkWriter):
         self._area = sink.area()
         self._where = f"parquet sink {info}"
         self._prefix = f"{_prefix(info.operator, sink.run)}-{info.index}"
+        self._token = new_writer_token()
         self._schema: pa.Schema | None = None
         self._next_file = 0
         self._epochs: list[_EpochFiles] = [_EpochFiles()]  # the epoch being written, then those ahead
@@ -298,7 +300,7 @@ class ParquetWriter(SinkWriter):
         start = 0
         while start < batch.num_rows:
             if files.writer is None:
-                files.open = self._area.path(f".{self._prefix}-w{self._next_file}.inprogress")
+                files.open = self._area.path(hidden_name(self._prefix, self._token, self._next_file))
                 self._next_file += 1
                 files.writer = pq.ParquetWriter(files.open, self._schema, filesystem=self._sink.filesystem)
             take = min(batch.num_rows - start, limit - files.rows)

@@ -34,7 +34,7 @@ import pyarrow.fs as pafs
 from chiray.operators.errors import ChirayError
 
 __all__ = ["StagingArea", "epoch_label", "new_run_id", "RUN_PATTERN", "OutputInUseError", "fsync_dir",
-           "fsync_file"]
+           "fsync_file", "hidden_name", "new_writer_token"]
 
 
 def fsync_file(path: str) -> None:
@@ -69,6 +69,19 @@ RUN_PATTERN = r"r[0-9a-f]{8}"
 def new_run_id() -> str:
     """A fresh run id: ``r`` and 8 hex digits (one per job life; part of every output file's name)."""
     return "r" + secrets.token_hex(4)
+
+
+def hidden_name(prefix: str, writer: str, n: int) -> str:
+    """The name of a writer's ``n``-th in-progress file. ``writer`` (``new_writer_token``) is one writer's
+    own: a sink instance on a host being killed may still write for a moment while its replacement starts,
+    and with one name for both, the replacement's file would be truncated under the old writer's open
+    handle, both writing into it (a committed file that Parquet then could not read)."""
+    return f".{prefix}-{writer}-w{n}.inprogress"
+
+
+def new_writer_token() -> str:
+    """A fresh token for one sink writer's in-progress files (``hidden_name``)."""
+    return secrets.token_hex(4)
 
 
 def check_run_id(run: str) -> str:

@@ -118,6 +118,25 @@ def test_parquet_files_appear_only_after_finish(tmp_path):
         pd.testing.assert_frame_equal(got, want)
 
 
+def test_a_writer_being_killed_and_its_replacement_never_write_one_file(tmp_path):
+    """A sink instance on a host being killed may still write for a moment while its replacement (same
+    operator, run and index) starts: each writes in-progress files of its own, so the replacement's output
+    reads back whole (with one name, the replacement truncated the file under the old writer, both wrote
+    into it, and a committed file could not be read)."""
+    out = tmp_path / "out"
+    sink = to_parquet(str(out), max_rows_per_file=100)
+    old, new = writer(sink, 0), writer(sink, 0)
+    old.write(batch(0, 50))
+    new.write(batch(100, 30))  # the replacement starts while the old writer's file is open
+    old.write(batch(50, 50))
+    new.write(batch(130, 40))
+    assert len([f for f in os.listdir(out) if f.endswith(".inprogress")]) == 2
+    old.abort()  # (the old writer's process ends; its files are never staged)
+    sink.commit([new.finish()])
+    got = pa.concat_tables([pq.read_table(p) for p in sink.combine([])]).to_pandas()
+    pd.testing.assert_frame_equal(got, pa.Table.from_batches([batch(100, 30), batch(130, 40)]).to_pandas())
+
+
 def test_parquet_abort_leaves_nothing(tmp_path):
     out = tmp_path / "out"
     w = writer(to_parquet(str(out), max_rows_per_file=2))
