@@ -492,6 +492,12 @@ class ColumnarAggState(BinnedState):
         written = self._versions > self._dirty_since
         return bool((since[written] == self._dirty_since[written]).all())
 
+    def _dirty_inexact(self) -> None:
+        """Rows became dirty other than by :meth:`update`, or died: until the next clear, a cut checks the
+        stamps of the rows ``_dirty`` marks (``_dirty_exact``), and the slots written need not be kept."""
+        self._dirty_by_update = False
+        self._written = None
+
     def _clear_dirty(self) -> None:
         """Forget which rows were written: from now on ``_dirty`` marks the rows written after the bins'
         present versions (a checkpoint's cut clears it, so that the next one looks at what changed
@@ -541,7 +547,7 @@ class ColumnarAggState(BinnedState):
         self._deleted.forget(bins)  # what a bin that left deleted is no longer its changes here
         count = len(gone)
         if count:
-            self._dirty_by_update = False
+            self._dirty_inexact()
             self._bin[gone] = self._num_bins
             self._live[np.asarray(bins, dtype=np.int64)] = 0
             self._slots_of.removed(bins, self._bin[: self._n])
@@ -647,7 +653,7 @@ class ColumnarAggState(BinnedState):
     def _bury(self, slots: np.ndarray) -> None:
         """Make live ``slots`` tombstones one by one (keys deleted singly), then compact or reset as
         :meth:`_remove` says."""
-        self._dirty_by_update = False
+        self._dirty_inexact()
         self._live -= np.bincount(self._bin[slots], minlength=self._num_bins + 1)
         self._bin[slots] = self._num_bins
         self._slots_of.invalidate()  # its runs would still list these slots
@@ -684,4 +690,4 @@ class ColumnarAggState(BinnedState):
             self._cols[name][slots] = values
         self._stamp[slots] = self._versions[self._bin[slots]]
         self._dirty[slots] = True
-        self._dirty_by_update = False  # stamped with the versions carried in, not past the clear's
+        self._dirty_inexact()  # stamped with the versions carried in, not past the clear's

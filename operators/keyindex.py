@@ -422,17 +422,17 @@ class _KeyView:
         if int(slots.min()) < 0 or int(slots.max()) >= len(self):
             raise IndexError(f"slots out of range 0..{len(self) - 1}")
         which = np.searchsorted(starts, slots, side="right") - 1
-        if (which[1:] >= which[:-1]).all():  # already grouped by chunk (ascending slots): no reorder, and
-            bounds = np.searchsorted(which, np.arange(len(chunks) + 1)).tolist()  # no second take back
-            local = slots - starts[which]
-            return pa.concat_arrays([pc.take(chunk, local[lo:hi], boundscheck=False)
-                                     for chunk, lo, hi in zip(chunks, bounds[:-1], bounds[1:]) if hi > lo])
-        small = np.int16 if len(chunks) < 1 << 15 else np.int64
-        order = np.argsort(which.astype(small), kind="stable")  # a radix sort of small integers
-        local = (slots - starts[which])[order]  # each slot within its chunk, grouped by chunk
-        bounds = np.searchsorted(which[order], np.arange(len(chunks) + 1)).tolist()
-        parts = [pc.take(chunk, local[lo:hi], boundscheck=False)
-                 for chunk, lo, hi in zip(chunks, bounds[:-1], bounds[1:]) if hi > lo]
+        local = slots - starts[which]  # each slot within its chunk
+        order = None  # already grouped by chunk (ascending slots): taken as they are, no second take back
+        if not (which[1:] >= which[:-1]).all():
+            small = np.int16 if len(chunks) < 1 << 15 else np.int64
+            order = np.argsort(which.astype(small), kind="stable")  # a radix sort of small integers
+            which, local = which[order], local[order]
+        bounds = np.searchsorted(which, np.arange(len(chunks) + 1)).tolist()
+        joined = pa.concat_arrays([pc.take(chunk, local[lo:hi], boundscheck=False)
+                                   for chunk, lo, hi in zip(chunks, bounds[:-1], bounds[1:]) if hi > lo])
+        if order is None:
+            return joined
         inverse = np.empty_like(order)
         inverse[order] = np.arange(len(order))
-        return pc.take(pa.concat_arrays(parts), inverse, boundscheck=False)
+        return pc.take(joined, inverse, boundscheck=False)
