@@ -53,7 +53,7 @@ the instance is."""
 
 CHANGES_SHARE = 0.1
 CHANGES_FLOOR = 0.03
-"""A checkpoint that writes no bin whole (only changes) copies and encodes at these smaller shares instead.
+"""A checkpoint that writes no bin whole, and few changes, copies and encodes at these smaller shares instead.
 Every keyed instance copies its changes right after the same barrier, while the operators catch up on what
 the alignment and the cut held; at half of each thread, their copies together took the cores the operators
 needed (2 cores at 65 % load, 8M keys: 1.7-1.9 cores busy for 300 ms after each checkpoint, 1.4 without
@@ -62,7 +62,13 @@ five runs, the p99 with a checkpoint a second was 71-79 ms (at half, in 13 runs:
 100-200 ms after a checkpoint 15 ms against 32-41. Changes are small (50-80 ms of work at 270,000
 rows), so at a tenth a checkpoint still ends in about a second (0.6-0.9 s; 1.2-1.5 s right after a
 full copy). Full copies, which the instances take in turn (``chains.lead``), keep ``ENCODE_SHARE``: at a
-tenth a full copy of 4M keys would take several seconds."""
+tenth a full copy of 4M keys would take several seconds. Nor do changes that hold more than
+``SMALL_CAPTURE`` of the state's rows (the first checkpoint after a long pause, or after a restore): at a
+tenth, the changes of 65 % of 8M keys took 3-4 s."""
+
+SMALL_CAPTURE = 0.125
+"""Changes alone that hold at most this share of the state's rows are copied at ``CHANGES_SHARE`` (a
+checkpoint a second at 8M keys holds about 7 %)."""
 
 
 class ColumnarAggState(BinnedState):
@@ -422,7 +428,8 @@ class ColumnarAggState(BinnedState):
         self._deleted.forget(whole + list(since))
         layout, num_bins, configured = self.layout, self._num_bins, self.configured
         split = len(parts[0])
-        share, floor = (ENCODE_SHARE, BUSY_FLOOR) if split else (CHANGES_SHARE, CHANGES_FLOOR)
+        small = not split and len(slots) <= SMALL_CAPTURE * len(self)
+        share, floor = (CHANGES_SHARE, CHANGES_FLOOR) if small else (ENCODE_SHARE, BUSY_FLOOR)
 
         def encode() -> tuple[dict[int, bytes], dict[int, bytes]]:
             # the changes (in the order they were written) copied by bin: the encoder then need not take

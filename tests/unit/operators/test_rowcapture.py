@@ -285,7 +285,13 @@ def test_a_checkpoint_of_changes_alone_is_copied_and_encoded_at_the_smaller_shar
     assert made and set(made) == {(columnarstate.ENCODE_SHARE, columnarstate.BUSY_FLOOR)}
     made.clear()
     _write(state, oracle, ["k3", "k50", "new"], 7)
-    changes = state.snapshot_changes_later([], versions)()[1]  # changes alone
+    changes = state.snapshot_changes_later([], versions)()[1]  # a few changes alone
     assert made and set(made) == {(columnarstate.CHANGES_SHARE, columnarstate.CHANGES_FLOOR)}
     assert columnarstate.CHANGES_FLOOR <= columnarstate.CHANGES_SHARE < columnarstate.ENCODE_SHARE
-    assert _restored(full, [changes]) == oracle
+    made.clear()
+    versions = {b: state.version(b) for b in state.bins()}
+    _write(state, oracle, [f"k{i}" for i in range(150)], 9)  # changes of most rows (as after a long pause)
+    more = state.snapshot_changes_later([], versions)()[1]
+    assert 150 > columnarstate.SMALL_CAPTURE * 201
+    assert made and set(made) == {(columnarstate.ENCODE_SHARE, columnarstate.BUSY_FLOOR)}
+    assert _restored(full, [changes, more]) == oracle
