@@ -51,25 +51,6 @@ BUSY_FLOOR = 0.1
 their thread's time (``rowcapture.Pacer``): they take the time the operators leave, and go on however busy
 the instance is."""
 
-CHANGES_SHARE = 0.1
-CHANGES_FLOOR = 0.03
-"""A checkpoint that writes no bin whole, and few changes, copies and encodes at these smaller shares instead.
-Every keyed instance copies its changes right after the same barrier, while the operators catch up on what
-the alignment and the cut held; at half of each thread, their copies together took the cores the operators
-needed (2 cores at 65 % load, 8M keys: 1.7-1.9 cores busy for 300 ms after each checkpoint, 1.4 without
-checkpoints), and the records' p50 stayed at 2-4 times its usual 11 ms for those 300 ms. At a tenth, in
-five runs, the p99 with a checkpoint a second was 71-79 ms (at half, in 13 runs: 68-154 ms), and the p50
-100-200 ms after a checkpoint 15 ms against 32-41. Changes are small (50-80 ms of work at 270,000
-rows), so at a tenth a checkpoint still ends in about a second (0.6-0.9 s; 1.2-1.5 s right after a
-full copy). Full copies, which the instances take in turn (``chains.lead``), keep ``ENCODE_SHARE``: at a
-tenth a full copy of 4M keys would take several seconds. Nor do changes that hold more than
-``SMALL_CAPTURE`` of the state's rows (the first checkpoint after a long pause, or after a restore): at a
-tenth, the changes of 65 % of 8M keys took 3-4 s."""
-
-SMALL_CAPTURE = 0.125
-"""Changes alone that hold at most this share of the state's rows are copied at ``CHANGES_SHARE`` (a
-checkpoint a second at 8M keys holds about 7 %)."""
-
 
 class ColumnarAggState(BinnedState):
     """Columnar keyed state for built-in aggregations (the fast path).
@@ -428,15 +409,14 @@ class ColumnarAggState(BinnedState):
         self._deleted.forget(whole + list(since))
         layout, num_bins, configured = self.layout, self._num_bins, self.configured
         split = len(parts[0])
-        small = not split and len(slots) <= SMALL_CAPTURE * len(self)
-        share, floor = (CHANGES_SHARE, CHANGES_FLOOR) if small else (ENCODE_SHARE, BUSY_FLOOR)
 
         def encode() -> tuple[dict[int, bytes], dict[int, bytes]]:
             # the changes (in the order they were written) copied by bin: the encoder then need not take
             # their keys a second time to group them (a full copy's rows stay by slot: copying them by bin
             # cost what grouping them later does)
             capture.reorder(split, lambda changed: np.argsort(self._bin[changed], kind="stable"))
-            capture.copy_all(self._captured_columns, self._keys_reader if configured else None, share, floor)
+            capture.copy_all(self._captured_columns, self._keys_reader if configured else None,
+                             ENCODE_SHARE, BUSY_FLOOR)
             keys, values = capture.values()
             bins_of = values.pop(_BIN)
             out: list[dict[int, bytes]] = []
@@ -448,7 +428,7 @@ class ColumnarAggState(BinnedState):
                     part, cols = part[order], {name: col[order] for name, col in cols.items()}
                     part_keys = part_keys.take(order) if part_keys is not None else None
                 rows = CopiedRows(num_bins, layout, versions[len(out)], part, part_keys, cols, *gone)
-                out.append(rows.encode(share, floor))
+                out.append(rows.encode(ENCODE_SHARE, BUSY_FLOOR))
             return out[0], out[1]
 
         return encode
