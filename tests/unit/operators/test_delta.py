@@ -79,6 +79,22 @@ def test_each_checkpoint_is_one_version_and_a_repeated_commit_adds_nothing(tmp_p
     assert not [n for n in os.listdir(uri) if n.startswith(".") and not n.startswith(".live-")]
 
 
+def test_a_writer_being_killed_and_its_replacement_never_write_one_file(tmp_path):
+    """As for Parquet: a sink instance on a host being killed may still write while its replacement (same
+    run and index) starts; each writes in-progress files of its own, so the replacement's rows commit whole."""
+    uri = str(tmp_path / "t")
+    sink = bound(uri, max_rows_per_file=100)
+    old, new = writer(sink, 0), writer(sink, 0)
+    old.write(batch(0, 50))
+    new.write(batch(100, 30))  # the replacement starts while the old writer's file is open
+    old.write(batch(50, 50))
+    new.write(batch(130, 40))
+    assert len([n for n in os.listdir(uri) if n.endswith(".inprogress")]) == 2
+    old.abort()  # (the old writer's process ends; its files are never staged)
+    assert sink.commit([new.prepare_commit(1)]) == [0]
+    pd.testing.assert_frame_equal(table_rows(uri), oracle((100, 70)))
+
+
 def test_a_checkpoint_commits_the_epochs_of_a_failed_one_before_it_once(tmp_path):
     uri = str(tmp_path / "t")
     sink = bound(uri)
