@@ -22,8 +22,9 @@ from .hashing import bins_from_hashes
 from .keyindex import KeyIndex
 from .rowcapture import RowCapture
 from .state import BinnedState
-from .statecodec import (NEVER_TOUCHED, TOUCHED, ColumnarBin, CopiedRows, Layout, checked_keys, columns_of,
-                         decode_columnar_bin)
+from .statecodec import (NEVER_TOUCHED, TOUCHED, ColumnarBin, ColumnarChanges, CopiedRows, EncodedChanges, Layout,
+                         SharedChanges, checked_keys, columns_of, decode_columnar_bin, decode_columnar_changes,
+                         encode_columnar_changes)
 
 SCAN_SHARE = 0.2
 """``_changed_rows`` passes over every slot once the bins asked for hold this share of them."""
@@ -387,8 +388,8 @@ class ColumnarAggState(BinnedState):
         versions = {b: int(self._versions[b]) for b in wanted}
         return CopiedRows(self._num_bins, self.layout, versions, self._bin[members], keys, cols, *deleted).encode
 
-    def snapshot_changes_later(self, full: Iterable[int],
-                               since: Mapping[int, int]) -> Callable[[], tuple[dict[int, bytes], dict[int, bytes]]]:
+    def snapshot_changes_later(self, full: Iterable[int], since: Mapping[int, int],
+                               ) -> Callable[[], tuple[dict[int, bytes], EncodedChanges | dict[int, bytes]]]:
         """As :meth:`BinnedState.snapshot_changes_later`: marks now the rows it holds (those of ``full``, and
         those of the bins of ``since`` stamped after their versions, as :meth:`extract_changes` picks them)
         and the keys deleted singly since (:meth:`expire`); the returned function (the checkpoint's
@@ -410,26 +411,27 @@ class ColumnarAggState(BinnedState):
         layout, num_bins, configured = self.layout, self._num_bins, self.configured
         split = len(parts[0])
 
-        def encode() -> tuple[dict[int, bytes], dict[int, bytes]]:
-            # the changes (in the order they were written) copied by bin: the encoder then need not take
-            # their keys a second time to group them (a full copy's rows stay by slot: copying them by bin
-            # cost what grouping them later does)
-            capture.reorder(split, lambda changed: np.argsort(self._bin[changed], kind="stable"))
+        def encode() -> tuple[dict[int, bytes], EncodedChanges | dict[int, bytes]]:
+            # the changes (in the order they were written) copied in the order of their slots: the key store
+            # and the columns are then read forwards, and one stream holds them all (a full copy's rows stay
+            # by slot too, and are grouped by bin as they are encoded)
+            capture.reorder(split, np.sort)
             capture.copy_all(self._captured_columns, self._keys_reader if configured else None,
                              ENCODE_SHARE, BUSY_FLOOR)
             keys, values = capture.values()
             bins_of = values.pop(_BIN)
-            out: list[dict[int, bytes]] = []
-            for (lo, hi), gone in (((0, split), (None, np.zeros(0, np.int64))), ((split, len(slots)), deleted)):
-                part, cols = bins_of[lo:hi], {name: col[lo:hi] for name, col in values.items()}
-                part_keys = keys.slice(lo, hi - lo) if keys is not None else None
-                if len(part) and not (part[1:] >= part[:-1]).all():  # (the slots of bins are by bin, but
-                    order = np.argsort(part, kind="stable")        # those added since the last sort)
-                    part, cols = part[order], {name: col[order] for name, col in cols.items()}
-                    part_keys = part_keys.take(order) if part_keys is not None else None
-                rows = CopiedRows(num_bins, layout, versions[len(out)], part, part_keys, cols, *gone)
-                out.append(rows.encode(ENCODE_SHARE, BUSY_FLOOR))
-            return out[0], out[1]
+            part, cols = bins_of[:split], {name: col[:split] for name, col in values.items()}
+            part_keys = keys.slice(0, split) if keys is not None else None
+            if len(part) and not (part[1:] >= part[:-1]).all():  # (the slots of bins are by bin, but
+                order = np.argsort(part, kind="stable")        # those added since the last sort)
+                part, cols = part[order], {name: col[order] for name, col in cols.items()}
+                part_keys = part_keys.take(order) if part_keys is not None else None
+            full = CopiedRows(num_bins, layout, versions[0], part, part_keys, cols).encode(ENCODE_SHARE, BUSY_FLOOR)
+            if not versions[1]:
+                return full, {}
+            changed_keys = keys.slice(split) if keys is not None and len(slots) > split else None
+            return full, encode_columnar_changes(num_bins, versions[1], layout, bins_of[split:], changed_keys,
+                                                 {name: col[split:] for name, col in values.items()}, *deleted)
 
         return encode
 
@@ -618,10 +620,23 @@ class ColumnarAggState(BinnedState):
             self.configure(*next(iter(layouts)))
             self._install_rows(keys, filled, hashes=hashes)
 
-    def apply_changes(self, data: Mapping[int, bytes]) -> None:
-        """As :meth:`BinnedState.apply_changes`; the keys a payload lists as deleted are removed first."""
+    def apply_changes(self, data: Mapping[int, bytes | SharedChanges] | EncodedChanges) -> None:
+        """As :meth:`BinnedState.apply_changes`; the keys a payload lists as deleted are removed first. A
+        payload may be the changes of several bins in one stream (``SharedChanges``, the same object for
+        each of its bins asked for: decoded once, for those bins; or, as a checkpoint wrote them,
+        ``EncodedChanges``: every bin of it)."""
         self.settle()
-        decoded = [decode_columnar_bin(payload, self._check_bin(b), self._num_bins) for b, payload in data.items()]
+        if isinstance(data, EncodedChanges):
+            data = data.as_read()
+        decoded: list[ColumnarBin | ColumnarChanges] = []
+        shared: dict[int, tuple[SharedChanges, set[int]]] = {}
+        for b, payload in data.items():
+            if isinstance(payload, SharedChanges):
+                shared.setdefault(id(payload), (payload, set()))[1].add(self._check_bin(b))
+            else:
+                decoded.append(decode_columnar_bin(payload, self._check_bin(b), self._num_bins))
+        for payload, bins in shared.values():
+            decoded.append(decode_columnar_changes(payload.payload, bins, self._num_bins))
         filled = [d for d in decoded if d.rows.num_rows]
         if filled:
             layouts = {d.layout for d in filled}
@@ -631,7 +646,8 @@ class ColumnarAggState(BinnedState):
             keys, _ = checked_keys(filled, self._num_bins, "apply changes to bin")
         deleted = [d.deleted for d in decoded if d.deleted is not None and len(d.deleted)]
         for d in decoded:
-            self._carry_version(d.bin, d.version)
+            for b, version in d.versions.items():
+                self._carry_version(b, version)
         if deleted:
             self._delete_keys(pa.concat_arrays(deleted))
         if filled:
@@ -660,7 +676,7 @@ class ColumnarAggState(BinnedState):
         self._dead += len(slots)
         self._after_removal()
 
-    def _install_rows(self, keys: pa.Array, filled: list[ColumnarBin], overwrite: bool = False,
+    def _install_rows(self, keys: pa.Array, filled: Sequence[ColumnarBin | ColumnarChanges], overwrite: bool = False,
                       hashes: np.ndarray | None = None) -> None:
         """Add the rows of several bins at once: one index lookup, one grow, one copy per column.
 

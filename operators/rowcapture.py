@@ -116,17 +116,19 @@ class RowCapture:
                     self._keys_taken.notify_all()
         return done
 
-    def reorder(self, start: int, order_of: Callable[[np.ndarray], np.ndarray]) -> bool:
-        """Copy the rows from ``start`` on in another order, if no row was copied yet: ``order_of(slots)``
-        gives the permutation of those slots. Whether it did (a copy that began, e.g. a :meth:`finish`, keeps
-        its order). ``order_of`` runs under :attr:`lock`, before any copy: the state moves no slot
+    def reorder(self, start: int, arrange: Callable[[np.ndarray], np.ndarray]) -> bool:
+        """Copy the rows from ``start`` on in another order, if no row was copied yet: ``arrange(slots)``
+        gives those slots in their new order. Whether it did (a copy that began, e.g. a :meth:`finish`, keeps
+        its order). ``arrange`` runs under :attr:`lock`, before any copy: the state moves no slot
         meanwhile (anything that does first finishes the copy, which waits for the lock)."""
         with self.lock:
             if self._copied:
                 return False
             tail = self.slots[start:]
             if len(tail):
-                self.slots[start:] = tail[order_of(tail)]
+                arranged = arrange(tail)
+                assert len(arranged) == len(tail), "bug: RowCapture.reorder() must keep every slot"
+                self.slots[start:] = arranged
             return True
 
     def finish(self, cols: Callable[[], Mapping[str, np.ndarray]], keys: KeysReader | None) -> None:

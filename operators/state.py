@@ -44,6 +44,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 import numpy as np
 
 from .hashing import check_num_bins
+from .statecodec import EncodedChanges, SharedChanges
 
 __all__ = ["BinnedState"]
 
@@ -136,9 +137,9 @@ class BinnedState(abc.ABC):
         """
         return None
 
-    def apply_changes(self, data: Mapping[int, bytes]) -> None:
-        """Write the rows :meth:`extract_changes` serialised over the bins present here (keys in
-        them take the rows' values; other keys are added).
+    def apply_changes(self, data: Mapping[int, bytes | SharedChanges]) -> None:
+        """Write the rows :meth:`extract_changes` (or a checkpoint: :meth:`snapshot_changes_later`) serialised
+        over the bins present here (keys in them take the rows' values; other keys are added).
 
         Raises:
             NotImplementedError: this kind of state does not track changes.
@@ -158,13 +159,15 @@ class BinnedState(abc.ABC):
         return {b for b, v in since.items() if int(self._arrived[self._check_bin(b)]) <= v}
 
     def snapshot_changes_later(self, full: Iterable[int],
-                               since: Mapping[int, int]) -> Callable[[], tuple[dict[int, bytes], dict[int, bytes]]]:
+                               since: Mapping[int, int],
+                               ) -> Callable[[], tuple[dict[int, bytes], dict[int, bytes] | EncodedChanges]]:
         """Capture now bins ``full`` whole and, of the bins of ``since``, the changes after those versions
         (bins :meth:`changes_since` gave); serialise them when the returned function is called.
 
         Returns:
-            A function returning (full copies per bin, changes per bin); :meth:`restore_bins` (or
-            :meth:`apply_changes` over the bin as it was) reads the changes.
+            A function returning (full copies per bin, changes per bin or, from a columnar state, the
+            changes of all those bins in one stream: ``EncodedChanges``); :meth:`restore_bins` (or
+            :meth:`apply_changes` over the bins as they were) reads the changes (``EncodedChanges.as_read``).
 
         Raises:
             ValueError: a bin of ``since`` whose changes this state cannot serialise.
@@ -175,8 +178,10 @@ class BinnedState(abc.ABC):
         encode = self.snapshot_later(full)
         return lambda: (encode(), {})
 
-    def restore_bins(self, full: Mapping[int, bytes], changes: Sequence[Mapping[int, bytes]] = ()) -> None:
-        """Install bins from a checkpoint: their full copies, then each round of changes over them, in order.
+    def restore_bins(self, full: Mapping[int, bytes],
+                     changes: Sequence[Mapping[int, bytes | SharedChanges]] = ()) -> None:
+        """Install bins from a checkpoint: their full copies, then each round of changes over them, in order
+        (each bin's changes in the order they were written).
 
         Raises:
             ValueError: as :meth:`install_bins` and :meth:`apply_changes`.

@@ -11,7 +11,10 @@ Two formats, one per kind of state:
   stream of its rows: the key, one column per accumulator and, where the
   state keeps them, the keys' last touches; a JSON header and the owner's
   metadata sit in the schema metadata. Changes list the keys they delete
-  first, as rows of identity values.
+  first, as rows of identity values. A checkpoint writes the changes of all
+  the bins it asks for as one stream (:func:`encode_columnar_changes`):
+  the same columns and a ``bin`` column, the rows in the order of the
+  state's slots, each bin's version in the header.
 
 Reading checks what it reads: a payload of another kind, bin or number of
 bins is a ``ValueError`` naming it, and a pickled payload is unpickled only
@@ -44,22 +47,29 @@ from .rowcapture import Pacer
 
 __all__ = [
     "ColumnarBin",
+    "ColumnarChanges",
     "CopiedRows",
+    "EncodedChanges",
+    "SharedChanges",
     "DictBin",
     "Layout",
     "NEVER_TOUCHED",
     "TOUCHED",
+    "changes_bins",
     "checked_keys",
     "columns_of",
     "decode_columnar_bin",
+    "decode_columnar_changes",
     "decode_dict_bin",
     "dumps_compact",
     "encode_columnar_bin",
+    "encode_columnar_changes",
     "encode_dict_bin",
 ]
 
 DICT_FORMAT = "chiray.DictState/1"
 COLUMNAR_FORMAT = "chiray.ColumnarAggState/1"
+CHANGES_FORMAT = "chiray.ColumnarAggState.changes/1"
 NEVER_TOUCHED = int(np.iinfo(np.int64).min)
 """The last touch of a key whose time is not known (a bin written by a state that kept none)."""
 TOUCHED = "\0touched"
@@ -104,6 +114,64 @@ class ColumnarBin:
     touched: np.ndarray | None = None
     deleted: pa.Array | None = None
 
+    @property
+    def versions(self) -> dict[int, int]:
+        """Per bin it holds (this one), its version."""
+        return {self.bin: self.version}
+
+    @property
+    def row_bins(self) -> np.ndarray:
+        """Each row's bin."""
+        return np.full(self.rows.num_rows, self.bin, dtype=np.int64)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ColumnarChanges:
+    """The changes to several bins of a :class:`~operators.columnarstate.ColumnarAggState` as read from one
+    stream (:func:`decode_columnar_changes`); read as a :class:`ColumnarBin` is, with a bin per row.
+
+    Attributes:
+        versions: per bin, its version when written.
+        layout: the writer's key type, accumulators and metadata.
+        rows: the key, then one column per accumulator (bins mixed).
+        row_bins: each row's bin.
+        touched: the rows' last touches if the stream has them.
+        deleted: the keys deleted from these bins since their previous versions.
+    """
+
+    versions: dict[int, int]
+    layout: Layout
+    rows: pa.Table
+    row_bins: np.ndarray
+    touched: np.ndarray | None
+    deleted: pa.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class EncodedChanges:
+    """A checkpoint's changes to several bins as one stream (:func:`encode_columnar_changes`).
+
+    Attributes:
+        payload: the stream.
+        sizes: per bin, the bytes of its rows (its share of the payload, by rows), which bound its chain.
+    """
+
+    payload: bytes
+    sizes: dict[int, int]
+
+    def as_read(self) -> dict[int, SharedChanges]:
+        """Each bin's changes as storage gives them back (:class:`SharedChanges`), for ``apply_changes``."""
+        shared = SharedChanges(self.payload)
+        return {b: shared for b in self.sizes}
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class SharedChanges:
+    """A stream of changes to several bins as storage gives it back: the same object for each of its bins
+    that a restore asks for (:meth:`ColumnarAggState.apply_changes` decodes it once, for those bins)."""
+
+    payload: bytes
+
 
 def encode_dict_bin(num_bins: int, b: int, version: int, items: dict[Any, Any],
                     deleted: list[Any] | None = None, *, pickled: bool = False) -> bytes:
@@ -130,7 +198,7 @@ def encode_dict_bin(num_bins: int, b: int, version: int, items: dict[Any, Any],
                         "functions, needs DictState(..., pickled=True))") from None
 
 
-def decode_dict_bin(payload: bytes, b: int, num_bins: int, *, pickled: bool = False) -> DictBin:
+def decode_dict_bin(payload: bytes | SharedChanges, b: int, num_bins: int, *, pickled: bool = False) -> DictBin:
     """The inverse of :func:`encode_dict_bin`, for bin ``b`` of a state of ``num_bins`` bins.
 
     Args:
@@ -139,12 +207,21 @@ def decode_dict_bin(payload: bytes, b: int, num_bins: int, *, pickled: bool = Fa
     Raises:
         ValueError: a payload of another kind, bin or number of bins.
     """
+    payload = _not_shared(payload, b, "DictState bin")
     if pickled and codec.is_pickle(payload):
         doc = _unpickle_bin(b, payload)
     else:  # Arrow IPC; a pickle is refused here unread
         doc = codec.decode_document(payload, "DictState", DICT_FORMAT, b)
     _check_place(b, doc["bin"], doc["num_bins"], num_bins)
     return DictBin(int(doc["version"]), doc["items"], doc.get("deleted"))
+
+
+def _not_shared(payload: bytes | SharedChanges, b: int, expected: str) -> bytes:
+    """``payload`` unless it is the changes of several bins (``ValueError``)."""
+    if isinstance(payload, SharedChanges):
+        raise ValueError(f"bin {b}: payload is the changes of a ColumnarAggState's bins, not a {expected} "
+                         f"(a ColumnarAggState applies it: apply_changes)")
+    return payload
 
 
 def _check_place(b: int, written_bin: int, written_num_bins: int, num_bins: int) -> None:
@@ -243,12 +320,103 @@ def _bin_stream(rows: pa.Table, metadata: dict[bytes, bytes]) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
-def decode_columnar_bin(payload: bytes, b: int, num_bins: int) -> ColumnarBin:
+def encode_columnar_changes(num_bins: int, versions: dict[int, int], layout: Layout, row_bins: np.ndarray,
+                            keys: pa.Array | pa.ChunkedArray | None, cols: dict[str, np.ndarray],
+                            deleted: pa.Array | None = None,
+                            deleted_bins: np.ndarray | None = None) -> EncodedChanges:
+    """The changes to bins ``versions`` (bin -> version) as one Arrow IPC stream: the columns of
+    :func:`encode_columnar_bin` and ``bin``; the keys ``deleted`` (their bins ``deleted_bins``) first, as rows
+    of identity values (the header counts them), then the rows in the order given. Each bin's size is its
+    share of the stream by rows (a bin with none: its header's share).
+
+    One stream in place of one per bin: the rows need not be grouped by bin, so the copier takes them in
+    the order of the state's slots (at 4M string keys, 289,000 changes copied and encoded in 33 ms of CPU
+    time against 52 ms for a stream per bin, whose rows it copied bin by bin)."""
+    accs = layout[1]
+    if isinstance(keys, pa.ChunkedArray):
+        keys = keys.combine_chunks()
+    row_bins = np.asarray(row_bins, dtype=np.int32)
+    dead = 0
+    if deleted is not None and len(deleted):
+        dead = len(deleted)
+        keys = deleted if keys is None or not len(keys) else pa.concat_arrays([deleted, keys])
+        cols = {n: np.concatenate([np.full(dead, NEVER_TOUCHED if n == TOUCHED else _identity(accs, n),
+                                           dtype=c.dtype), c]) for n, c in cols.items()}
+        row_bins = np.concatenate([np.asarray(deleted_bins, dtype=np.int32), row_bins])
+    rows = _rows_table(layout, keys, cols)
+    rows = rows.append_column(pa.field("bin", pa.int32()), pa.array(row_bins, pa.int32()))
+    header: dict[str, object] = {"num_bins": num_bins, "versions": [[b, v] for b, v in sorted(versions.items())],
+                                 "accumulators": [a.spec() for a in accs], "deleted": dead}
+    payload = _bin_stream(rows, {b"format": CHANGES_FORMAT.encode(), b"header": json.dumps(header).encode(),
+                                 b"meta": layout[2]})
+    counts = np.bincount(row_bins, minlength=num_bins)
+    per_row = len(payload) / max(len(row_bins), 1)
+    return EncodedChanges(payload, {b: max(round(int(counts[b]) * per_row), 1) for b in versions})
+
+
+def _changes_header(payload: bytes) -> tuple[pa.RecordBatchStreamReader, dict[str, Any]]:
+    try:
+        reader = pa.ipc.open_stream(payload)
+        metadata = reader.schema.metadata or {}
+        if metadata.get(b"format") != CHANGES_FORMAT.encode():
+            raise ValueError(f"format {CHANGES_FORMAT!r} expected")
+        return reader, json.loads(metadata[b"header"])
+    except (pa.ArrowInvalid, ValueError, KeyError) as exc:
+        raise ValueError(f"payload is not a ColumnarAggState's changes ({exc})") from exc
+
+
+def changes_bins(payload: bytes) -> dict[int, int]:
+    """The bins a stream of :func:`encode_columnar_changes` holds changes to, and their versions (its header
+    alone is read).
+
+    Raises:
+        ValueError: not such a stream.
+    """
+    return {int(b): int(v) for b, v in _changes_header(payload)[1]["versions"]}
+
+
+def decode_columnar_changes(payload: bytes, bins: set[int], num_bins: int) -> ColumnarChanges:
+    """The changes to ``bins`` in a stream of :func:`encode_columnar_changes` (the rows of other bins left
+    out), for a state of ``num_bins`` bins.
+
+    Raises:
+        ValueError: not such a stream, one of another number of bins, or one without some bin of ``bins``.
+    """
+    reader, header = _changes_header(payload)
+    if int(header["num_bins"]) != num_bins:
+        raise ValueError(f"changes written with {header['num_bins']} bins, not {num_bins}")
+    versions = {int(b): int(v) for b, v in header["versions"]}
+    missing = sorted(set(bins) - set(versions))
+    if missing:
+        raise ValueError(f"the changes do not hold bin {missing[0]}")
+    table = reader.read_all()
+    accs = tuple(_accumulator(spec, table.schema.field(i).type)
+                 for i, spec in enumerate(header["accumulators"], start=1))
+    layout = (table.schema.field(0).type, accs, (table.schema.metadata or {}).get(b"meta", b""))
+    row_bins = table.column("bin").to_numpy().astype(np.int64)
+    table = table.drop_columns(["bin"])
+    if len(bins) < len(versions):  # a rescale's restore: some of its bins went elsewhere
+        keep = np.isin(row_bins, np.fromiter(bins, dtype=np.int64, count=len(bins)))
+        table, row_bins = table.filter(pa.array(keep)), row_bins[keep]
+        dead = int(np.count_nonzero(keep[:int(header["deleted"])]))
+    else:
+        dead = int(header["deleted"])
+    touched = None
+    if table.schema.names[-1] == "touched":
+        touched = table.column("touched").to_numpy()[dead:]
+        table = table.drop_columns(["touched"])
+    deleted = table.column(0).slice(0, dead).combine_chunks()
+    return ColumnarChanges({b: versions[b] for b in sorted(bins)}, layout, table.slice(dead), row_bins[dead:],
+                           touched, deleted)
+
+
+def decode_columnar_bin(payload: bytes | SharedChanges, b: int, num_bins: int) -> ColumnarBin:
     """The inverse of :func:`encode_columnar_bin`, for bin ``b`` of a state of ``num_bins`` bins.
 
     Raises:
         ValueError: a payload of another kind, bin or number of bins.
     """
+    payload = _not_shared(payload, b, "ColumnarAggState bin")
     try:
         table = pa.ipc.open_stream(payload).read_all()
         metadata = table.schema.metadata or {}
@@ -330,7 +498,7 @@ class CopiedRows:
         return out
 
 
-def checked_keys(filled: Sequence[ColumnarBin], num_bins: int, doing: str) -> tuple[pa.Array, np.ndarray]:
+def checked_keys(filled: Sequence[ColumnarBin | ColumnarChanges], num_bins: int, doing: str) -> tuple[pa.Array, np.ndarray]:
     """The keys of decoded bins of a state of ``num_bins`` bins, all checked to belong to the bin they came
     in, and their hashes (hashed once: a key index stores the same hashes).
 
@@ -338,7 +506,7 @@ def checked_keys(filled: Sequence[ColumnarBin], num_bins: int, doing: str) -> tu
         ValueError: a payload holds keys of another bin (``doing`` says what was being done).
     """
     keys = pa.concat_arrays([d.rows.column(0).combine_chunks() for d in filled])
-    expected = np.repeat([d.bin for d in filled], [d.rows.num_rows for d in filled])
+    expected = np.concatenate([d.row_bins for d in filled])
     hashes = hash_keys(keys)
     stray = np.flatnonzero(bins_from_hashes(hashes, num_bins) != expected)
     if stray.size:
@@ -346,7 +514,7 @@ def checked_keys(filled: Sequence[ColumnarBin], num_bins: int, doing: str) -> tu
     return keys, hashes
 
 
-def columns_of(filled: Sequence[ColumnarBin], accumulators: Sequence[Accumulator],
+def columns_of(filled: Sequence[ColumnarBin | ColumnarChanges], accumulators: Sequence[Accumulator],
                touched: bool) -> Iterator[tuple[str, np.ndarray]]:
     """The rows of decoded bins as state columns, one ``(name, values)`` at a time: per accumulator, then
     :data:`TOUCHED` where ``touched`` (a bin written without touches gives ``NEVER_TOUCHED``)."""

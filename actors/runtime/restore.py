@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import graphlib
 from typing import Mapping
 
 import cloudpickle
@@ -24,6 +25,7 @@ from chiray.control.ops.chains import BinChains, manifest_chains
 from chiray.control.ops.checkpoint import decode_offsets
 from chiray.operators.graph import OperatorKind, OperatorNode, PhysicalPlan
 from chiray.operators.state import BinnedState
+from chiray.operators.statecodec import SharedChanges
 from chiray.operators.upgrade import CodeChange
 
 from .storage import CheckpointError, CheckpointStorage, Manifest
@@ -33,11 +35,12 @@ __all__ = ["RestoreInfo", "StoredBins", "match_operators", "reset_code", "restor
 
 @dataclasses.dataclass(frozen=True)
 class StoredBins:
-    """Bins read from a checkpoint: their full copies, and their changes in rounds (round ``i`` holds the
-    ``i``-th change of each bin that has one), for ``BinnedState.restore_bins``."""
+    """Bins read from a checkpoint: their full copies, and their changes in rounds, for
+    ``BinnedState.restore_bins``: a round per file of changes, each bin's in the order of its chain (a
+    columnar state's changes to all its bins are one stream: ``SharedChanges``, decoded once a round)."""
 
     full: dict[int, bytes]
-    changes: list[dict[int, bytes]]
+    changes: list[dict[int, bytes | SharedChanges]]
     chains: dict[int, list[str]] = dataclasses.field(default_factory=dict)  # bin -> its files, full copy first
 
 
@@ -95,7 +98,7 @@ class RestoreInfo:
                 wanted.setdefault(rel, set()).add(b)
         parts = {rel: self.storage.read_parts(rel, bins) for rel, bins in sorted(wanted.items())}
         full: dict[int, bytes] = {}
-        changes: list[dict[int, bytes]] = []
+        rounds: dict[str, dict[int, bytes | SharedChanges]] = {}  # a round per file of changes
         for b, files in sorted(chains.items()):
             for i, rel in enumerate(files):
                 data, delta = self._part(parts[rel], b, rel)
@@ -104,14 +107,26 @@ class RestoreInfo:
                                           f"holds {'changes' if delta else 'a full copy'} where its chain has "
                                           f"{'changes' if i else 'its full copy'}")
                 if i == 0:
-                    full[b] = data
+                    full[b] = data  # type: ignore[assignment]  # (a full copy is never shared)
                 else:
-                    while len(changes) < i:
-                        changes.append({})
-                    changes[i - 1][b] = data
-        return StoredBins(full, changes, chains)
+                    rounds.setdefault(rel, {})[b] = data
+        return StoredBins(full, [rounds[rel] for rel in self._in_order(chains, rounds)], chains)
 
-    def _part(self, parts: dict[int, tuple[bytes, bool]], b: int, rel: str) -> tuple[bytes, bool]:
+    def _in_order(self, chains: dict[int, list[str]], rounds: Mapping[str, object]) -> list[str]:
+        """The files of ``rounds`` in an order that keeps every chain's (a file of changes holds those of
+        many bins: each is applied once, after the files before it in each of their chains)."""
+        order = graphlib.TopologicalSorter({rel: set() for rel in rounds})
+        for files in chains.values():
+            for before, after in zip(files[1:], files[2:]):
+                order.add(after, before)
+        try:
+            return list(order.static_order())
+        except graphlib.CycleError:
+            raise CheckpointError(f"checkpoint {self.checkpoint_id}: its chains order their files in "
+                                  f"contradicting ways") from None
+
+    def _part(self, parts: dict[int, tuple[bytes | SharedChanges, bool]], b: int,
+              rel: str) -> tuple[bytes | SharedChanges, bool]:
         if b not in parts:
             raise CheckpointError(f"checkpoint {self.checkpoint_id}: its state file {rel!r} lacks bin {b}")
         return parts[b]

@@ -9,7 +9,8 @@ Layout under the job's root (a local directory or a URI such as
     ROOT/output/SINK/...                     sink output staged per epoch, committed by rename
 
 A state file holds, per bin, a full copy or the bin's changes since its previous
-checkpoint (``delta``); the manifest names, per bin, the files that make it up
+checkpoint (``delta``); a columnar state's changes to all its bins are one row
+(bin ``SHARED_BIN``), a stream with a bin column. The manifest names, per bin, the files that make it up
 (``control.ops.chains``), which may lie in the directories of earlier
 checkpoints. Retention counts references: it drops a checkpoint's manifest,
 deletes the files no retained checkpoint needs, and keeps the directory (marked
@@ -46,6 +47,7 @@ import pyarrow.ipc as ipc
 from chiray.control.ops.chains import ManifestFormatError, manifest_files
 from chiray.operators.errors import ChirayError
 from chiray.operators.staging import fsync_dir
+from chiray.operators.statecodec import EncodedChanges, SharedChanges, changes_bins
 
 __all__ = ["CheckpointStorage", "CheckpointError", "MANIFEST", "Manifest", "RETIRED", "child_uri", "split_uri",
            "shown"]
@@ -59,6 +61,8 @@ Manifest: TypeAlias = "dict[str, Any]"
 RETIRED = "_RETIRED"
 _CHK = re.compile(r"^chk-(\d+)$")
 _BINS_SCHEMA = pa.schema([("bin", pa.int32()), ("data", pa.large_binary()), ("delta", pa.bool_())])
+SHARED_BIN = -1
+"""The bin of a state file's row that holds several bins' changes in one stream (``EncodedChanges``)."""
 WRITE_BATCH_BYTES = 1 << 20
 """A state file holds its bins in record batches of about this many bytes. Arrow converts a list of
 ``bytes`` holding the interpreter lock throughout: one batch of a 133 MB full copy (2M keys) held it for
@@ -230,10 +234,13 @@ class CheckpointStorage:
         return f"chk-{checkpoint_id:06d}/state-{operator}-{index}.arrow"
 
     def write_state(self, checkpoint_id: int, operator: str, index: int, bins: dict[int, bytes],
-                    changes: dict[int, bytes] | None = None) -> str:
+                    changes: dict[int, bytes] | EncodedChanges | None = None) -> str:
         """Write one instance's bins: full copies (``bins``) and changes since an earlier checkpoint
-        (``changes``); returns the file's path (relative to the root, :meth:`state_file`)."""
+        (``changes``: per bin, or several bins' in one stream, stored as one row of bin ``SHARED_BIN``);
+        returns the file's path (relative to the root, :meth:`state_file`)."""
         self.make_dir(self.chk_dir(checkpoint_id))
+        if isinstance(changes, EncodedChanges):
+            changes = {SHARED_BIN: changes.payload}
         changes = changes or {}
         rel = self.state_file(checkpoint_id, operator, index)
         batches = _bin_batches([*bins, *changes], [*bins.values(), *changes.values()], len(bins))
@@ -246,19 +253,32 @@ class CheckpointStorage:
         self._write_atomic_with(posixpath.join(self.root, rel), write)
         return rel
 
-    def read_parts(self, relative: str, bins: set[int] | None = None) -> dict[int, tuple[bytes, bool]]:
+    def read_parts(self, relative: str, bins: set[int] | None = None,
+                   ) -> dict[int, tuple[bytes | SharedChanges, bool]]:
         """The bins stored in one state file (only ``bins`` if given): bin -> (payload, whether it holds
-        changes rather than a full copy; files of format 1 hold full copies only)."""
+        changes rather than a full copy; files of format 1 hold full copies only). The bins of a stream of
+        several bins' changes share one payload (``SharedChanges``).
+
+        Raises:
+            CheckpointError: a stream of changes that cannot be read.
+        """
         with self.fs.open_input_file(posixpath.join(self.root, relative)) as f:
             table = ipc.open_file(f).read_all()
         deltas = table.column("delta").to_pylist() if "delta" in table.column_names else [False] * table.num_rows
-        out: dict[int, tuple[bytes, bool]] = {}
+        out: dict[int, tuple[bytes | SharedChanges, bool]] = {}
         for b, data, delta in zip(table.column("bin").to_pylist(), table.column("data").to_pylist(), deltas):
-            if bins is None or b in bins:
+            if b == SHARED_BIN:
+                try:
+                    held = changes_bins(data)
+                except ValueError as exc:
+                    raise CheckpointError(f"state file {relative!r} in {self.shown_root!r}: {exc}") from None
+                shared = SharedChanges(data)
+                out.update((c, (shared, True)) for c in held if bins is None or c in bins)
+            elif bins is None or b in bins:
                 out[b] = (data, bool(delta))
         return out
 
-    def read_state(self, relative: str, bins: set[int] | None = None) -> dict[int, bytes]:
+    def read_state(self, relative: str, bins: set[int] | None = None) -> dict[int, bytes | SharedChanges]:
         """The payloads stored in one state file (only ``bins`` if given)."""
         return {b: data for b, (data, _) in self.read_parts(relative, bins).items()}
 

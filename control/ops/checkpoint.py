@@ -40,6 +40,7 @@ from typing import Any, Callable, Collection, Protocol
 import cloudpickle
 
 from chiray.operators.errors import ChirayError
+from chiray.operators.statecodec import EncodedChanges
 
 from ..message import InstanceId
 from ..op import ControlOp, InstanceHandler
@@ -82,7 +83,7 @@ class CheckpointStore(Protocol):
     def state_file(self, checkpoint_id: int, operator: str, index: int) -> str: ...
 
     def write_state(self, checkpoint_id: int, operator: str, index: int, bins: dict[int, bytes],
-                    changes: dict[int, bytes] | None = None) -> str: ...
+                    changes: dict[int, bytes] | EncodedChanges | None = None) -> str: ...
 
     def commit(self, checkpoint_id: int, manifest: dict[str, Any]) -> None: ...
 
@@ -268,12 +269,15 @@ def _cut_state(op: Checkpoint, ctx: Any) -> Callable[[], dict[str, Any]]:
     def write() -> dict[str, Any]:
         try:
             full, changes = encode()
-            if full or changes:
+            sizes = {b: len(data) for b, data in full.items()}
+            sizes.update(changes.sizes if isinstance(changes, EncodedChanges)
+                         else {b: len(data) for b, data in changes.items()})
+            if sizes:
                 op.storage.write_state(op.checkpoint_id, operator, index, full, changes)
         except BaseException:
             chains.failed(plan)
             raise
-        chains.written(plan, {b: len(data) for part in (full, changes) for b, data in part.items()})
+        chains.written(plan, sizes)
         chains.settle(plan, op.timeout_s)
         return {"chains": plan.manifest_entry(), "bins": sorted(versions)}
 

@@ -7,6 +7,7 @@ import logging
 import os
 import random
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.ipc  # noqa: F401  (pa.ipc)
@@ -14,6 +15,9 @@ import pytest
 
 from chiray.actors.runtime import storage as storage_module
 from chiray.actors.runtime.storage import MANIFEST, CheckpointError, CheckpointStorage
+from chiray.operators.accumulators import Accumulator
+from chiray.operators.columnarstate import ColumnarAggState
+from chiray.operators.statecodec import EncodedChanges
 
 
 def test_state_round_trip_and_bin_filter(tmp_path):
@@ -138,3 +142,31 @@ def test_a_state_file_whose_write_fails_part_way_leaves_no_file_behind(tmp_path,
     monkeypatch.setattr(storage_module, "_bin_batches", real)
     rel = s.write_state(1, "agg", 0, full)
     assert s.read_state(rel) == full and os.listdir(s.chk_dir(1)) == [os.path.basename(rel)]
+
+
+def test_a_stream_of_several_bins_changes_is_one_row_read_back_for_each_of_its_bins(tmp_path):
+    """A columnar state's changes to all its bins are one stream: the file holds it as one row, and reading
+    gives each of its bins asked for the same payload (decoded once, for those bins), beside full copies."""
+    state = ColumnarAggState(8)
+    state.configure(pa.string(), [Accumulator("n", "sum", "int64")])
+    keys = pa.array([f"k{i}" for i in range(50)])
+    state.update(keys, {"n": np.ones(50, np.int64)})
+    since = {b: state.version(b) for b in state.bins()}
+    state.update(keys.slice(0, 20), {"n": np.ones(20, np.int64)})
+    _, changes = state.snapshot_changes_later([], since)()
+    s = CheckpointStorage(str(tmp_path / "chk"))
+    rel = s.write_state(1, "agg", 0, {9: b"whole"}, changes)
+    with open(os.path.join(s.root, rel), "rb") as f:
+        rows = pa.ipc.open_file(f).read_all()
+    assert rows.column("bin").to_pylist() == [9, storage_module.SHARED_BIN]
+    assert rows.column("delta").to_pylist() == [False, True]
+    parts = s.read_parts(rel)
+    assert set(parts) == {9, *since} and parts[9] == (b"whole", False)
+    shared = {id(parts[b][0]) for b in since}
+    assert len(shared) == 1 and all(parts[b][1] for b in since)
+    assert parts[min(since)][0].payload == changes.payload
+    assert set(s.read_parts(rel, {min(since), 42})) == {min(since)}
+    torn = s.write_state(2, "agg", 0, {}, EncodedChanges(changes.payload[:40], changes.sizes))
+    with pytest.raises(CheckpointError, match=r"state file 'chk-000002/state-agg-0.arrow' .*not a ColumnarAggState's "
+                                              r"changes"):
+        s.read_parts(torn)
