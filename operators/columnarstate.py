@@ -22,9 +22,9 @@ from .hashing import bins_from_hashes
 from .keyindex import KeyIndex
 from .rowcapture import RowCapture
 from .state import BinnedState
-from .statecodec import (NEVER_TOUCHED, TOUCHED, ColumnarBin, ColumnarChanges, CopiedRows, EncodedChanges, Layout,
-                         SharedChanges, checked_keys, columns_of, decode_columnar_bin, decode_columnar_changes,
-                         encode_columnar_changes)
+from .statecodec import (NEVER_TOUCHED, TOUCHED, ColumnarBin, ColumnarRows, CopiedRows, BinStream, Layout,
+                         SharedBins, checked_keys, columns_of, decode_columnar_bin, decode_bin_stream,
+                         encode_bin_stream)
 
 SCAN_SHARE = 0.2
 """``_changed_rows`` passes over every slot once the bins asked for hold this share of them."""
@@ -389,7 +389,7 @@ class ColumnarAggState(BinnedState):
         return CopiedRows(self._num_bins, self.layout, versions, self._bin[members], keys, cols, *deleted).encode
 
     def snapshot_changes_later(self, full: Iterable[int], since: Mapping[int, int],
-                               ) -> Callable[[], tuple[dict[int, bytes], EncodedChanges | dict[int, bytes]]]:
+                               ) -> Callable[[], tuple[BinStream | dict[int, bytes], BinStream | dict[int, bytes]]]:
         """As :meth:`BinnedState.snapshot_changes_later`: marks now the rows it holds (those of ``full``, and
         those of the bins of ``since`` stamped after their versions, as :meth:`extract_changes` picks them)
         and the keys deleted singly since (:meth:`expire`); the returned function (the checkpoint's
@@ -411,27 +411,26 @@ class ColumnarAggState(BinnedState):
         layout, num_bins, configured = self.layout, self._num_bins, self.configured
         split = len(parts[0])
 
-        def encode() -> tuple[dict[int, bytes], EncodedChanges | dict[int, bytes]]:
-            # the changes (in the order they were written) copied in the order of their slots: the key store
-            # and the columns are then read forwards, and one stream holds them all (a full copy's rows stay
-            # by slot too, and are grouped by bin as they are encoded)
+        def encode() -> tuple[BinStream | dict[int, bytes], BinStream | dict[int, bytes]]:
+            # the changes (in the order they were written) copied in the order of their slots, so that the key
+            # store and the columns are read forwards; whole bins keep the order of their slots too. Neither
+            # is grouped by bin: each is one stream with a bin column
             capture.reorder(split, np.sort)
             capture.copy_all(self._captured_columns, self._keys_reader if configured else None,
                              ENCODE_SHARE, BUSY_FLOOR)
             keys, values = capture.values()
             bins_of = values.pop(_BIN)
-            part, cols = bins_of[:split], {name: col[:split] for name, col in values.items()}
-            part_keys = keys.slice(0, split) if keys is not None else None
-            if len(part) and not (part[1:] >= part[:-1]).all():  # (the slots of bins are by bin, but
-                order = np.argsort(part, kind="stable")        # those added since the last sort)
-                part, cols = part[order], {name: col[order] for name, col in cols.items()}
-                part_keys = part_keys.take(order) if part_keys is not None else None
-            full = CopiedRows(num_bins, layout, versions[0], part, part_keys, cols).encode(ENCODE_SHARE, BUSY_FLOOR)
-            if not versions[1]:
-                return full, {}
-            changed_keys = keys.slice(split) if keys is not None and len(slots) > split else None
-            return full, encode_columnar_changes(num_bins, versions[1], layout, bins_of[split:], changed_keys,
-                                                 {name: col[split:] for name, col in values.items()}, *deleted)
+            out: list[BinStream | dict[int, bytes]] = []
+            for (lo, hi), wanted, gone in (((0, split), versions[0], (None, None)), ((split, len(slots)), versions[1],
+                                                                                    deleted)):
+                if not wanted:
+                    out.append({})
+                    continue
+                part_keys = keys.slice(lo, hi - lo) if keys is not None else None
+                out.append(encode_bin_stream(num_bins, wanted, layout, bins_of[lo:hi], part_keys,
+                                             {name: col[lo:hi] for name, col in values.items()}, *gone,
+                                             full=not out, share=ENCODE_SHARE, floor=BUSY_FLOOR))
+            return out[0], out[1]
 
         return encode
 
@@ -596,47 +595,64 @@ class ColumnarAggState(BinnedState):
         self._dead = 0
         self._slots_of.invalidate()
 
-    def install_bins(self, data: Mapping[int, bytes]) -> None:
+    def restore_bins(self, full: Mapping[int, bytes | SharedBins] | BinStream,
+                     changes: Sequence[Mapping[int, bytes | SharedBins] | BinStream] = ()) -> None:
+        """As :meth:`BinnedState.restore_bins`; full copies and changes may be streams of several bins."""
+        self.install_bins(full)
+        for part in changes:
+            if part:
+                self.apply_changes(part)
+
+    def install_bins(self, data: Mapping[int, bytes | SharedBins] | BinStream) -> None:
+        """As :meth:`BinnedState.install_bins`; a payload may be several whole bins in one stream (as
+        :meth:`apply_changes` takes them)."""
         self.settle()
-        decoded = [decode_columnar_bin(payload, self._check_bin(b), self._num_bins) for b, payload in data.items()]
+        decoded = self._decoded(data)
         for d in decoded:
             if d.deleted is not None:
-                raise ValueError(f"cannot install bin {d.bin}: the payload holds changes, not a bin (apply_changes)")
+                raise ValueError(f"cannot install bin {min(d.versions)}: the payload holds changes, not a bin "
+                                 f"(apply_changes)")
         filled = [d for d in decoded if d.rows.num_rows]
         layouts = {d.layout for d in filled}
         if self.configured:
             layouts.add(self.layout)
         if filled:
-            present = [d.bin for d in filled if self._live[d.bin]]
-            if present:
-                raise ValueError(f"cannot install bin {present[0]}: it is already present here with "
+            arriving = np.bincount(np.concatenate([d.row_bins for d in filled]), minlength=self._num_bins + 1)
+            present = np.flatnonzero((arriving > 0) & (self._live > 0))
+            if present.size:
+                raise ValueError(f"cannot install bin {int(present[0])}: it is already present here with "
                                  f"{int(self._live[present[0]])} keys")
             keys, hashes = checked_keys(filled, self._num_bins, "install bin")
         if len(layouts) > 1:
             raise ValueError(f"cannot install bins: key types or accumulators differ: {sorted(map(str, layouts))}")
         for d in decoded:
-            self._carry_version(d.bin, d.version)
+            for b, version in d.versions.items():
+                self._carry_version(b, version)
         if filled:
             self.configure(*next(iter(layouts)))
             self._install_rows(keys, filled, hashes=hashes)
 
-    def apply_changes(self, data: Mapping[int, bytes | SharedChanges] | EncodedChanges) -> None:
-        """As :meth:`BinnedState.apply_changes`; the keys a payload lists as deleted are removed first. A
-        payload may be the changes of several bins in one stream (``SharedChanges``, the same object for
-        each of its bins asked for: decoded once, for those bins; or, as a checkpoint wrote them,
-        ``EncodedChanges``: every bin of it)."""
-        self.settle()
-        if isinstance(data, EncodedChanges):
+    def _decoded(self, data: Mapping[int, bytes | SharedBins] | BinStream) -> list[ColumnarBin | ColumnarRows]:
+        """Payloads read: a bin each, or several bins in one stream (``SharedBins``: the same object for
+        each of its bins asked for, decoded once for those bins; ``BinStream``: all of its bins)."""
+        if isinstance(data, BinStream):
             data = data.as_read()
-        decoded: list[ColumnarBin | ColumnarChanges] = []
-        shared: dict[int, tuple[SharedChanges, set[int]]] = {}
+        decoded: list[ColumnarBin | ColumnarRows] = []
+        shared: dict[int, tuple[SharedBins, set[int]]] = {}
         for b, payload in data.items():
-            if isinstance(payload, SharedChanges):
+            if isinstance(payload, SharedBins):
                 shared.setdefault(id(payload), (payload, set()))[1].add(self._check_bin(b))
             else:
                 decoded.append(decode_columnar_bin(payload, self._check_bin(b), self._num_bins))
         for payload, bins in shared.values():
-            decoded.append(decode_columnar_changes(payload.payload, bins, self._num_bins))
+            decoded.append(decode_bin_stream(payload.payload, bins, self._num_bins))
+        return decoded
+
+    def apply_changes(self, data: Mapping[int, bytes | SharedBins] | BinStream) -> None:
+        """As :meth:`BinnedState.apply_changes`; the keys a payload lists as deleted are removed first. A
+        payload may be the changes of several bins in one stream (as :meth:`install_bins` takes them)."""
+        self.settle()
+        decoded = self._decoded(data)
         filled = [d for d in decoded if d.rows.num_rows]
         if filled:
             layouts = {d.layout for d in filled}
@@ -676,7 +692,7 @@ class ColumnarAggState(BinnedState):
         self._dead += len(slots)
         self._after_removal()
 
-    def _install_rows(self, keys: pa.Array, filled: Sequence[ColumnarBin | ColumnarChanges], overwrite: bool = False,
+    def _install_rows(self, keys: pa.Array, filled: Sequence[ColumnarBin | ColumnarRows], overwrite: bool = False,
                       hashes: np.ndarray | None = None) -> None:
         """Add the rows of several bins at once: one index lookup, one grow, one copy per column.
 

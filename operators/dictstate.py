@@ -21,7 +21,7 @@ import numpy as np
 
 from .changedkeys import ChangedKeys
 from .state import BinnedState
-from .statecodec import DictBin, EncodedChanges, SharedChanges, decode_dict_bin, encode_dict_bin
+from .statecodec import DictBin, BinStream, SharedBins, decode_dict_bin, encode_dict_bin
 
 __all__ = ["DictState"]
 
@@ -176,13 +176,13 @@ class DictState(BinnedState):
         self._changed.forget(decoded)
         self.installs += 1
 
-    def restore_bins(self, full: Mapping[int, bytes],
-                     changes: Sequence[Mapping[int, bytes | SharedChanges]] = ()) -> None:
+    def restore_bins(self, full: Mapping[int, bytes | SharedBins] | BinStream,
+                     changes: Sequence[Mapping[int, bytes | SharedBins] | BinStream] = ()) -> None:
         """As :meth:`BinnedState.restore_bins`; the restored bins are then followed from their versions, so
         that the next checkpoint can write their changes on the chains they were read from."""
         super().restore_bins(full, changes)
         if self.tracks_changes:
-            restored = [self._check_bin(b) for b in full]
+            restored = [self._check_bin(b) for b in (full.sizes if isinstance(full, BinStream) else full)]
             self._changed.restart(restored, {b: int(self._versions[b]) for b in restored})
 
     def changes_since(self, since: Mapping[int, int]) -> set[int]:
@@ -193,7 +193,7 @@ class DictState(BinnedState):
 
     def snapshot_changes_later(self, full: Iterable[int],
                                since: Mapping[int, int],
-                               ) -> Callable[[], tuple[dict[int, bytes], dict[int, bytes] | EncodedChanges]]:
+                               ) -> Callable[[], tuple[dict[int, bytes] | BinStream, dict[int, bytes] | BinStream]]:
         """As :meth:`BinnedState.snapshot_changes_later`; serialises at once (values may be changed in place
         later) and follows the captured bins afresh from their versions now."""
         whole = self._check_bins(full)
@@ -206,7 +206,7 @@ class DictState(BinnedState):
             self._changed.restart(captured, {b: int(self._versions[b]) for b in captured})
         return lambda: out
 
-    def apply_changes(self, data: Mapping[int, bytes | SharedChanges]) -> None:
+    def apply_changes(self, data: Mapping[int, bytes]) -> None:
         """Apply the changes :meth:`snapshot_changes_later` serialised: keys take the payload's values, and
         the keys it lists as deleted are removed.
 
@@ -239,6 +239,6 @@ class DictState(BinnedState):
         return encode_dict_bin(self._num_bins, b, int(self._versions[b]),
                                dict(self._bins.get(b, {})) if items is None else items, deleted, pickled=self.pickled)
 
-    def _decode(self, b: int, payload: bytes | SharedChanges) -> DictBin:
+    def _decode(self, b: int, payload: bytes) -> DictBin:
         """A bin or changes to it (``deleted`` None for a whole bin)."""
         return decode_dict_bin(payload, b, self._num_bins, pickled=self.pickled)

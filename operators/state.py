@@ -44,7 +44,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 import numpy as np
 
 from .hashing import check_num_bins
-from .statecodec import EncodedChanges, SharedChanges
+from .statecodec import BinStream, SharedBins
 
 __all__ = ["BinnedState"]
 
@@ -137,7 +137,7 @@ class BinnedState(abc.ABC):
         """
         return None
 
-    def apply_changes(self, data: Mapping[int, bytes | SharedChanges]) -> None:
+    def apply_changes(self, data: Mapping[int, bytes]) -> None:
         """Write the rows :meth:`extract_changes` (or a checkpoint: :meth:`snapshot_changes_later`) serialised
         over the bins present here (keys in them take the rows' values; other keys are added).
 
@@ -160,14 +160,14 @@ class BinnedState(abc.ABC):
 
     def snapshot_changes_later(self, full: Iterable[int],
                                since: Mapping[int, int],
-                               ) -> Callable[[], tuple[dict[int, bytes], dict[int, bytes] | EncodedChanges]]:
+                               ) -> Callable[[], tuple[dict[int, bytes] | BinStream, dict[int, bytes] | BinStream]]:
         """Capture now bins ``full`` whole and, of the bins of ``since``, the changes after those versions
         (bins :meth:`changes_since` gave); serialise them when the returned function is called.
 
         Returns:
-            A function returning (full copies per bin, changes per bin or, from a columnar state, the
-            changes of all those bins in one stream: ``EncodedChanges``); :meth:`restore_bins` (or
-            :meth:`apply_changes` over the bins as they were) reads the changes (``EncodedChanges.as_read``).
+            A function returning (full copies, changes), each per bin or, from a columnar state, all those
+            bins in one stream (``BinStream``); :meth:`restore_bins` reads them (or :meth:`install_bins` the
+            full copies, :meth:`apply_changes` the changes over the bins as they were).
 
         Raises:
             ValueError: a bin of ``since`` whose changes this state cannot serialise.
@@ -178,18 +178,30 @@ class BinnedState(abc.ABC):
         encode = self.snapshot_later(full)
         return lambda: (encode(), {})
 
-    def restore_bins(self, full: Mapping[int, bytes],
-                     changes: Sequence[Mapping[int, bytes | SharedChanges]] = ()) -> None:
+    def restore_bins(self, full: Mapping[int, bytes | SharedBins] | BinStream,
+                     changes: Sequence[Mapping[int, bytes | SharedBins] | BinStream] = ()) -> None:
         """Install bins from a checkpoint: their full copies, then each round of changes over them, in order
         (each bin's changes in the order they were written).
 
         Raises:
             ValueError: as :meth:`install_bins` and :meth:`apply_changes`.
         """
-        self.install_bins(full)
+        self.install_bins(self._per_bin(full))
         for part in changes:
             if part:
-                self.apply_changes(part)
+                self.apply_changes(self._per_bin(part))
+
+    def _per_bin(self, data: Mapping[int, bytes | SharedBins] | BinStream) -> Mapping[int, bytes]:
+        """``data`` if it holds a payload per bin (a state that reads streams of several bins overrides
+        :meth:`restore_bins`).
+
+        Raises:
+            ValueError: a stream of several bins.
+        """
+        if isinstance(data, BinStream) or any(isinstance(p, SharedBins) for p in data.values()):
+            raise ValueError(f"a {type(self).__name__} reads a payload per bin, not a stream of several bins "
+                             f"(written by a ColumnarAggState)")
+        return data  # type: ignore[return-value]  # (no SharedBins among the values)
 
     def _check_bin(self, bin: int) -> int:
         if not 0 <= bin < self._num_bins:

@@ -25,7 +25,7 @@ from chiray.control.ops.chains import BinChains, manifest_chains
 from chiray.control.ops.checkpoint import decode_offsets
 from chiray.operators.graph import OperatorKind, OperatorNode, PhysicalPlan
 from chiray.operators.state import BinnedState
-from chiray.operators.statecodec import SharedChanges
+from chiray.operators.statecodec import SharedBins
 from chiray.operators.upgrade import CodeChange
 
 from .storage import CheckpointError, CheckpointStorage, Manifest
@@ -37,10 +37,10 @@ __all__ = ["RestoreInfo", "StoredBins", "match_operators", "reset_code", "restor
 class StoredBins:
     """Bins read from a checkpoint: their full copies, and their changes in rounds, for
     ``BinnedState.restore_bins``: a round per file of changes, each bin's in the order of its chain (a
-    columnar state's changes to all its bins are one stream: ``SharedChanges``, decoded once a round)."""
+    columnar state's whole bins, and its changes, are a stream per file: ``SharedBins``, decoded once)."""
 
-    full: dict[int, bytes]
-    changes: list[dict[int, bytes | SharedChanges]]
+    full: dict[int, bytes | SharedBins]
+    changes: list[dict[int, bytes | SharedBins]]
     chains: dict[int, list[str]] = dataclasses.field(default_factory=dict)  # bin -> its files, full copy first
 
 
@@ -97,8 +97,8 @@ class RestoreInfo:
             for rel in files:
                 wanted.setdefault(rel, set()).add(b)
         parts = {rel: self.storage.read_parts(rel, bins) for rel, bins in sorted(wanted.items())}
-        full: dict[int, bytes] = {}
-        rounds: dict[str, dict[int, bytes | SharedChanges]] = {}  # a round per file of changes
+        full: dict[int, bytes | SharedBins] = {}
+        rounds: dict[str, dict[int, bytes | SharedBins]] = {}  # a round per file of changes
         for b, files in sorted(chains.items()):
             for i, rel in enumerate(files):
                 data, delta = self._part(parts[rel], b, rel)
@@ -107,7 +107,7 @@ class RestoreInfo:
                                           f"holds {'changes' if delta else 'a full copy'} where its chain has "
                                           f"{'changes' if i else 'its full copy'}")
                 if i == 0:
-                    full[b] = data  # type: ignore[assignment]  # (a full copy is never shared)
+                    full[b] = data
                 else:
                     rounds.setdefault(rel, {})[b] = data
         return StoredBins(full, [rounds[rel] for rel in self._in_order(chains, rounds)], chains)
@@ -125,8 +125,8 @@ class RestoreInfo:
             raise CheckpointError(f"checkpoint {self.checkpoint_id}: its chains order their files in "
                                   f"contradicting ways") from None
 
-    def _part(self, parts: dict[int, tuple[bytes | SharedChanges, bool]], b: int,
-              rel: str) -> tuple[bytes | SharedChanges, bool]:
+    def _part(self, parts: dict[int, tuple[bytes | SharedBins, bool]], b: int,
+              rel: str) -> tuple[bytes | SharedBins, bool]:
         if b not in parts:
             raise CheckpointError(f"checkpoint {self.checkpoint_id}: its state file {rel!r} lacks bin {b}")
         return parts[b]

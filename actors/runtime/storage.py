@@ -9,8 +9,8 @@ Layout under the job's root (a local directory or a URI such as
     ROOT/output/SINK/...                     sink output staged per epoch, committed by rename
 
 A state file holds, per bin, a full copy or the bin's changes since its previous
-checkpoint (``delta``); a columnar state's changes to all its bins are one row
-(bin ``SHARED_BIN``), a stream with a bin column. The manifest names, per bin, the files that make it up
+checkpoint (``delta``); a columnar state's whole bins, and its changes, are a
+row each (bin ``SHARED_BIN``), a stream with a bin column. The manifest names, per bin, the files that make it up
 (``control.ops.chains``), which may lie in the directories of earlier
 checkpoints. Retention counts references: it drops a checkpoint's manifest,
 deletes the files no retained checkpoint needs, and keeps the directory (marked
@@ -47,7 +47,7 @@ import pyarrow.ipc as ipc
 from chiray.control.ops.chains import ManifestFormatError, manifest_files
 from chiray.operators.errors import ChirayError
 from chiray.operators.staging import fsync_dir
-from chiray.operators.statecodec import EncodedChanges, SharedChanges, changes_bins
+from chiray.operators.statecodec import BinStream, SharedBins, stream_bins
 
 __all__ = ["CheckpointStorage", "CheckpointError", "MANIFEST", "Manifest", "RETIRED", "child_uri", "split_uri",
            "shown"]
@@ -62,14 +62,14 @@ RETIRED = "_RETIRED"
 _CHK = re.compile(r"^chk-(\d+)$")
 _BINS_SCHEMA = pa.schema([("bin", pa.int32()), ("data", pa.large_binary()), ("delta", pa.bool_())])
 SHARED_BIN = -1
-"""The bin of a state file's row that holds several bins' changes in one stream (``EncodedChanges``)."""
+"""The bin of a state file's row that holds several bins' changes in one stream (``BinStream``)."""
 WRITE_BATCH_BYTES = 1 << 20
 """A state file holds its bins in record batches of about this many bytes. Arrow converts a list of
 ``bytes`` holding the interpreter lock throughout: one batch of a 133 MB full copy (2M keys) held it for
 340 ms, and every operator of the process waited that long; a batch of 1 MB holds it for a few ms."""
 
 
-def _bin_batches(bins: list[int], payloads: list[bytes], full: int) -> Iterator[pa.RecordBatch]:
+def _bin_batches(bins: list[int], payloads: list[bytes | pa.Buffer], full: int) -> Iterator[pa.RecordBatch]:
     """The rows of a state file (the first ``full`` are full copies, the rest changes) in record batches of
     about ``WRITE_BATCH_BYTES`` each. A batch's payloads are copied once, joined into its data buffer (not
     converted one by one: at 8M keys, that and writing the file through a buffer in memory took 1 s of CPU
@@ -83,8 +83,9 @@ def _bin_batches(bins: list[int], payloads: list[bytes], full: int) -> Iterator[
         part = payloads[lo:hi]
         offsets = np.zeros(len(part) + 1, dtype=np.int64)
         np.cumsum([len(data) for data in part], out=offsets[1:])
+        joined = part[0] if len(part) == 1 else b"".join(part)  # (a stream of several bins is not copied)
         data = pa.Array.from_buffers(pa.large_binary(), len(part),
-                                     [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(part))])
+                                     [None, pa.py_buffer(offsets), pa.py_buffer(joined)])
         yield pa.record_batch([pa.array(bins[lo:hi], pa.int32()), data,
                                pa.array(np.arange(lo, hi) >= full, pa.bool_())], schema=_BINS_SCHEMA)
         lo = hi
@@ -233,13 +234,15 @@ class CheckpointStorage:
         """The path (relative to the root) of the state file of one instance at one checkpoint."""
         return f"chk-{checkpoint_id:06d}/state-{operator}-{index}.arrow"
 
-    def write_state(self, checkpoint_id: int, operator: str, index: int, bins: dict[int, bytes],
-                    changes: dict[int, bytes] | EncodedChanges | None = None) -> str:
+    def write_state(self, checkpoint_id: int, operator: str, index: int, bins: dict[int, bytes] | BinStream,
+                    changes: dict[int, bytes] | BinStream | None = None) -> str:
         """Write one instance's bins: full copies (``bins``) and changes since an earlier checkpoint
-        (``changes``: per bin, or several bins' in one stream, stored as one row of bin ``SHARED_BIN``);
+        (``changes``), each per bin or several bins in one stream (stored as one row of bin ``SHARED_BIN``);
         returns the file's path (relative to the root, :meth:`state_file`)."""
         self.make_dir(self.chk_dir(checkpoint_id))
-        if isinstance(changes, EncodedChanges):
+        if isinstance(bins, BinStream):
+            bins = {SHARED_BIN: bins.payload}
+        if isinstance(changes, BinStream):
             changes = {SHARED_BIN: changes.payload}
         changes = changes or {}
         rel = self.state_file(checkpoint_id, operator, index)
@@ -254,10 +257,10 @@ class CheckpointStorage:
         return rel
 
     def read_parts(self, relative: str, bins: set[int] | None = None,
-                   ) -> dict[int, tuple[bytes | SharedChanges, bool]]:
+                   ) -> dict[int, tuple[bytes | SharedBins, bool]]:
         """The bins stored in one state file (only ``bins`` if given): bin -> (payload, whether it holds
         changes rather than a full copy; files of format 1 hold full copies only). The bins of a stream of
-        several bins' changes share one payload (``SharedChanges``).
+        several bins' changes share one payload (``SharedBins``).
 
         Raises:
             CheckpointError: a stream of changes that cannot be read.
@@ -265,20 +268,20 @@ class CheckpointStorage:
         with self.fs.open_input_file(posixpath.join(self.root, relative)) as f:
             table = ipc.open_file(f).read_all()
         deltas = table.column("delta").to_pylist() if "delta" in table.column_names else [False] * table.num_rows
-        out: dict[int, tuple[bytes | SharedChanges, bool]] = {}
+        out: dict[int, tuple[bytes | SharedBins, bool]] = {}
         for b, data, delta in zip(table.column("bin").to_pylist(), table.column("data").to_pylist(), deltas):
-            if b == SHARED_BIN:
+            if b == SHARED_BIN:  # several bins, whole or changes
                 try:
-                    held = changes_bins(data)
+                    held = stream_bins(data)
                 except ValueError as exc:
                     raise CheckpointError(f"state file {relative!r} in {self.shown_root!r}: {exc}") from None
-                shared = SharedChanges(data)
-                out.update((c, (shared, True)) for c in held if bins is None or c in bins)
+                shared = SharedBins(data)
+                out.update((c, (shared, bool(delta))) for c in held if bins is None or c in bins)
             elif bins is None or b in bins:
                 out[b] = (data, bool(delta))
         return out
 
-    def read_state(self, relative: str, bins: set[int] | None = None) -> dict[int, bytes | SharedChanges]:
+    def read_state(self, relative: str, bins: set[int] | None = None) -> dict[int, bytes | SharedBins]:
         """The payloads stored in one state file (only ``bins`` if given)."""
         return {b: data for b, (data, _) in self.read_parts(relative, bins).items()}
 

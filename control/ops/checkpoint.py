@@ -40,7 +40,7 @@ from typing import Any, Callable, Collection, Protocol
 import cloudpickle
 
 from chiray.operators.errors import ChirayError
-from chiray.operators.statecodec import EncodedChanges
+from chiray.operators.statecodec import BinStream
 
 from ..message import InstanceId
 from ..op import ControlOp, InstanceHandler
@@ -82,8 +82,8 @@ class CheckpointStore(Protocol):
 
     def state_file(self, checkpoint_id: int, operator: str, index: int) -> str: ...
 
-    def write_state(self, checkpoint_id: int, operator: str, index: int, bins: dict[int, bytes],
-                    changes: dict[int, bytes] | EncodedChanges | None = None) -> str: ...
+    def write_state(self, checkpoint_id: int, operator: str, index: int, bins: dict[int, bytes] | BinStream,
+                    changes: dict[int, bytes] | BinStream | None = None) -> str: ...
 
     def commit(self, checkpoint_id: int, manifest: dict[str, Any]) -> None: ...
 
@@ -250,6 +250,11 @@ def _with_code(work: Callable[[], dict[str, Any]], code: dict[str, str] | None) 
     return lambda: {**work(), "code": code}
 
 
+def _sizes(part: dict[int, bytes] | BinStream) -> dict[int, int]:
+    """Bytes per bin written (of a stream of several bins, each one's share)."""
+    return part.sizes if isinstance(part, BinStream) else {b: len(data) for b, data in part.items()}
+
+
 def _cut_state(op: Checkpoint, ctx: Any) -> Callable[[], dict[str, Any]]:
     """At a keyed instance, in ``on_complete``: plan what each bin writes and copy those rows now; returns
     the work that serialises and writes them off the processing path, and gives the acknowledgement."""
@@ -269,9 +274,7 @@ def _cut_state(op: Checkpoint, ctx: Any) -> Callable[[], dict[str, Any]]:
     def write() -> dict[str, Any]:
         try:
             full, changes = encode()
-            sizes = {b: len(data) for b, data in full.items()}
-            sizes.update(changes.sizes if isinstance(changes, EncodedChanges)
-                         else {b: len(data) for b, data in changes.items()})
+            sizes = {b: n for part in (full, changes) for b, n in _sizes(part).items()}
             if sizes:
                 op.storage.write_state(op.checkpoint_id, operator, index, full, changes)
         except BaseException:

@@ -17,7 +17,8 @@ from chiray.actors.runtime import storage as storage_module
 from chiray.actors.runtime.storage import MANIFEST, CheckpointError, CheckpointStorage
 from chiray.operators.accumulators import Accumulator
 from chiray.operators.columnarstate import ColumnarAggState
-from chiray.operators.statecodec import EncodedChanges
+from chiray.operators.hashing import bins_of
+from chiray.operators.statecodec import BinStream
 
 
 def test_state_round_trip_and_bin_filter(tmp_path):
@@ -144,29 +145,37 @@ def test_a_state_file_whose_write_fails_part_way_leaves_no_file_behind(tmp_path,
     assert s.read_state(rel) == full and os.listdir(s.chk_dir(1)) == [os.path.basename(rel)]
 
 
-def test_a_stream_of_several_bins_changes_is_one_row_read_back_for_each_of_its_bins(tmp_path):
-    """A columnar state's changes to all its bins are one stream: the file holds it as one row, and reading
-    gives each of its bins asked for the same payload (decoded once, for those bins), beside full copies."""
+def test_streams_of_several_bins_are_a_row_each_read_back_for_each_of_their_bins(tmp_path):
+    """A columnar state's whole bins, and its changes to the others, are a stream each: the file holds each as
+    one row, and reading gives each of their bins asked for the stream's payload (the same object for all:
+    decoded once, for those bins) and whether it holds changes."""
     state = ColumnarAggState(8)
     state.configure(pa.string(), [Accumulator("n", "sum", "int64")])
     keys = pa.array([f"k{i}" for i in range(50)])
     state.update(keys, {"n": np.ones(50, np.int64)})
     since = {b: state.version(b) for b in state.bins()}
     state.update(keys.slice(0, 20), {"n": np.ones(20, np.int64)})
-    _, changes = state.snapshot_changes_later([], since)()
+    whole = sorted(since)[:3]
+    full, changes = state.snapshot_changes_later(whole, {b: v for b, v in since.items() if b not in whole})()
     s = CheckpointStorage(str(tmp_path / "chk"))
-    rel = s.write_state(1, "agg", 0, {9: b"whole"}, changes)
+    rel = s.write_state(1, "agg", 0, full, changes)
     with open(os.path.join(s.root, rel), "rb") as f:
         rows = pa.ipc.open_file(f).read_all()
-    assert rows.column("bin").to_pylist() == [9, storage_module.SHARED_BIN]
+    assert rows.column("bin").to_pylist() == [storage_module.SHARED_BIN] * 2
     assert rows.column("delta").to_pylist() == [False, True]
     parts = s.read_parts(rel)
-    assert set(parts) == {9, *since} and parts[9] == (b"whole", False)
-    shared = {id(parts[b][0]) for b in since}
-    assert len(shared) == 1 and all(parts[b][1] for b in since)
-    assert parts[min(since)][0].payload == changes.payload
-    assert set(s.read_parts(rel, {min(since), 42})) == {min(since)}
-    torn = s.write_state(2, "agg", 0, {}, EncodedChanges(changes.payload[:40], changes.sizes))
-    with pytest.raises(CheckpointError, match=r"state file 'chk-000002/state-agg-0.arrow' .*not a ColumnarAggState's "
-                                              r"changes"):
+    assert set(parts) == set(since)
+    assert [parts[b][1] for b in sorted(since)] == [b not in whole for b in sorted(since)]
+    assert len({id(parts[b][0]) for b in whole}) == 1 and len({id(parts[b][0]) for b in since if b not in whole}) == 1
+    assert parts[whole[0]][0].payload == full.payload.to_pybytes()
+    assert set(s.read_parts(rel, {whole[0], 42})) == {whole[0]}
+    fresh = ColumnarAggState(8)
+    fresh.restore_bins({b: parts[b][0] for b in whole[:2]})  # the rows of those two bins only
+    key_bins = bins_of(keys, 8)
+    expected = {k: (2 if i < 20 else 1) for i, k in enumerate(keys.to_pylist()) if key_bins[i] in whole[:2]}
+    slots = fresh.slots()
+    assert dict(zip(fresh.keys_at(slots).to_pylist(), fresh.values(slots)["n"].tolist())) == expected
+    torn = s.write_state(2, "agg", 0, {}, BinStream(changes.payload[:40], changes.sizes, False))
+    with pytest.raises(CheckpointError, match=r"state file 'chk-000002/state-agg-0.arrow' .*not a stream of "
+                                              r"ColumnarAggState bins"):
         s.read_parts(torn)

@@ -18,7 +18,7 @@ from chiray.operators.accumulators import Accumulator
 from chiray.operators.columnarstate import ColumnarAggState
 from chiray.operators.dictstate import DictState
 from chiray.operators.hashing import bins_of
-from chiray.operators.statecodec import (EncodedChanges, SharedChanges, changes_bins, decode_columnar_changes,
+from chiray.operators.statecodec import (BinStream, SharedBins, stream_bins, decode_bin_stream,
                                          encode_columnar_bin)
 
 BINS = 16
@@ -53,7 +53,7 @@ def test_the_stream_holds_each_bins_changes_and_expiries_and_restores_the_state(
     _put(state, oracle, rng.sample(keys, 150), 1)
     full = state.snapshot_changes_later(state.bins(), {})()[0]
     versions = {b: state.version(b) for b in range(BINS)}
-    rounds: list[EncodedChanges] = []
+    rounds: list[BinStream] = []
     for now in range(2, 8):
         written = rng.sample(keys, rng.randint(1, 60))
         _put(state, oracle, written, now)
@@ -62,12 +62,12 @@ def test_the_stream_holds_each_bins_changes_and_expiries_and_restores_the_state(
             del oracle[k]
         since = {b: versions[b] for b in state.changes_since(versions)}
         _, changes = state.snapshot_changes_later([], since)()
-        assert isinstance(changes, EncodedChanges)
-        assert changes_bins(changes.payload) == {b: state.version(b) for b in since}
+        assert isinstance(changes, BinStream)
+        assert stream_bins(changes.payload) == {b: state.version(b) for b in since}
         assert sum(changes.sizes.values()) == pytest.approx(len(changes.payload), rel=0.01)
         some = set(rng.sample(sorted(since), BINS // 2))  # a restore whose instance owns half of the bins
         for bins in (set(since), some):
-            got = decode_columnar_changes(changes.payload, bins, BINS)
+            got = decode_bin_stream(changes.payload, bins, BINS)
             rows = dict(zip(got.rows.column(0).to_pylist(), zip(got.rows.column(1).to_pylist(), got.touched.tolist())))
             assert rows == {k: oracle[k] for k in set(written) - gone if _bin(k) in bins}
             assert got.row_bins.tolist() == [_bin(k) for k in got.rows.column(0).to_pylist()]
@@ -100,16 +100,18 @@ def test_a_stream_of_changes_is_refused_where_one_bin_is_expected() -> None:
     since = {b: state.version(b) for b in state.bins()}
     _put(state, oracle, ["a"], 2)
     _, changes = state.snapshot_changes_later([], since)()
-    shared = SharedChanges(changes.payload)
-    with pytest.raises(ValueError, match=r"bin \d+: payload is the changes of a ColumnarAggState's bins, not a "
-                                         r"ColumnarAggState bin"):
+    shared = SharedBins(changes.payload)
+    with pytest.raises(ValueError, match=r"cannot install bin \d+: the payload holds changes, not a bin"):
         ColumnarAggState(BINS).install_bins({_bin("a"): shared})
-    with pytest.raises(ValueError, match=r"not a DictState bin"):
+    with pytest.raises(ValueError, match=r"bin \d+: payload is a stream of several bins of a ColumnarAggState, "
+                                         r"not a DictState bin"):
         DictState(BINS).apply_changes({_bin("a"): shared})
-    with pytest.raises(ValueError, match=r"the changes do not hold bin"):
-        decode_columnar_changes(changes.payload, set(range(BINS)), BINS)
-    with pytest.raises(ValueError, match=r"written with 16 bins, not 32"):
-        decode_columnar_changes(changes.payload, set(since), 32)
+    with pytest.raises(ValueError, match=r"a DictState reads a payload per bin, not a stream of several bins"):
+        DictState(BINS).restore_bins({}, [changes])
+    with pytest.raises(ValueError, match=r"the stream does not hold bin"):
+        decode_bin_stream(changes.payload, set(range(BINS)), BINS)
+    with pytest.raises(ValueError, match=r"bins written with 16 bins, not 32"):
+        decode_bin_stream(changes.payload, set(since), 32)
     one_bin = encode_columnar_bin(BINS, 0, 1, state.layout, None, {"n": np.zeros(0, np.int64)})
-    with pytest.raises(ValueError, match=r"not a ColumnarAggState's changes"):
-        changes_bins(one_bin)
+    with pytest.raises(ValueError, match=r"not a stream of ColumnarAggState bins"):
+        stream_bins(one_bin)

@@ -130,7 +130,7 @@ def test_a_cut_looks_only_at_the_rows_written_since_the_last_and_finds_what_a_fu
                 slow += 1
         cuts.append({b: state.version(b) for b in state.bins()})
         full, changes = state.snapshot_changes_later(whole, since)()  # the checkpoint's cut: clears ``_dirty``
-        assert sorted(full) == whole
+        assert sorted(full.sizes if full else ()) == whole
         replica.extract_bins([b for b in whole if b in replica.bins()])
         replica.install_bins(full)
         replica.apply_changes(changes)

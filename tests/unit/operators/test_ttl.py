@@ -17,7 +17,7 @@ from chiray.operators.keyed import AggregateLogic, AggSpec
 from chiray.operators.logic import SideOutput
 from chiray.operators.accumulators import Accumulator
 from chiray.operators.columnarstate import ColumnarAggState
-from chiray.operators.statecodec import decode_columnar_changes
+from chiray.operators.statecodec import decode_bin_stream
 from chiray.operators.ttl import EXPIRED, StateTTL, state_ttl
 
 BINS = 16
@@ -155,7 +155,7 @@ def test_changes_carry_expired_keys_as_deletions_and_a_restore_equals_the_state(
         restored = _fresh_with(full, changes)
         assert _dump(restored) == _dump(s)
         assert restored.bins() == s.bins()
-    assert any(len(decode_columnar_changes(part.payload, set(part.sizes), BINS).deleted) for part in changes)
+    assert any(len(decode_bin_stream(part.payload, set(part.sizes), BINS).deleted) for part in changes)
 
 
 def test_touches_travel_with_the_bins_and_an_untouched_bin_starts_its_ttl_at_arrival() -> None:
