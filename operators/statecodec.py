@@ -361,13 +361,20 @@ def encode_bin_stream(num_bins: int, versions: dict[int, int], layout: Layout, r
                                  "accumulators": [a.spec() for a in accs], "full": full, "deleted": dead}
     table = rows.replace_schema_metadata({b"format": STREAM_FORMAT.encode(), b"header": json.dumps(header).encode(),
                                           b"meta": layout[2]})
-    sink = pa.BufferOutputStream()
+    batches = table.to_batches(max_chunksize=STREAM_BATCH_ROWS)
+    # Written into one buffer of the stream's size, measured first (a pass that copies nothing): a stream
+    # that grows as it is written copies itself at every growth into fresh memory, and fresh memory costs
+    # its first touch (for a full copy of 4M keys, 137 MB, 350-520 ms of CPU time against 100 ms)
+    measure = pa.MockOutputStream()
+    with pa.RecordBatchStreamWriter(measure, table.schema, options=_IPC_OPTIONS) as writer:
+        for batch in batches:
+            writer.write_batch(batch)
+    payload = pa.allocate_buffer(measure.size())
     pacer = Pacer(share, floor=floor)
-    with pa.RecordBatchStreamWriter(sink, table.schema, options=_IPC_OPTIONS) as writer:
-        for batch in table.to_batches(max_chunksize=STREAM_BATCH_ROWS):
+    with pa.RecordBatchStreamWriter(pa.FixedSizeBufferWriter(payload), table.schema, options=_IPC_OPTIONS) as writer:
+        for batch in batches:
             writer.write_batch(batch)
             pacer.rest()
-    payload = sink.getvalue()
     counts = np.bincount(row_bins, minlength=num_bins)
     per_row = len(payload) / max(len(row_bins), 1)
     return BinStream(payload, {b: max(round(int(counts[b]) * per_row), 1) for b in versions}, full)
@@ -515,7 +522,8 @@ class CopiedRows:
         return out
 
 
-def checked_keys(filled: Sequence[ColumnarBin | ColumnarRows], num_bins: int, doing: str) -> tuple[pa.Array, np.ndarray]:
+def checked_keys(filled: Sequence[ColumnarBin | ColumnarRows], num_bins: int,
+                 doing: str) -> tuple[pa.Array, np.ndarray]:
     """The keys of decoded bins of a state of ``num_bins`` bins, all checked to belong to the bin they came
     in, and their hashes (hashed once: a key index stores the same hashes).
 
