@@ -11,10 +11,10 @@ Two formats, one per kind of state:
   stream of its rows: the key, one column per accumulator and, where the
   state keeps them, the keys' last touches; a JSON header and the owner's
   metadata sit in the schema metadata. Changes list the keys they delete
-  first, as rows of identity values. A checkpoint writes the changes of all
-  the bins it asks for as one stream (:func:`encode_bin_stream`):
-  the same columns and a ``bin`` column, the rows in the order of the
-  state's slots, each bin's version in the header.
+  first, as rows of identity values. A checkpoint writes the bins it copies
+  whole, and the changes to the others, as a stream each
+  (:func:`encode_bin_stream`): the same columns and a ``bin`` column, the
+  rows in the order of the state's slots, each bin's version in the header.
 
 Reading checks what it reads: a payload of another kind, bin or number of
 bins is a ``ValueError`` naming it, and a pickled payload is unpickled only
@@ -154,17 +154,15 @@ class ColumnarRows:
 @dataclasses.dataclass(frozen=True)
 class BinStream:
     """A checkpoint's rows of several bins as one stream (:func:`encode_bin_stream`): the bins whole, or
-    their changes.
+    their changes (its header says which).
 
     Attributes:
         payload: the stream.
         sizes: per bin, the bytes of its rows (its share of the payload, by rows), which bound its chain.
-        full: whether it holds the bins whole.
     """
 
     payload: pa.Buffer
     sizes: dict[int, int]
-    full: bool
 
     def as_read(self) -> dict[int, SharedBins]:
         """Each bin's payload as storage gives it back (:class:`SharedBins`), for ``install_bins`` (whole
@@ -341,15 +339,15 @@ def encode_bin_stream(num_bins: int, versions: dict[int, int], layout: Layout, r
     One stream in place of one per bin: the rows need not be grouped by bin, so the copier takes them in
     the order of the state's slots. At 4M string keys, 222,000 changes were copied and encoded in 50-52 ms of
     CPU time against 113-148 ms for a stream per bin, whose rows were copied bin by bin; a full copy in
-    0.4 s against 1.4-1.6 s, most of which went to putting 4M keys in the order of their bins."""
+    0.23-0.57 s against 1.4-1.7 s, most of which went to putting 4M keys in the order of their bins."""
     accs = layout[1]
     row_bins = np.asarray(row_bins, dtype=np.int32)
     dead = 0
     if deleted is not None and len(deleted):
-        if isinstance(keys, pa.ChunkedArray):
-            keys = keys.combine_chunks()
         if full:
             raise ValueError("bug: whole bins with deleted keys")
+        if isinstance(keys, pa.ChunkedArray):
+            keys = keys.combine_chunks()
         dead = len(deleted)
         keys = deleted if keys is None or not len(keys) else pa.concat_arrays([deleted, keys])
         cols = {n: np.concatenate([np.full(dead, NEVER_TOUCHED if n == TOUCHED else _identity(accs, n),
@@ -377,7 +375,7 @@ def encode_bin_stream(num_bins: int, versions: dict[int, int], layout: Layout, r
             pacer.rest()
     counts = np.bincount(row_bins, minlength=num_bins)
     per_row = len(payload) / max(len(row_bins), 1)
-    return BinStream(payload, {b: max(round(int(counts[b]) * per_row), 1) for b in versions}, full)
+    return BinStream(payload, {b: max(round(int(counts[b]) * per_row), 1) for b in versions})
 
 
 def _stream_header(payload: bytes | pa.Buffer) -> tuple[pa.RecordBatchStreamReader, dict[str, Any]]:
@@ -422,7 +420,9 @@ def decode_bin_stream(payload: bytes | pa.Buffer, bins: set[int], num_bins: int)
     table = table.drop_columns(["bin"])
     dead = int(header["deleted"])
     if len(bins) < len(versions):  # a rescale's restore: some of its bins went elsewhere
-        keep = np.isin(row_bins, np.fromiter(bins, dtype=np.int64, count=len(bins)))
+        asked = np.zeros(num_bins, dtype=bool)
+        asked[list(bins)] = True
+        keep = asked[row_bins]
         table, row_bins = table.filter(pa.array(keep)), row_bins[keep]
         dead = int(np.count_nonzero(keep[:dead]))
     touched = None

@@ -10,11 +10,12 @@ Layout under the job's root (a local directory or a URI such as
 
 A state file holds, per bin, a full copy or the bin's changes since its previous
 checkpoint (``delta``); a columnar state's whole bins, and its changes, are a
-row each (bin ``SHARED_BIN``), a stream with a bin column. The manifest names, per bin, the files that make it up
-(``control.ops.chains``), which may lie in the directories of earlier
-checkpoints. Retention counts references: it drops a checkpoint's manifest,
-deletes the files no retained checkpoint needs, and keeps the directory (marked
-``_RETIRED``) as long as one of its files is still needed.
+row each (bin ``SHARED_BIN``), a stream with a bin column. The manifest names,
+per bin, the files that make it up (``control.ops.chains``), which may lie in
+the directories of earlier checkpoints. Retention counts references: it drops
+a checkpoint's manifest, deletes the files no retained checkpoint needs, and
+keeps the directory (marked ``_RETIRED``) as long as one of its files is still
+needed.
 
 A checkpoint directory without a readable manifest, or whose manifest names a
 missing state file, is incomplete: listing skips it with a log line (a retired
@@ -62,7 +63,7 @@ RETIRED = "_RETIRED"
 _CHK = re.compile(r"^chk-(\d+)$")
 _BINS_SCHEMA = pa.schema([("bin", pa.int32()), ("data", pa.large_binary()), ("delta", pa.bool_())])
 SHARED_BIN = -1
-"""The bin of a state file's row that holds several bins' changes in one stream (``BinStream``)."""
+"""The bin of a state file's row that holds several bins in one stream, whole or their changes (``BinStream``)."""
 WRITE_BATCH_BYTES = 1 << 20
 """A state file holds its bins in record batches of about this many bytes. Arrow converts a list of
 ``bytes`` holding the interpreter lock throughout: one batch of a 133 MB full copy (2M keys) held it for
@@ -260,10 +261,10 @@ class CheckpointStorage:
                    ) -> dict[int, tuple[bytes | SharedBins, bool]]:
         """The bins stored in one state file (only ``bins`` if given): bin -> (payload, whether it holds
         changes rather than a full copy; files of format 1 hold full copies only). The bins of a stream of
-        several bins' changes share one payload (``SharedBins``).
+        several bins share one payload (``SharedBins``).
 
         Raises:
-            CheckpointError: a stream of changes that cannot be read.
+            CheckpointError: a stream of several bins whose header cannot be read.
         """
         with self.fs.open_input_file(posixpath.join(self.root, relative)) as f:
             table = ipc.open_file(f).read_all()

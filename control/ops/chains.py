@@ -20,10 +20,10 @@ that file get full copies again. An instance that a recovery restored adopts
 the chains it read (:meth:`BinChains.adopt`), so its first checkpoint in the
 same storage writes only what changed since.
 
-In a manifest (format 2) each instance's chains are ``{"files": [relative
+In a manifest (formats 2 and 3) each instance's chains are ``{"files": [relative
 paths], "chains": [[bin, i_full, i_change, ...], ...]}``, indexes into its
 ``files``; :func:`manifest_chains` reads formats 1 (one full file per
-instance) and 2, :func:`manifest_files` lists every file a manifest needs.
+instance), 2 and 3, :func:`manifest_files` lists every file a manifest needs.
 """
 
 from __future__ import annotations
@@ -37,8 +37,10 @@ from chiray.operators.errors import ChirayError
 __all__ = ["BinChains", "Chain", "ChainBound", "ChainWriteError", "CutPlan", "Link", "MANIFEST_FORMAT",
            "ManifestFormatError", "manifest_chains", "manifest_files", "check_manifest_format", "lead"]
 
-MANIFEST_FORMAT = 2
-"""The manifest format this version writes (1: one full state file per instance, no ``format_version``)."""
+MANIFEST_FORMAT = 3
+"""The manifest format this version writes (1: one full state file per instance, no ``format_version``; 2:
+chains of files per bin, each file a payload per bin; 3: as 2, and a file may hold a stream of several bins,
+which a version that reads up to 2 would not find its bins in: it refuses the checkpoint by its format)."""
 
 
 class ManifestFormatError(ChirayError, ValueError):
@@ -110,7 +112,7 @@ class CutPlan:
         return {link.checkpoint_id for chain in self.chains.values() for link in chain.links} - {self.checkpoint_id}
 
     def manifest_entry(self) -> dict[str, Any]:
-        """The instance's chains as a manifest holds them (format 2)."""
+        """The instance's chains as a manifest holds them (formats 2 and 3)."""
         files: dict[str, int] = {}
         rows = []
         for b, chain in sorted(self.chains.items()):

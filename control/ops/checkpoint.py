@@ -27,7 +27,7 @@ is harmless) and deletes old checkpoints beyond the retention. The op's result
 is the checkpoint id. The manifest's ``sink_staged`` maps each sink instance to
 its staged output per epoch (``sinks``, one value per instance, in checkpoints
 of earlier versions); ``state_chains`` maps each keyed instance to the files
-of each of its bins (format 2, ``chains.manifest_chains``; format 1 had one
+of each of its bins (formats 2 and 3, ``chains.manifest_chains``; format 1 had one
 full file per instance in ``state_files``).
 """
 

@@ -469,9 +469,51 @@ def test_a_checkpoint_written_before_incremental_checkpoints_still_restores(tmp_
     assert restored == oracle
 
 
+def test_a_checkpoint_of_format_2_with_a_payload_per_bin_still_restores(tmp_path):
+    """Format 2, as the version before streams of several bins wrote it: a columnar state's full copies and
+    changes each a payload per bin, in chains over two files; the restore equals the state (a dict of the
+    writes) at the second checkpoint, at the parallelism it was written with and at another."""
+    from chiray.operators.accumulators import Accumulator
+
+    def state() -> ColumnarAggState:
+        s = ColumnarAggState(BINS)
+        s.configure(pa.string(), [Accumulator("n", "sum", "int64")])
+        return s
+
+    rng = random.Random(5)
+    twin, oracle = state(), {}
+    first = [f"k{i}" for i in range(120)]
+    second = rng.sample(first, 40) + [f"new{i}" for i in range(15)]
+    for keys in (first, second):
+        twin.update(pa.array(keys), {"n": np.ones(len(keys), np.int64)})
+        for k in keys:
+            oracle[k] = oracle.get(k, 0) + 1
+        if keys is first:
+            full = twin.snapshot_bins(twin.bins())  # a payload per bin, as format 2 held them
+            since = {b: twin.version(b) for b in twin.bins()}
+    changes = twin.extract_changes(since)
+    assert changes is not None and all(isinstance(data, bytes) for data in changes.values())
+    storage = CheckpointStorage(str(tmp_path / "chk"))
+    files = [storage.write_state(1, OP, 0, full), storage.write_state(2, OP, 0, {}, changes)]
+    storage.commit(2, {"format_version": 2, "job": {}, "sources": {}, "sink_staged": {},
+                       "state_chains": {f"{OP}/0": {"files": files,
+                                                    "chains": [[b, 0, 1] if b in changes else [b, 0] for b in full]}},
+                       "state_bins": {f"{OP}/0": sorted(full)}})
+    info = RestoreInfo(storage, storage.load(2))
+    for parallelism in (1, 2):
+        restored: dict = {}
+        for i in range(parallelism):
+            fresh = state()
+            stored = info.load_bins(OP, i, [b % parallelism for b in range(BINS)])
+            fresh.restore_bins(stored.full, stored.changes)
+            slots = fresh.slots()
+            restored.update(zip(fresh.keys_at(slots).to_pylist(), fresh.values(slots)["n"].tolist()))
+        assert restored == oracle
+
+
 def test_a_manifest_of_an_unknown_format_is_refused_clearly(tmp_path):
     storage = CheckpointStorage(str(tmp_path / "chk"))
     storage.commit(1, {"format_version": 99, "state_chains": {}})
-    with pytest.raises(CheckpointError, match=r"checkpoint 1 .*manifest format 99 .*formats 1 to 2.*newer"):
+    with pytest.raises(CheckpointError, match=r"checkpoint 1 .*manifest format 99 .*formats 1 to 3.*newer"):
         storage.load(1)
     assert storage.committed() == []

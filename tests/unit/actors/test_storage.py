@@ -175,7 +175,7 @@ def test_streams_of_several_bins_are_a_row_each_read_back_for_each_of_their_bins
     expected = {k: (2 if i < 20 else 1) for i, k in enumerate(keys.to_pylist()) if key_bins[i] in whole[:2]}
     slots = fresh.slots()
     assert dict(zip(fresh.keys_at(slots).to_pylist(), fresh.values(slots)["n"].tolist())) == expected
-    torn = s.write_state(2, "agg", 0, {}, BinStream(changes.payload[:40], changes.sizes, False))
+    torn = s.write_state(2, "agg", 0, {}, BinStream(changes.payload[:40], changes.sizes))
     with pytest.raises(CheckpointError, match=r"state file 'chk-000002/state-agg-0.arrow' .*not a stream of "
                                               r"ColumnarAggState bins"):
         s.read_parts(torn)
