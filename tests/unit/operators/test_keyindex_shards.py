@@ -73,3 +73,28 @@ def test_a_split_index_reserves_and_compacts_like_a_single_table(small_shards, t
     dropped = np.setdiff1d(np.arange(600), keep)
     assert new.tolist() == dropped.tolist()
     assert index.keys_at(np.arange(len(index))).to_pylist() == kept + [keys[i] for i in dropped]
+
+
+@pytest.mark.parametrize("expected", [100, 5000])  # one table, and shards
+def test_insert_stores_each_hash_once_whoever_repeats_it(small_shards, expected):
+    """``_SlotTable.insert`` against a dict: a hash already held keeps its slot, and of the slots that
+    bring a new hash (several, when it repeats in one call) exactly one holds it; the call's result says
+    which. An empty table (a restore's) and one holding hashes both go through it."""
+    rng = np.random.default_rng(expected)
+    table, oracle, slot = _SlotTable(expected), {}, 0
+    for size in (3000, 0, 1, 2000, 2000):
+        hashes = rng.integers(0, 2500, size, dtype=np.int64).view(np.uint64)  # repeats within and across calls
+        slots = np.arange(slot, slot + size)
+        slot += size
+        stored = table.insert(hashes, slots)
+        holders = {}
+        for h, s in zip(hashes.tolist(), slots.tolist()):
+            if h not in oracle:
+                holders.setdefault(h, []).append(s)
+        chosen = dict(zip(hashes[stored].tolist(), slots[stored].tolist()))
+        assert sorted(chosen) == sorted(holders), "a new hash stored more or less than once"
+        assert all(chosen[h] in holders[h] for h in holders)
+        oracle.update(chosen)
+        assert len(table) == len(oracle)
+        keys = np.array(sorted(oracle), dtype=np.uint64)
+        assert table.find(keys).tolist() == [oracle[h] for h in keys.tolist()]
