@@ -92,6 +92,27 @@ def _bin_batches(bins: list[int], payloads: list[bytes | pa.Buffer], full: int) 
         lo = hi
 
 
+def _payload_views(column: pa.ChunkedArray) -> Iterator[pa.Buffer]:
+    """Each value of a state file's ``data`` column as a view of the file's buffer. Copying a stream of
+    several bins out (``to_pylist``, or a scalar's ``as_buffer``) took 0.15-0.18 s for a full copy of 4M
+    keys (158 MB), three times as long as reading the file."""
+    wide = pa.types.is_large_binary(column.type)
+    for chunk in column.chunks:
+        _, offsets_buffer, data = chunk.buffers()
+        if data is None:  # (no value holds a byte)
+            data = pa.py_buffer(b"")
+        offsets = np.frombuffer(offsets_buffer, dtype=np.int64 if wide else np.int32)
+        offsets = offsets[chunk.offset: chunk.offset + len(chunk) + 1].tolist()
+        for lo, hi in zip(offsets[:-1], offsets[1:]):
+            yield data.slice(lo, hi - lo)
+
+
+def _aligned(data: pa.Buffer) -> pa.Buffer:
+    """``data``, copied where it does not start at a multiple of 8 bytes (the columns decoded from a stream
+    are views of it)."""
+    return data if data.address % 8 == 0 else pa.py_buffer(data.to_pybytes())
+
+
 class CheckpointError(ChirayError, RuntimeError):
     """A checkpoint is missing, incomplete or corrupt."""
 
@@ -270,8 +291,9 @@ class CheckpointStorage:
             table = ipc.open_file(f).read_all()
         deltas = table.column("delta").to_pylist() if "delta" in table.column_names else [False] * table.num_rows
         out: dict[int, tuple[bytes | SharedBins, bool]] = {}
-        for b, data, delta in zip(table.column("bin").to_pylist(), table.column("data").to_pylist(), deltas):
+        for b, view, delta in zip(table.column("bin").to_pylist(), _payload_views(table.column("data")), deltas):
             if b == SHARED_BIN:  # several bins, whole or changes
+                data = _aligned(view)
                 try:
                     held = stream_bins(data)
                 except ValueError as exc:
@@ -279,7 +301,7 @@ class CheckpointStorage:
                 shared = SharedBins(data)
                 out.update((c, (shared, bool(delta))) for c in held if bins is None or c in bins)
             elif bins is None or b in bins:
-                out[b] = (data, bool(delta))
+                out[b] = (view.to_pybytes(), bool(delta))
         return out
 
     def read_state(self, relative: str, bins: set[int] | None = None) -> dict[int, bytes | SharedBins]:

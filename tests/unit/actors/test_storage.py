@@ -179,3 +179,34 @@ def test_streams_of_several_bins_are_a_row_each_read_back_for_each_of_their_bins
     with pytest.raises(CheckpointError, match=r"state file 'chk-000002/state-agg-0.arrow' .*not a stream of "
                                               r"ColumnarAggState bins"):
         s.read_parts(torn)
+
+
+def test_a_stream_of_bins_is_read_as_a_view_of_the_file_at_an_aligned_address(tmp_path):
+    """A stream of several bins comes back as a view of the buffer the file was read into (a full copy of
+    millions of keys is not copied again into ``bytes``), at an address that is a multiple of 8: a stream
+    that a file holds after another bin's payload of 3 bytes is copied to such an address, and reads back
+    whole."""
+    state = ColumnarAggState(8)
+    state.configure(pa.string(), [Accumulator("n", "sum", "int64")])
+    keys = pa.array([f"k{i}" for i in range(40)])
+    state.update(keys, {"n": np.arange(40, dtype=np.int64)})
+    full, _ = state.snapshot_changes_later(sorted(state.bins()), {})()
+    s = CheckpointStorage(str(tmp_path / "chk"))
+    read = s.read_parts(s.write_state(1, "agg", 0, full))
+    assert all(isinstance(shared.payload, pa.Buffer) and shared.payload.address % 8 == 0
+               for shared, _ in read.values())
+    rel = "chk-000001/state-agg-1.arrow"  # another bin's payload of 3 bytes first, in the same record batch
+    with pa.OSFile(os.path.join(s.root, rel), "wb") as out, \
+            pa.ipc.new_file(out, storage_module._BINS_SCHEMA) as writer:
+        for batch in storage_module._bin_batches([42, storage_module.SHARED_BIN], [b"abc", full.payload], 2):
+            writer.write_batch(batch)
+    parts = s.read_parts(rel)
+    assert parts.pop(42) == (b"abc", False)
+    assert set(parts) == set(state.bins())
+    payload = next(iter(parts.values()))[0].payload
+    assert payload.address % 8 == 0 and payload == full.payload.to_pybytes()
+    fresh = ColumnarAggState(8)
+    fresh.restore_bins({b: shared for b, (shared, _) in parts.items()})
+    slots = fresh.slots()
+    assert dict(zip(fresh.keys_at(slots).to_pylist(), fresh.values(slots)["n"].tolist())) == {
+        f"k{i}": i for i in range(40)}
