@@ -172,6 +172,56 @@ def test_hash_is_stable_across_processes_with_different_hash_seeds() -> None:
         assert child_hashes == [str(h) for h in hash_keys(keys)]
 
 
+_M64 = (1 << 64) - 1
+
+
+def _splitmix_loop(x: int) -> int:
+    z = (x + 0x9E3779B97F4A7C15) & _M64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+    return z ^ (z >> 31)
+
+
+def _hash_loop(value: bytes | int | None) -> int:
+    """The documented hash, one value at a time in plain Python: an integer through splitmix64; bytes
+    seeded by their length, then folded 8 little-endian bytes at a time (the last word zero-padded)."""
+    if value is None:
+        return int(NULL_HASH)
+    if isinstance(value, int):
+        return _splitmix_loop(value & _M64)
+    h = _splitmix_loop(len(value) ^ 0x6368697261790001)
+    for k in range(0, len(value), 8):
+        h = _splitmix_loop(h ^ int.from_bytes(value[k:k + 8], "little"))
+    return h
+
+
+@pytest.mark.parametrize("kind", ["string", "large_binary", "int64"])
+def test_long_columns_hash_as_a_plain_loop_does_across_steps(kind: str, monkeypatch) -> None:
+    """A column longer than ``HASH_CHUNK_ROWS`` is hashed in steps (lowered here to 64 rows): every row,
+    on either side of a step's edge, in a slice that starts inside a step, and the column's last value
+    (whose last word runs past the data buffer's end), hashes as the plain loop says."""
+    from chiray.operators import hashing
+
+    monkeypatch.setattr(hashing, "HASH_CHUNK_ROWS", 64)
+    rng = np.random.default_rng(11)
+    n = 1000
+    if kind == "int64":
+        values: list = [None if rng.random() < 0.05 else int(v) for v in rng.integers(-2**63, 2**63 - 1, n)]
+        column = pa.array(values, pa.int64())
+    else:
+        values = [None if rng.random() < 0.05 else rng.bytes(int(rng.choice([0, 1, 5, 8, 9, 16, 23, 40])))
+                  for _ in range(n)]
+        values[-1] = b"last-value-of-13"[:13]
+        column = pa.array(values, pa.large_binary()) if kind == "large_binary" else pa.array(
+            [None if v is None else v.hex() for v in values], pa.string())
+        if kind == "string":
+            values = [None if v is None else v.hex().encode() for v in values]
+    expected = np.array([_hash_loop(v) for v in values], dtype=np.uint64)
+    assert (hash_keys(column) == expected).all()
+    assert (hash_keys(column.slice(37, 700)) == expected[37:737]).all()
+    assert (hash_keys(pa.chunked_array([column.slice(0, 500), column.slice(500)])) == expected).all()
+
+
 def test_encode_keys_groups_in_first_appearance_order() -> None:
     column = pa.array(["b", None, "a", "b", None, "c"])
     uniques, codes = encode_keys(column)
