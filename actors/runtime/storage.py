@@ -98,6 +98,8 @@ def _payload_views(column: pa.ChunkedArray) -> Iterator[pa.Buffer]:
     keys (158 MB), three times as long as reading the file."""
     wide = pa.types.is_large_binary(column.type)
     for chunk in column.chunks:
+        if not len(chunk):
+            continue
         _, offsets_buffer, data = chunk.buffers()
         if data is None:  # (no value holds a byte)
             data = pa.py_buffer(b"")
