@@ -77,9 +77,10 @@ class CallWindow(Generic[K, T]):
         else:
             self._queued[key] = self._merge(self._queued[key], item)
 
-    def take(self, key: K) -> T | None:
-        """What waits for ``key`` if it has room for a call (then counted in flight), else None."""
-        if key not in self._queued or self._calls.get(key, 0) >= self._window:
+    def take(self, key: K, spare: int = 0) -> T | None:
+        """What waits for ``key`` if it has room for a call (then counted in flight), else None. ``spare``:
+        calls beyond the window that this take may use (for what must not wait behind the calls in flight)."""
+        if key not in self._queued or self._calls.get(key, 0) >= self._window + spare:
             return None
         self._calls[key] = self._calls.get(key, 0) + 1
         return self._queued.pop(key)
@@ -107,6 +108,10 @@ class CallWindow(Generic[K, T]):
     def queued(self, key: K) -> bool:
         """Something waits for ``key``."""
         return key in self._queued
+
+    def waiting(self, key: K) -> T | None:
+        """What waits for ``key`` (not taken), or None."""
+        return self._queued.get(key)
 
     def in_flight(self, key: K) -> int:
         """Calls to ``key`` in flight."""

@@ -144,6 +144,11 @@ class Parcel:
         return bool(self.envelopes or self.runs or self.grants or self.extra or self.ended or self.relays or self.injections
                     or self.collects)
 
+    @property
+    def carries_control(self) -> bool:
+        """It holds control traffic (runs, extra-edge sends, relayed, injected or collected control)."""
+        return bool(self.runs or self.extra or self.relays or self.injections or self.collects)
+
     def add(self, other: Parcel) -> None:
         """Append ``other``'s contents (a parcel still waiting to go takes what follows it)."""
         self.envelopes.extend(other.envelopes)

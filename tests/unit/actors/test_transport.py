@@ -89,6 +89,47 @@ def test_one_call_in_flight_per_peer_and_what_waited_goes_in_one_call() -> None:
     run(go())
 
 
+def control(host: int, name: str) -> Outbox:
+    """An outbox with control traffic for ``host`` (a message along an extra edge; the transport never
+    looks inside)."""
+    out = Outbox()
+    out.extra[host].append((("count", 0), name))  # type: ignore[arg-type]
+    return out
+
+
+def test_control_traffic_leaves_at_once_in_one_more_call_and_no_more() -> None:
+    async def go() -> None:
+        peers = {1: FakeActor()}
+        t = Transport(peers, lambda h, e: None)
+        t.send(outbox(1, 0))
+        t.send(outbox(1, 1))
+        assert len(peers[1].calls) == 1  # data waits behind the call in flight
+        t.send(control(1, "barrier-1"))
+        assert len(peers[1].calls) == 2  # control does not: it goes now, with the data that waited
+        second: Parcel = peers[1].calls[1][0]
+        assert [e.seq for e in second.envelopes] == [1] and [m for _, m in second.extra] == ["barrier-1"]
+        t.send(control(1, "barrier-2"))
+        t.send(outbox(1, 2))
+        assert len(peers[1].calls) == 2  # two calls in flight: even control waits now
+        peers[1].calls[1][1].finish()  # the control call returns first (calls return in any order)
+        await settle()
+        assert len(peers[1].calls) == 3  # what waited holds control: it takes the spare call at once
+        third: Parcel = peers[1].calls[2][0]
+        assert [e.seq for e in third.envelopes] == [2] and [m for _, m in third.extra] == ["barrier-2"]
+        t.send(outbox(1, 3))
+        peers[1].calls[0][1].finish()
+        await settle()
+        assert len(peers[1].calls) == 3  # data only: it waits until no call but this one is in flight
+        peers[1].calls[2][1].finish()
+        await settle()
+        assert len(peers[1].calls) == 4 and [e.seq for e in peers[1].calls[3][0].envelopes] == [3]
+        peers[1].calls[3][1].finish()
+        await settle()
+        assert t.idle and t.calls == 4
+
+    run(go())
+
+
 def test_a_failed_call_is_reported_with_its_host() -> None:
     async def go() -> None:
         peers = {1: FakeActor()}

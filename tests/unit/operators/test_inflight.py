@@ -63,6 +63,18 @@ def test_a_window_above_one_lets_that_many_calls_go_before_items_wait() -> None:
     assert calls.in_flight("r") == 0 and not calls.returned("r")
 
 
+def test_a_take_with_spare_calls_goes_beyond_the_window_by_that_many_and_waiting_only_looks() -> None:
+    calls: CallWindow[str, list[int]] = CallWindow(concat)
+    assert calls.offer("r", [0]) == [0] and calls.offer("r", [1]) is None
+    assert calls.waiting("r") == [1] and calls.queued("r")  # (looked at, not taken)
+    assert calls.take("r") is None and calls.take("r", spare=1) == [1] and calls.in_flight("r") == 2
+    calls.put("r", [2])
+    assert calls.take("r", spare=1) is None  # the spare call is in flight too
+    assert calls.returned("r") and calls.take("r") is None  # one still in flight: the window is full
+    assert calls.take("r", spare=1) == [2] and calls.waiting("r") is None
+    assert calls.returned("r") and calls.returned("r") and calls.in_flight("r") == 0
+
+
 def test_forget_drops_what_waits_and_the_calls_in_flight() -> None:
     calls: CallWindow[str, list[int]] = CallWindow(concat)
     calls.offer("gone", [1])
