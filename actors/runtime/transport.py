@@ -6,10 +6,11 @@ traffic) goes in one ``receive`` call carrying a :class:`~.messages.Parcel`;
 the sink returns for one controller go in one ``op_returned`` call. A Ray
 call costs far more CPU than the messages it carries (about a millisecond
 across the two processes on a small machine), so at most one call to each
-peer is in flight (but for control traffic, below): what is produced for a peer while its call is on the way
-waits, and leaves in one call as soon as that call returns. An idle peer gets
-its parcel at once; a busy one gets fewer, fuller calls (Nagle's rule), which
-is what keeps many small control messages from crowding out the data.
+peer is in flight (but for control traffic, below): what is produced for a
+peer while its call is on the way waits, and leaves in one call as soon as
+that call returns. An idle peer gets its parcel at once; a busy one gets
+fewer, fuller calls (Nagle's rule), which is what keeps many small control
+messages from crowding out the data.
 Nothing depends on the order of calls (channels reorder by sequence number;
 control inboxes by global injection order), so holding a parcel back only
 delays it.
