@@ -114,23 +114,25 @@ class Transport:
         """Send ``outbox`` now, or with the next call to each receiver still busy with the last one."""
         if self.closed:
             return
-        urgent = []
+        hosts = []
         for host, parcel in outbox.parcels().items():
             if host not in self.forgotten:
                 self._parcels.put(host, parcel)
-                if parcel.carries_control:
-                    urgent.append(host)
+                hosts.append(host)
         for ret in outbox.control.returns:
             self._returns.put(ret.origin, [ret])
-        for host in self._parcels.ready():
+        for host in dict.fromkeys([*self._parcels.ready(), *hosts]):  # (a host with nothing left: no call)
             self._post(host)
-        for host in urgent:  # (still queued: every call to it is in flight, the control one waits)
-            self._post(host, CONTROL_CALLS)
         for origin in self._returns.ready():
             self._post_returns(origin)
 
-    def _post(self, host: int, spare: int = 0) -> None:
-        parcel = self._parcels.take(host, spare)
+    def _post(self, host: int) -> None:
+        """Send what waits for ``host`` if it has room for a call: one call in flight, or one more for
+        control traffic (``CONTROL_CALLS``)."""
+        waiting = self._parcels.waiting(host)
+        if waiting is None:
+            return
+        parcel = self._parcels.take(host, CONTROL_CALLS if waiting.carries_control else 0)
         if parcel is not None:
             self._track(self._peer_returned, host, self.peers[host].receive.remote(parcel, self.run))
 
@@ -155,8 +157,7 @@ class Transport:
         if error is not None:  # a dead or failing peer: the controller decides
             self.on_error(host, error)
             return
-        waiting = self._parcels.waiting(host)
-        self._post(host, CONTROL_CALLS if waiting is not None and waiting.carries_control else 0)
+        self._post(host)
 
     def _controller_returned(self, origin: str, future: asyncio.Future) -> None:
         """A call to a controller came back: send the returns that waited for it."""
