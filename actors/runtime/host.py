@@ -88,6 +88,20 @@ def use_memory_pool(name: str | None) -> None:
     pa.set_memory_pool(pool)
 
 
+def _freeze_heap() -> None:
+    """Leave every object alive now (modules, classes, functions, the operators' code and state objects) out of
+    the cyclic collector's passes (``gc.freeze``), at the end of a host's setup.
+
+    A full pass walks every object the collector tracks, with the interpreter held: in a host holding 4M keys
+    of a count (126,000 objects tracked), 107-125 ms, a stall of every instance there and of every call it
+    answers; with those objects frozen, 0.02 ms. Such passes are rare (in traced runs of the checkpoint benchmark,
+    one per host as it restores and at most one in its windows), but each was among its job's longest stalls.
+    A recycled host unfreezes them
+    (:meth:`OperatorHost.recycle`): its next job's setup freezes what that job holds.
+    """
+    gc.freeze()
+
+
 @ray.remote(concurrency_groups={"feed": 1, "control": CONTROLLER_CONCURRENCY,  # type: ignore[call-overload]
                                 "liveness": 1, "statistics": 1})
 class OperatorHost:
@@ -133,6 +147,7 @@ class OperatorHost:
         except OperatorFailure as failure:
             return self._operator_error(failure)
         self._statistics = self.core.statistics()
+        _freeze_heap()
         return None
 
     @ray.method(concurrency_group="control")
@@ -324,6 +339,7 @@ class OperatorHost:
         if self._controller is not None:
             await self._controller.stop()
         self.__init__(SPARE_HOST_ID, "")  # type: ignore[misc]
+        gc.unfreeze()  # what the last job's setup froze may be garbage now
         gc.collect()
         return True
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 
@@ -136,6 +137,24 @@ def test_cancel_leaves_no_actor_behind():
     assert job.status().state.value == "CANCELLED"
 
 
+def test_a_host_freezes_what_it_holds_once_set_up_out_of_the_collectors_passes():
+    """A full pass of the cyclic collector walks every object it tracks with the interpreter held (over 100 ms
+    in a host holding millions of keys): what a host holds once set up is frozen out of those passes."""
+    flow = Dataflow("frozen")
+    flow.source(generate(None, rate=20_000, batch_size=1000), parallelism=2).key_by("key").count(
+        emit="final", parallelism=2, name="count").collect()
+    job = flow.submit(num_hosts=2)
+    try:
+        wait_for(lambda: job.statistics().records_in("count") > 0, 30, "records to flow")
+        hosts = job.topology.hosts()
+        frozen = ray.get([h.__ray_call__.remote(lambda host: gc.get_freeze_count()) for h in hosts], timeout=30)
+        tracked = ray.get([h.__ray_call__.remote(lambda host: len(gc.get_objects())) for h in hosts], timeout=30)
+    finally:
+        job.cancel()
+    assert len(hosts) == 2
+    assert all(f > 10_000 and f > t for f, t in zip(frozen, tracked)), (frozen, tracked)
+
+
 def test_timeouts_follow_one_rule_and_status_reports_progress():
     flow = Dataflow("paced")
     flow.source(generate(4000, rate=2000, batch_size=500), name="src").collect(name="out")
@@ -242,6 +261,8 @@ def test_warm_hosts_serve_the_next_submit_and_are_released(controller_process):
         assert first_hosts <= warm_ids, "the ended job's hosts (the controller's too) were not recycled"
         recycled = next(a for a in pool._idle[host_key] if a._actor_id in first_hosts)
         assert ray.get(recycled.statistics.remote(), timeout=30) == [], "a recycled host still holds instances"
+        assert ray.get(recycled.__ray_call__.remote(lambda host: gc.get_freeze_count()), timeout=30) == 0, \
+            "a recycled host keeps what its last job froze"
         ray.get(recycled.receive.remote(Parcel(), "r00000000"), timeout=30)  # a late parcel of the old job: dropped
         ray.kill(pool._idle[host_key][0], no_restart=True)  # a warm host that died is replaced, not used
         second, used, _ = run("warm-b", items)
