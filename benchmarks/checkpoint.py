@@ -33,7 +33,13 @@ one full copy (the warm-up's checkpoint, the first of its job), and
 ``changed_rows_per_interval`` (p50), the keys that changed between two
 checkpoints: the expected distinct keys among the records counted in between,
 ``K (1 - exp(-n / K))`` for ``K`` uniform keys. An incremental checkpoint
-writes about the changed rows; a full one the whole state.
+writes about the changed rows; a full one the whole state. Each instance copies
+its bins whole in turn, every few checkpoints (``checkpoint_max_deltas``), so
+the window holds checkpoints of both kinds; the JSON splits its latency by
+them: ``latency_p99_ms_checkpoint_1s_full_copies``, of the records ingested
+while a checkpoint that wrote full copies ran (one that wrote over
+``FULL_COPY_FACTOR`` times the window's median bytes; ``checkpoints_full`` of
+them, running ``full_copy_s`` in all), and ``..._changes``, of the others.
 
 Recovery (after the job is cancelled and its host processes have exited,
 ``exit_before_recovery_s`` after the cancel): ``recovery_s``, the time from
@@ -95,7 +101,7 @@ from benchmarks.measure import PARALLELISM, build, counted, loadavg, state_bytes
 def checkpoint_window(job: Any, root: str, window_s: float, interval_s: float) -> dict[str, Any]:
     """Call ``job.checkpoint()`` every ``interval_s`` for ``window_s``; durations and bytes per checkpoint, and
     the records counted when each was called."""
-    durations, sizes, counts, checkpoint_id = [], [], [], 0
+    durations, sizes, counts, spans, checkpoint_id = [], [], [], [], 0
     t0 = time.perf_counter()
     due = t0
     while due < t0 + window_s:
@@ -103,9 +109,10 @@ def checkpoint_window(job: Any, root: str, window_s: float, interval_s: float) -
         if delay > 0:
             time.sleep(delay)
         counts.append(counted(job))
-        c0 = time.perf_counter()
+        c0, called_ns = time.perf_counter(), time.time_ns()
         checkpoint_id = job.checkpoint(timeout=60)
         durations.append(time.perf_counter() - c0)
+        spans.append((called_ns, time.time_ns()))
         sizes.append(state_bytes(root, checkpoint_id))  # now, before retention deletes it
         due = max(due + interval_s, time.perf_counter())
     print("  checkpoints took " + ", ".join(f"{d * 1e3:.0f}" for d in durations) + " ms, wrote "
@@ -113,7 +120,8 @@ def checkpoint_window(job: Any, root: str, window_s: float, interval_s: float) -
     remaining = t0 + window_s - time.perf_counter()
     if remaining > 0:
         time.sleep(remaining)
-    return {"durations_ms": np.array(durations) * 1e3, "bytes": sizes, "counted": counts, "last_id": checkpoint_id}
+    return {"durations_ms": np.array(durations) * 1e3, "bytes": sizes, "counted": counts, "spans": spans,
+            "last_id": checkpoint_id}
 
 
 def changed_rows(counts: list[int | None], keys: int) -> list[float]:
@@ -174,6 +182,41 @@ def sink_figures(w: dict[str, Any], samples: np.ndarray) -> tuple[float, float, 
     return p50, p99, float(np.diff(edges).max()) / 1e6
 
 
+FULL_COPY_FACTOR = 4.0
+"""A checkpoint of the window that wrote more than this many times the window's median bytes wrote full copies
+(an instance's turn to copy its bins whole: ``control.ops.chains.lead``)."""
+
+
+def full_copy_spans(w: dict[str, Any]) -> list[tuple[int, int]]:
+    """The (called, returned) ns of the checkpoints of window ``w`` that wrote full copies.
+
+    Example:
+        >>> full_copy_spans({"bytes": [8, 9, 160, 8], "spans": [(0, 1), (2, 3), (4, 9), (10, 11)]})
+        [(4, 9)]
+    """
+    median = float(np.median(w["bytes"])) if w["bytes"] else 0.0
+    return [span for span, n in zip(w["spans"], w["bytes"]) if n > FULL_COPY_FACTOR * median]
+
+
+def split_by_full_copies(w: dict[str, Any], samples: np.ndarray) -> dict[str, Any]:
+    """Within window ``w``: the latency p99 of the records ingested while a checkpoint that wrote full copies
+    ran, and of the others (those around checkpoints of changes alone); how long full copies ran."""
+    spans = full_copy_spans(w)
+    start, end = w["span"]
+    inside = samples[(samples[:, 0] >= start) & (samples[:, 0] < end)]
+    ingested = inside[:, 0] - inside[:, 1]
+    during = np.zeros(len(inside), dtype=bool)
+    for lo, hi in spans:
+        during |= (ingested >= lo) & (ingested < hi)
+    out: dict[str, Any] = {"checkpoints_full": len(spans),
+                           "full_copy_s": round(sum(hi - lo for lo, hi in spans) / 1e9, 2)}
+    for tag, sel in (("full_copies", during), ("changes", ~during)):
+        p99 = weighted_percentiles(inside[sel, 1] / 1e6, inside[sel, 2].astype(float), (0.99,))[0] \
+            if sel.any() else None
+        out[f"latency_p99_ms_checkpoint_1s_{tag}"] = None if p99 is None else round(float(p99), 2)
+    return out
+
+
 def summarise(windows: list[dict[str, Any]], samples: np.ndarray, keys: int) -> dict[str, Any]:
     base, chk, repeat = windows
     figures: dict[str, Any] = {}
@@ -194,6 +237,7 @@ def summarise(windows: list[dict[str, Any]], samples: np.ndarray, keys: int) -> 
     figures["max_stall_ms"] = figures["max_stall_ms_checkpoint_1s"]
     figures["bytes_written"] = int(np.median(chk["bytes"]))
     figures["bytes_per_checkpoint"] = figures["bytes_written"]
+    figures.update(split_by_full_copies(chk, samples))
     changed = changed_rows(chk["counted"], keys)
     figures["changed_rows_per_interval"] = round(float(np.median(changed))) if changed else None
     lead = chk.get("lead_in")
