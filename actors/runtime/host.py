@@ -36,6 +36,7 @@ from chiray.operators.graph import PhysicalPlan
 from ..config import JobConfig
 from .controller import Controller
 from ..errors import OperatorError, portable
+from .background import run_off_loop
 from .instance import OperatorFailure
 from .lifecycle import HostLifecycle
 from .mailbox import HostCore, LongStep
@@ -382,7 +383,8 @@ class OperatorHost:
             if outbox:
                 self.transport.send(outbox)
                 for ack in outbox.acks:
-                    self._send_ack(ack.origin, ack.op_id, ack.instance, ack.payload, ack.background)
+                    self._send_ack(ack.origin, ack.op_id, ack.instance, ack.payload, ack.background,
+                                   ack.low_priority)
             if progressed:
                 await asyncio.sleep(0)
                 continue
@@ -421,10 +423,11 @@ class OperatorHost:
             self.controller.instance_finished.remote(inst.info.operator, inst.info.index, inst.sink_result(),
                                                      self.incarnation)
 
-    def _send_ack(self, origin: str, op_id: str, instance: InstanceId, payload: object, background: bool) -> None:
+    def _send_ack(self, origin: str, op_id: str, instance: InstanceId, payload: object, background: bool,
+                  low_priority: bool = False) -> None:
         if background:
             work = cast(Callable[[], object], payload)  # a background ack's payload is the work that makes it
-            task = asyncio.ensure_future(self._background_ack(origin, op_id, instance, work))
+            task = asyncio.ensure_future(self._background_ack(origin, op_id, instance, work, low_priority))
             self._background.add(task)
             task.add_done_callback(self._background.discard)
             return
@@ -433,9 +436,9 @@ class OperatorHost:
             handle.op_ack.remote(op_id, instance, payload)
 
     async def _background_ack(self, origin: str, op_id: str, instance: InstanceId,
-                              work: Callable[[], object]) -> None:
+                              work: Callable[[], object], low_priority: bool) -> None:
         try:
-            payload = await asyncio.to_thread(work)
+            payload = await run_off_loop(work, low_priority)
         except Exception as exc:  # reported to the op, which fails with it
             payload = portable(exc)
         self._send_ack(origin, op_id, instance, payload, False)
