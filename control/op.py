@@ -95,10 +95,8 @@ class InstanceContext(Protocol):
     def ack(self, payload: Any) -> None:
         """In ``on_complete``: acknowledge the op to its controller directly, with ``payload``."""
 
-    def ack_in_background(self, work: Any, low_priority: bool = False) -> None:
-        """In ``on_complete``: run ``work()`` off the processing path, then acknowledge with its result.
-        ``low_priority``: in a thread that yields the CPU to the operators (a checkpoint's changes; see
-        ``actors.runtime.background``)."""
+    def ack_in_background(self, work: Any) -> None:
+        """In ``on_complete``: run ``work()`` off the processing path, then acknowledge with its result."""
 
     def sink_prepare(self, epoch: int, durable: int = 0) -> list[Any]:
         """A sink: stage the output written since the last epoch as epoch ``epoch``; returns what every

@@ -68,9 +68,9 @@ class _Attaching:
         """Acknowledge the op to its controller directly (outside the dataflow)."""
         self._ctx.queue_ack(self._message, payload, background=False)
 
-    def ack_in_background(self, work: Any, low_priority: bool = False) -> None:
+    def ack_in_background(self, work: Any) -> None:
         """Run ``work()`` off the processing path; acknowledge with its result (or its exception)."""
-        self._ctx.queue_ack(self._message, work, background=True, low_priority=low_priority)
+        self._ctx.queue_ack(self._message, work, background=True)
 
     def attach(self, target: Any, payload: Any) -> None:
         self.attachments[target] = payload

@@ -138,10 +138,9 @@ class InstanceControlContext:
     def attach_all(self, payload: object) -> None:
         raise RuntimeError("attach_all() is only available inside on_complete")
 
-    def queue_ack(self, message: ControlMessage, payload: object, background: bool,
-                  low_priority: bool = False) -> None:
+    def queue_ack(self, message: ControlMessage, payload: object, background: bool) -> None:
         """Acknowledge ``message``'s op to its controller (it leaves with this step's result)."""
-        self._acks.append(Ack(message.origin, message.op_id, self.instance, payload, background, low_priority))
+        self._acks.append(Ack(message.origin, message.op_id, self.instance, payload, background))
 
     def take_acks(self) -> tuple[Ack, ...]:
         """The acks made since the last call (``ControlPort`` takes them after each processor call)."""

@@ -36,7 +36,6 @@ from chiray.operators.graph import PhysicalPlan
 from ..config import JobConfig
 from .controller import Controller
 from ..errors import OperatorError, portable
-from .background import run_off_loop
 from .instance import OperatorFailure
 from .lifecycle import HostLifecycle
 from .mailbox import HostCore, LongStep
@@ -383,8 +382,7 @@ class OperatorHost:
             if outbox:
                 self.transport.send(outbox)
                 for ack in outbox.acks:
-                    self._send_ack(ack.origin, ack.op_id, ack.instance, ack.payload, ack.background,
-                                   ack.low_priority)
+                    self._send_ack(ack.origin, ack.op_id, ack.instance, ack.payload, ack.background)
             if progressed:
                 await asyncio.sleep(0)
                 continue
@@ -423,11 +421,10 @@ class OperatorHost:
             self.controller.instance_finished.remote(inst.info.operator, inst.info.index, inst.sink_result(),
                                                      self.incarnation)
 
-    def _send_ack(self, origin: str, op_id: str, instance: InstanceId, payload: object, background: bool,
-                  low_priority: bool = False) -> None:
+    def _send_ack(self, origin: str, op_id: str, instance: InstanceId, payload: object, background: bool) -> None:
         if background:
             work = cast(Callable[[], object], payload)  # a background ack's payload is the work that makes it
-            task = asyncio.ensure_future(self._background_ack(origin, op_id, instance, work, low_priority))
+            task = asyncio.ensure_future(self._background_ack(origin, op_id, instance, work))
             self._background.add(task)
             task.add_done_callback(self._background.discard)
             return
@@ -436,9 +433,9 @@ class OperatorHost:
             handle.op_ack.remote(op_id, instance, payload)
 
     async def _background_ack(self, origin: str, op_id: str, instance: InstanceId,
-                              work: Callable[[], object], low_priority: bool) -> None:
+                              work: Callable[[], object]) -> None:
         try:
-            payload = await run_off_loop(work, low_priority)
+            payload = await asyncio.to_thread(work)
         except Exception as exc:  # reported to the op, which fails with it
             payload = portable(exc)
         self._send_ack(origin, op_id, instance, payload, False)

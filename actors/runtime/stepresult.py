@@ -28,8 +28,7 @@ class Ack:
     """An instance acknowledges op ``op_id`` to the controller named ``origin``.
 
     ``payload`` is the acknowledgement; with ``background`` it is a function that the host runs off
-    the processing path, acknowledging with its result; with ``low_priority`` too, in a thread of low
-    priority (``background.run_off_loop``).
+    the processing path, acknowledging with its result.
     """
 
     origin: str
@@ -37,7 +36,6 @@ class Ack:
     instance: InstanceId
     payload: Any  # anything picklable; with ``background``, the callable that makes it
     background: bool = False
-    low_priority: bool = False
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

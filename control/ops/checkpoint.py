@@ -7,9 +7,8 @@ and the instance's state reflects exactly the records before it):
 * a keyed instance decides per bin what to write (``chains.BinChains``): a
   full copy, only its changes since its previous checkpoint (incremental), or
   nothing (unchanged); it copies those rows, then serialises and writes them to
-  storage in a background thread (off the processing path; of low priority
-  where it writes changes alone, no bin whole) and acknowledges the files each
-  bin is made of. A ``full`` checkpoint (a savepoint's) writes
+  storage in a background thread (off the processing path) and acknowledges
+  the files each bin is made of. A ``full`` checkpoint (a savepoint's) writes
   every bin whole, so its directory holds all it needs;
 * a sink closes its output of this epoch as staged files and acknowledges them,
   with what it staged in earlier epochs whose checkpoint the controller has not
@@ -179,9 +178,7 @@ class Checkpoint(ControlOp):
             elif ctx.kind == "sink":
                 ctx.ack({"staged": ctx.sink_prepare(op.checkpoint_id, op.durable)})
             elif ctx.state is not None:
-                write, plan = _cut_state(op, ctx)
-                # changes alone: at low priority; a full copy at the operators' (see actors.runtime.background)
-                ctx.ack_in_background(_with_code(write, _code_at(ctx)), low_priority=not plan.full)
+                ctx.ack_in_background(_with_code(_cut_state(op, ctx), _code_at(ctx)))
             else:
                 code = _code_at(ctx)
                 ctx.ack({"code": code} if code else None)
@@ -258,10 +255,9 @@ def _sizes(part: dict[int, bytes] | BinStream) -> dict[int, int]:
     return part.sizes if isinstance(part, BinStream) else {b: len(data) for b, data in part.items()}
 
 
-def _cut_state(op: Checkpoint, ctx: Any) -> tuple[Callable[[], dict[str, Any]], CutPlan]:
-    """At a keyed instance, in ``on_complete``: plan what each bin writes and mark the cut; returns the work
-    that copies, serialises and writes those rows off the processing path and gives the acknowledgement,
-    and the plan."""
+def _cut_state(op: Checkpoint, ctx: Any) -> Callable[[], dict[str, Any]]:
+    """At a keyed instance, in ``on_complete``: plan what each bin writes and copy those rows now; returns
+    the work that serialises and writes them off the processing path, and gives the acknowledgement."""
     state, chains = ctx.state, ctx.checkpoint_chains
     operator, index = ctx.instance
     versions = {b: state.version(b) for b in state.bins()}
@@ -288,7 +284,7 @@ def _cut_state(op: Checkpoint, ctx: Any) -> tuple[Callable[[], dict[str, Any]], 
         chains.settle(plan, op.timeout_s)
         return {"chains": plan.manifest_entry(), "bins": sorted(versions)}
 
-    return write, plan
+    return write
 
 
 class ResumeSources(ControlOp):

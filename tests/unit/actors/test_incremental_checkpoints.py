@@ -64,14 +64,13 @@ class Ctx:
         self.logic = logic
         self.checkpoint_chains = BinChains()
         self.work: Callable[[], Any] | None = None
-        self.low_priority: bool | None = None
 
     @property
     def state(self) -> Any:
         return self.logic.state
 
-    def ack_in_background(self, work: Callable[[], Any], low_priority: bool = False) -> None:
-        self.work, self.low_priority = work, low_priority
+    def ack_in_background(self, work: Callable[[], Any]) -> None:
+        self.work = work
 
 
 # -- the keyed kinds, each with its oracle ---------------------------------------------------------------
@@ -358,13 +357,11 @@ def test_unchanged_bins_write_nothing_and_keep_their_chain(tmp_path):
     run = Run("aggregate", str(tmp_path / "chk"), seed=4, parallelism=1)
     run.feed(200)
     assert run.finish(*run.cut())
-    assert run.ctxs[0].low_priority is False, "a checkpoint that copies bins whole runs at the operators' priority"
     first = manifest_chains(run.storage.load(1))[f"{OP}/0"]
     touched = {int(b) for b in bins_of(pa.array(["k1"]), BINS)}
     run.ctxs[0].logic.process(pa.RecordBatch.from_pylist([{"k": "k1", "v": 1}]))
     _oracle_step("aggregate", run.oracle, [{"k": "k1", "v": 1}], 0)
     assert run.finish(*run.cut())
-    assert run.ctxs[0].low_priority is True, "a checkpoint of changes alone runs at low priority"
     second = manifest_chains(run.storage.load(2))[f"{OP}/0"]
     assert {b for b in second if second[b] != first[b]} == touched
     assert second[min(touched)] == first[min(touched)] + [f"chk-000002/state-{OP}-0.arrow"]

@@ -66,7 +66,7 @@ class Owner:
         self.held: set[int] = set()
         self.checkpoint_chains = BinChains()
 
-    def queue_ack(self, message: ControlMessage, payload: Any, background: bool, low_priority: bool = False) -> None:
+    def queue_ack(self, message: ControlMessage, payload: Any, background: bool) -> None:
         self.acks[message.op_id] = payload() if background else payload
 
     def set_bin_table(self, operator: str, table: list[int]) -> None:
