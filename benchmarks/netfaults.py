@@ -134,6 +134,7 @@ def run_scenario(cluster: NetnsCluster, kind: str, records: int, rate: float) ->
                 figures["stale_retired_s"] = _retire_stale(cluster, node, start)
         job.wait(timeout=300)
     except BaseException:
+        print(f"  {kind}: failed; the job then: {describe(job)}", flush=True)
         job.cancel()
         raise
     figures[f"{kind}_restarts"] = _recoveries(job)
@@ -141,6 +142,20 @@ def run_scenario(cluster: NetnsCluster, kind: str, records: int, rate: float) ->
     print(f"  {kind} on node {node}: " + ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
                                                   for k, v in figures.items()), flush=True)
     return figures
+
+
+def describe(job: Any) -> str:
+    """For a failed scenario's report: the job's state, its last events, and per instance its host, records in
+    and out, queued batches, output waiting for credit, control ops completed and time back-pressured."""
+    try:
+        status, stats = job.status(), job.statistics()
+    except Exception as exc:  # a job that cannot answer says something too
+        return f"(it did not answer: {exc!r})"
+    instances = "; ".join(
+        f"{i.operator}/{i.index}@host{i.host} in {i.records_in} out {i.records_out} queued {i.queued_batches} "
+        f"pending_out {i.pending_out} ops {i.control_completed} backpressured {i.backpressured_s:.1f} s"
+        for i in stats.instances)
+    return f"state {status.state.value}; last events {list(status.events[-8:])}; instances: {instances}"
 
 
 def _retire_stale(cluster: NetnsCluster, node: int, start: float) -> float:
