@@ -172,13 +172,18 @@ def run_windows(job: Any, schedule: Schedule, root: str, window_s: float,
     return out
 
 
+def arrived_in(w: dict[str, Any], samples: np.ndarray) -> np.ndarray:
+    """The sink's samples that arrived within window ``w``."""
+    start, end = w["span"]
+    return samples[(samples[:, 0] >= start) & (samples[:, 0] < end)]
+
+
 def sink_figures(w: dict[str, Any], samples: np.ndarray) -> tuple[float, float, float]:
     """(latency p50 ms, latency p99 ms, longest gap between sink batches ms) inside window ``w``."""
     start, end = w["span"]
-    arrival = samples[:, 0]
-    inside = (arrival >= start) & (arrival < end)
-    p50, p99 = weighted_percentiles(samples[inside, 1] / 1e6, samples[inside, 2].astype(float), (0.5, 0.99))
-    edges = np.concatenate([[start], np.unique(arrival[inside]), [end]])
+    inside = arrived_in(w, samples)
+    p50, p99 = weighted_percentiles(inside[:, 1] / 1e6, inside[:, 2].astype(float), (0.5, 0.99))
+    edges = np.concatenate([[start], np.unique(inside[:, 0]), [end]])
     return p50, p99, float(np.diff(edges).max()) / 1e6
 
 
@@ -202,8 +207,7 @@ def split_by_full_copies(w: dict[str, Any], samples: np.ndarray) -> dict[str, An
     """Within window ``w``: the latency p99 of the records ingested while a checkpoint that wrote full copies
     ran, and of the others (those around checkpoints of changes alone); how long full copies ran."""
     spans = full_copy_spans(w)
-    start, end = w["span"]
-    inside = samples[(samples[:, 0] >= start) & (samples[:, 0] < end)]
+    inside = arrived_in(w, samples)
     ingested = inside[:, 0] - inside[:, 1]
     during = np.zeros(len(inside), dtype=bool)
     for lo, hi in spans:
@@ -211,9 +215,8 @@ def split_by_full_copies(w: dict[str, Any], samples: np.ndarray) -> dict[str, An
     out: dict[str, Any] = {"checkpoints_full": len(spans),
                            "full_copy_s": round(sum(hi - lo for lo, hi in spans) / 1e9, 2)}
     for tag, sel in (("full_copies", during), ("changes", ~during)):
-        p99 = weighted_percentiles(inside[sel, 1] / 1e6, inside[sel, 2].astype(float), (0.99,))[0] \
-            if sel.any() else None
-        out[f"latency_p99_ms_checkpoint_1s_{tag}"] = None if p99 is None else round(float(p99), 2)
+        p99 = weighted_percentiles(inside[sel, 1] / 1e6, inside[sel, 2].astype(float), (0.99,))[0]
+        out[f"latency_p99_ms_checkpoint_1s_{tag}"] = round(p99, 2) if sel.any() else None
     return out
 
 

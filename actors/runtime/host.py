@@ -94,10 +94,10 @@ def _freeze_heap() -> None:
 
     A full pass walks every object the collector tracks, with the interpreter held: in a host holding 4M keys
     of a count (126,000 objects tracked), 107-125 ms, a stall of every instance there and of every call it
-    answers; with those objects frozen, 0.02 ms. Such passes are rare (in traced runs of the checkpoint benchmark,
-    one per host as it restores and at most one in its windows), but each was among its job's longest stalls.
-    A recycled host unfreezes them
-    (:meth:`OperatorHost.recycle`): its next job's setup freezes what that job holds.
+    answers; with those objects frozen, 0.02 ms. Such passes are rare (in traced runs of the checkpoint
+    benchmark, one per host as it restores and at most one in its windows), but each was among its job's
+    longest stalls. A recycled host unfreezes them (:meth:`OperatorHost.recycle`): its next job's setup
+    freezes what that job holds.
     """
     gc.freeze()
 
