@@ -20,7 +20,7 @@ import time
 
 __all__ = ["LocalCluster", "free_ports"]
 
-_START_LOG = "ray-start.log"  # a worker's ``ray start`` output, in its temp dir
+_START_LOG = "ray-start.log"  # a node's ``ray start`` output, in its temp dir
 _STARTED = "Ray runtime started."  # what ``ray start`` prints once its node registered with the head
 _PROBE_EVERY_S = 30.0  # nodes are probed this often anyway while a worker has not said so (another wording)
 _STOP_WAIT_S = 5.0  # after SIGTERM, then SIGKILL: a node that drains first takes up to 30 s (ours do not drain)
@@ -86,8 +86,8 @@ class LocalCluster:
                f"--dashboard-agent-grpc-port={agent_grpc}", f"--runtime-env-agent-port={runtime_env}",
                f"--ray-client-server-port={client}", f"--node-manager-port={node_mgr}",
                f"--object-manager-port={obj_mgr}", "--disable-usage-stats", *self._head_options()]
-        self._head = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
-                                      stderr=subprocess.DEVNULL)
+        with open(os.path.join(self.temp, _START_LOG), "wb") as log:  # read back into the error if it exits
+            self._head = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=log, stderr=subprocess.STDOUT)
         self.address = f"{self.host}:{port}"
         self.dashboard_address = f"http://127.0.0.1:{dash}" if self.dashboard else ""
         self.env = {**env, "RAY_ADDRESS": self.address}

@@ -51,7 +51,7 @@ import tempfile
 import threading
 import time
 
-from benchmarks.cluster import LocalCluster, _kill_naming, _stop_groups
+from benchmarks.cluster import _START_LOG, LocalCluster, _kill_naming, _read, _stop_groups, _tail
 from benchmarks.s3server import S3Server
 
 __all__ = ["NetnsCluster", "netem_available", "unavailable"]
@@ -235,7 +235,8 @@ class NetnsCluster(LocalCluster):
 
     def _respawn_dead_workers(self, env: dict[str, str]) -> None:
         if self._head is not None and self._head.poll() is not None:  # no node joins any more: fail now
-            raise RuntimeError(f"the head node's ray start exited ({self._head.returncode}); its logs are "
+            said = _tail(_read(os.path.join(self.temp, _START_LOG)), 6)
+            raise RuntimeError(f"the head node's ray start exited ({self._head.returncode}): {said}; its logs are "
                                f"under {self.temp} until the cluster is closed")
         for i, (worker, _) in enumerate(self._workers):
             if worker.poll() is not None:
